@@ -1,0 +1,257 @@
+"""Per-topic configuration: one TOML file per topic, loaded into frozen, validated settings.
+
+`load_config(path)` is the only way in. Every problem is a `ConfigError` naming the file, the
+key and what is allowed. Connection settings may be overridden from the environment
+(`KSPOUT_BROKERS`, `KSPOUT_ZOOKEEPER`, `KSPOUT_REDIS_URL`), so one file serves every stage.
+Converters at the bottom turn the settings into each client's own dialect.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from kspout.errors import ConfigError
+from kspout.policy import (
+    Backoff,
+    BehindPolicy,
+    ExhaustedPolicy,
+    PartitionPolicy,
+    Position,
+)
+
+ENV_OVERRIDES = {
+    "KSPOUT_BROKERS": "brokers",
+    "KSPOUT_ZOOKEEPER": "zookeeper",
+}
+ENV_REDIS_URL = "KSPOUT_REDIS_URL"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RetryBackoff(_Section):
+    """`[retry_backoff]`: delay before retry n is `initial * multiplier**(n-1)`, at most `max`."""
+
+    initial: float = Field(0.5, ge=0)
+    multiplier: float = Field(2.0, ge=1)
+    max: float = Field(60.0, ge=0)
+
+
+class ZooKeeperAuth(_Section):
+    """`[zookeeper_auth]`: digest credentials; when set, kspout's znodes get a creator ACL."""
+
+    scheme: Literal["digest"] = "digest"
+    credential: SecretStr  # "user:password"
+
+
+class RedisSettings(_Section):
+    """`[redis]`: where the dedup bolt keeps its idempotency records."""
+
+    url: str = "redis://127.0.0.1:6379/0"
+    username: str | None = None
+    password: SecretStr | None = None
+    ssl: bool = False
+
+
+class DedupSettings(_Section):
+    """`[dedup]`: where a message's id comes from and how long records live."""
+
+    id_source: str = "key"  # key | header:<name> | json:<field>
+    ttl: float = Field(86400.0, gt=0)  # seconds a DONE record is kept (the dedup window)
+    lease: float = Field(60.0, gt=0)  # seconds an IN_FLIGHT claim holds before re-claim
+
+    @field_validator("id_source")
+    @classmethod
+    def _id_source(cls, value: str) -> str:
+        kind, _, name = value.partition(":")
+        if value == "key" or (kind in ("header", "json") and name):
+            return value
+        raise ValueError("must be key, header:<name> or json:<field>")
+
+
+class TopicConfig(_Section):
+    """Everything kspout needs to consume one topic. See deploy/topics/ for annotated examples."""
+
+    topic: str = Field(min_length=1)
+    spout_id: str = Field(min_length=1, pattern=r"^[^/]+$")
+    topology_name: str = "kspout"
+    zk_root: str = Field("/kspout", pattern=r"^/.*[^/]$|^/[^/]+$")
+    brokers: str = "127.0.0.1:9092"
+    zookeeper: str = "127.0.0.1:2181"
+
+    start: str = "earliest"
+    out_of_range: str = "earliest"
+    max_offset_behind: int | None = Field(None, gt=0)
+    behind_policy: Literal["retry", "dead_letter", "skip"] = "retry"
+    max_retries: int = Field(5, ge=0)
+    on_retries_exhausted: Literal["dead_letter", "skip"] = "dead_letter"
+    retry_backoff: RetryBackoff = RetryBackoff()
+    message_timeout: float = Field(30.0, gt=0)
+    max_uncommitted: int | None = Field(None, gt=0)
+    batch_size: int = Field(10_000, gt=0)
+    max_batches_in_flight: int = Field(2, gt=0)
+    commit_interval: float = Field(5.0, gt=0)
+    fetch_timeout: float = Field(30.0, gt=0)
+    dead_letter_topic: str | None = None
+
+    kafka: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    zookeeper_auth: ZooKeeperAuth | None = None
+    redis: RedisSettings = RedisSettings()
+    dedup: DedupSettings = DedupSettings()
+
+    @field_validator("start")
+    @classmethod
+    def _start(cls, value: str) -> str:
+        return str(Position.parse(value, allow_fail=False))
+
+    @field_validator("out_of_range")
+    @classmethod
+    def _out_of_range(cls, value: str) -> str:
+        return str(Position.parse(value, allow_fail=True))
+
+    @field_validator("kafka")
+    @classmethod
+    def _kafka(cls, value: dict[str, Any]) -> dict[str, Any]:
+        owned = {"bootstrap.servers", "enable.auto.commit", "group.id", "auto.offset.reset"}
+        clash = sorted(owned & value.keys())
+        if clash:
+            raise ValueError(
+                f"{', '.join(clash)} cannot be set here: kspout sets it (use `brokers` for "
+                "bootstrap.servers)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _dlq_differs(self) -> TopicConfig:
+        if self.dead_letter_topic == self.topic:
+            raise ValueError("dead_letter_topic must differ from topic")
+        return self
+
+    # -- derived values ---------------------------------------------------------------------
+
+    @property
+    def dlq_topic(self) -> str:
+        """The dead-letter topic: `dead_letter_topic`, or `<topic>.dlq`."""
+        return self.dead_letter_topic or f"{self.topic}.dlq"
+
+    @property
+    def start_position(self) -> Position:
+        return Position.parse(self.start, allow_fail=False)
+
+    @property
+    def out_of_range_position(self) -> Position:
+        return Position.parse(self.out_of_range, allow_fail=True)
+
+    @property
+    def zk_spout_path(self) -> str:
+        """`<zk_root>/<spout_id>`: the parent of storm-kafka's `partition_<n>` records."""
+        return f"{self.zk_root.rstrip('/')}/{self.spout_id}"
+
+    def partition_policy(self) -> PartitionPolicy:
+        """The PartitionManager's view of this file."""
+        b = self.retry_backoff
+        return PartitionPolicy(
+            max_retries=self.max_retries,
+            backoff=Backoff(b.initial, b.multiplier, b.max),
+            on_exhausted=ExhaustedPolicy(self.on_retries_exhausted),
+            max_offset_behind=self.max_offset_behind,
+            behind_policy=BehindPolicy(self.behind_policy),
+            message_timeout=self.message_timeout,
+            max_uncommitted=self.max_uncommitted,
+            out_of_range=self.out_of_range_position,
+        )
+
+    def kafka_config(self, **extra: Any) -> dict[str, Any]:
+        """librdkafka settings: brokers plus the `[kafka]` pass-through (security, tuning)."""
+        conf: dict[str, Any] = {"bootstrap.servers": self.brokers}
+        conf.update(self.kafka)
+        conf.update(extra)
+        return conf
+
+    def kazoo_args(self) -> dict[str, Any]:
+        """Keyword arguments for `kazoo.client.KazooClient`."""
+        args: dict[str, Any] = {"hosts": self.zookeeper}
+        if self.zookeeper_auth is not None:
+            cred = self.zookeeper_auth.credential.get_secret_value()
+            user = cred.split(":", 1)[0]
+            from kazoo.security import make_digest_acl  # kazoo is a hard dependency
+
+            args["auth_data"] = [(self.zookeeper_auth.scheme, cred)]
+            args["default_acl"] = [make_digest_acl(user, cred.split(":", 1)[-1], all=True)]
+        return args
+
+    def redis_args(self) -> dict[str, Any]:
+        """Keyword arguments for `redis.Redis.from_url`."""
+        args: dict[str, Any] = {"url": os.environ.get(ENV_REDIS_URL, self.redis.url)}
+        if self.redis.username:
+            args["username"] = self.redis.username
+        if self.redis.password is not None:
+            args["password"] = self.redis.password.get_secret_value()
+        if self.redis.ssl:
+            args["ssl"] = True
+        return args
+
+
+def _describe(error: dict[str, Any]) -> tuple[str, str]:
+    """Turn one pydantic error into (dotted key, message naming what is allowed)."""
+    loc = [str(part) for part in error["loc"]]
+    key = ".".join(loc)
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        model: type[BaseModel] = TopicConfig
+        for part in loc[:-1]:
+            annotation = model.model_fields[part].annotation
+            nested = [a for a in getattr(annotation, "__args__", (annotation,)) if a]
+            model = next(a for a in nested if isinstance(a, type) and issubclass(a, BaseModel))
+        section = f"[{'.'.join(loc[:-1])}]" if loc[:-1] else "top-level"
+        return key, f"unknown key; allowed {section} keys: {', '.join(sorted(model.model_fields))}"
+    if kind == "missing":
+        return key, "required key is missing"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if "got " in message:
+        return key, message
+    return key, f"{message} (got {error.get('input')!r})"
+
+
+def parse_config(data: dict[str, Any], path: str = "<config>") -> TopicConfig:
+    """Validate an already-parsed TOML table (env overrides applied) into a TopicConfig."""
+    data = dict(data)
+    for env, key in ENV_OVERRIDES.items():
+        if os.environ.get(env):
+            data[key] = os.environ[env]
+    try:
+        return TopicConfig.model_validate(data)
+    except ValidationError as exc:
+        key, message = _describe(exc.errors()[0])
+        more = len(exc.errors()) - 1
+        if more:
+            message += f" (and {more} more problem{'s' if more > 1 else ''})"
+        raise ConfigError(path, key, message) from None
+
+
+def load_config(path: str | os.PathLike[str]) -> TopicConfig:
+    """Read and validate one topic file; every failure names the file, key and allowed values."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError(str(p), None, f"cannot read the file ({exc.strerror})") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(str(p), None, f"not valid TOML: {exc}") from None
+    return parse_config(data, str(p))
