@@ -22,6 +22,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import ErrorDetails
 
 from kspout.errors import ConfigError
 from kspout.policy import (
@@ -206,7 +207,7 @@ class TopicConfig(_Section):
         return args
 
 
-def _describe(error: dict[str, Any]) -> tuple[str, str]:
+def _describe(error: ErrorDetails) -> tuple[str, str]:
     """Turn one pydantic error into (dotted key, message naming what is allowed)."""
     loc = [str(part) for part in error["loc"]]
     key = ".".join(loc)

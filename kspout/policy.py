@@ -25,7 +25,7 @@ class ExhaustedPolicy(enum.Enum):
     SKIP = "skip"
 
 
-class PositionKind(enum.Enum):
+class PositionKind(enum.StrEnum):
     EARLIEST = "earliest"
     LATEST = "latest"
     TIMESTAMP = "timestamp"
@@ -57,7 +57,7 @@ class Position:
     def __str__(self) -> str:
         if self.kind is PositionKind.TIMESTAMP:
             return f"timestamp:{self.timestamp_ms}"
-        return self.kind.value
+        return str(self.kind.value)
 
 
 @dataclass(frozen=True, slots=True)

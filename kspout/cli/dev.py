@@ -1,0 +1,145 @@
+"""`kspout dev up|status|down`: run the embedded dev stack in the background of a shell session.
+
+`up` prints a table on stderr and `export KSPOUT_...=...` on stdout, so `eval "$(kspout dev up)"`
+points kspout's config at the stack. The servers outlive the command; `<dir>/stack.json` tells
+`status`, `down` and `kspout run` where they are.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from kspout.cli import main
+from kspout.devstack.processes import GRACE, pid_alive, stop_pid
+from kspout.devstack.stack import DevStack
+from kspout.devstack.state import (
+    ENV_DEV_DIR,
+    StackState,
+    clear,
+    default_dir,
+    read_state,
+    write_state,
+)
+from kspout.errors import StackError
+
+_dir_option = click.option(
+    "--dir",
+    "workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help=f"State, data and logs of the stack [default: ${ENV_DEV_DIR} or ./.kspout-dev].",
+)
+_json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead.")
+
+
+@main.group()
+def dev() -> None:
+    """Run Kafka (librdkafka's mock cluster), ZooKeeper and Redis locally for development."""
+
+
+@dev.command()
+@_dir_option
+@_json_option
+def up(workdir: Path | None, as_json: bool) -> None:
+    """Start the dev stack in the background (or report the one already running).
+
+    Use `eval "$(kspout dev up)"` to export its addresses into the shell.
+    """
+    workdir = (workdir or default_dir()).absolute()
+    state = read_state(workdir)
+    if state is not None and all(_health(state).values()):
+        _report(workdir, state, as_json, note="already up")
+        return
+    if state is not None:
+        _stop(state, GRACE)  # a partly dead stack: clear it and start afresh
+        clear(workdir)
+    stack = DevStack(workdir)
+    try:
+        stack.start()
+    except StackError as err:
+        raise click.ClickException(str(err)) from err
+    state = stack.state()
+    write_state(workdir, state)
+    _report(workdir, state, as_json, note="started")
+
+
+@dev.command()
+@_dir_option
+@_json_option
+def status(workdir: Path | None, as_json: bool) -> None:
+    """Show each server of the dev stack, up or down; exit code 1 unless all are up."""
+    workdir = (workdir or default_dir()).absolute()
+    state = read_state(workdir)
+    if state is None:
+        if as_json:
+            click.echo(json.dumps({"dir": str(workdir), "up": False, "components": {}}))
+        else:
+            click.echo(f"no dev stack in {workdir}; start one with `kspout dev up`", err=True)
+        raise SystemExit(1)
+    if not _report(workdir, state, as_json, note="status"):
+        raise SystemExit(1)
+
+
+@dev.command()
+@_dir_option
+@click.option(
+    "--grace", type=float, default=GRACE, show_default=True, help="Seconds before SIGKILL."
+)
+@click.option("--keep-data", is_flag=True, help="Keep the servers' data and logs.")
+def down(workdir: Path | None, grace: float, keep_data: bool) -> None:
+    """Stop the dev stack (SIGTERM, then SIGKILL after --grace seconds) and remove its state."""
+    workdir = (workdir or default_dir()).absolute()
+    state = read_state(workdir)
+    if state is None:
+        click.echo(f"no dev stack in {workdir}", err=True)
+        return
+    _stop(state, grace)
+    clear(workdir, keep_data=keep_data)
+    click.echo(f"dev stack in {workdir} stopped", err=True)
+
+
+def _health(state: StackState) -> dict[str, bool]:
+    return {name: c.up() for name, c in state.components.items()}
+
+
+def _stop(state: StackState, grace: float) -> None:
+    """Stop the servers still running, last started first; a reused pid is left alone."""
+    for component in reversed(state.components.values()):
+        if pid_alive(component.pid, component.started):
+            stop_pid(component.pid, grace)
+
+
+def _report(workdir: Path, state: StackState, as_json: bool, note: str) -> bool:
+    """Print the stack (JSON or a table plus `export` lines); True if every server is up."""
+    health = _health(state)
+    all_up = all(health.values())
+    env = state.info.env()
+    if as_json:
+        out: dict[str, Any] = state.to_json()
+        for name, fields in out["components"].items():
+            fields["up"] = health[name]
+        out.update(dir=str(workdir), up=all_up, env=env)
+        click.echo(json.dumps(out, indent=2))
+        return all_up
+    table = Table(
+        title=f"kspout dev stack ({note}): {workdir}",
+        caption=f"logs: {workdir}/<component>/<component>.log",
+    )
+    for column in ("component", "address", "pid", "state"):
+        table.add_column(column)
+    for name, component in state.components.items():
+        shown = state.info.redis_url if name == "redis" else component.address
+        mark = "[green]up[/]" if health[name] else "[red]down[/]"
+        table.add_row(name, shown, str(component.pid), mark)
+    Console(stderr=True).print(table)
+    if all_up:
+        exports = " ".join(f"{key}={shlex.quote(value)}" for key, value in env.items())
+        click.echo(f"export {exports}")
+    return all_up

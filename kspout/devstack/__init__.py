@@ -1,0 +1,25 @@
+"""The embedded development stack: Kafka (librdkafka's mock cluster), ZooKeeper and Redis as
+real processes on loopback ports, for the demo, `kspout dev` and the integration tests."""
+
+from kspout.devstack.components import Component, KafkaMock, RedisServer, ZooKeeperServer
+from kspout.devstack.stack import DevStack
+from kspout.devstack.state import (
+    ComponentState,
+    StackInfo,
+    StackState,
+    default_dir,
+    load_stack_info,
+)
+
+__all__ = [
+    "Component",
+    "ComponentState",
+    "DevStack",
+    "KafkaMock",
+    "RedisServer",
+    "StackInfo",
+    "StackState",
+    "ZooKeeperServer",
+    "default_dir",
+    "load_stack_info",
+]

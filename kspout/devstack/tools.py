@@ -1,0 +1,55 @@
+"""Locate what the dev stack runs: `java`, ZooKeeper's jars (in the pyspark wheel), `redis-server`.
+
+Each lookup raises `StackError` with the command that installs the missing piece. `path` replaces
+`$PATH` for the lookup (None: the real `$PATH`), so tests can simulate a missing binary.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+from kspout.errors import StackError
+
+JAVA_INSTALL = "apt-get install -y openjdk-17-jre-headless"
+REDIS_INSTALL = "apt-get install -y redis-server"
+PYSPARK_INSTALL = "pip install pyspark"
+
+
+def find_binary(name: str, install: str, path: str | None = None) -> str:
+    """The absolute path of executable `name`, or a `StackError` saying how to install it."""
+    found = shutil.which(name, path=path)
+    if found is None:
+        where = "$PATH" if path is None else repr(path)
+        raise StackError(f"{name} not found on {where}; install it with `{install}`")
+    return found
+
+
+def find_java(path: str | None = None) -> str:
+    """`$JAVA_HOME/bin/java` when `JAVA_HOME` is set and `path` is not given, else `java`."""
+    java_home = os.environ.get("JAVA_HOME")
+    if path is None and java_home:
+        candidate = Path(java_home) / "bin" / "java"
+        if os.access(candidate, os.X_OK):
+            return str(candidate)
+    return find_binary("java", JAVA_INSTALL, path)
+
+
+def zookeeper_classpath() -> str:
+    """A `-cp` value covering pyspark's jars directory, which ships ZooKeeper's server.
+
+    Found through the import system without importing pyspark (that would start nothing, but
+    costs time and memory).
+    """
+    spec = importlib.util.find_spec("pyspark")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for location in locations:
+        jars = Path(location) / "jars"
+        if any(jars.glob("zookeeper-*.jar")):
+            return f"{jars}{os.sep}*"
+    raise StackError(
+        f"ZooKeeper's jars were not found in the pyspark package; install it with "
+        f"`{PYSPARK_INSTALL}`"
+    )

@@ -1,0 +1,40 @@
+"""What happened to one root message: the small record executors send back to the driver."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class FailReason(enum.Enum):
+    """Why a root message failed; the two cases need different handling downstream."""
+
+    EXCEPTION = "exception"  # user code raised: the attempt is over, retry within the budget
+    TIMEOUT = "timeout"  # not completed within message_timeout: the original may still run
+
+
+class OutcomeKind(enum.Enum):
+    ACK = "ack"  # fully processed
+    FAIL = "fail"  # failed with a FailReason
+    DUPLICATE = "duplicate"  # the dedup bolt found it already done: counts as an ack
+    DEFERRED = "deferred"  # in flight elsewhere (dedup lease): retry later, no attempt spent
+    GONE = "gone"  # the offset no longer exists in Kafka (retention, compaction, markers)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The outcome of one attempt at one offset.
+
+    `attempt` names the attempt the outcome belongs to (as planned); `None` means "whatever
+    attempt is current", for callers that do not track attempts.
+    """
+
+    offset: int
+    kind: OutcomeKind
+    attempt: int | None = None
+    reason: FailReason | None = None
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.kind is OutcomeKind.FAIL) != (self.reason is not None):
+            raise ValueError("a FAIL outcome needs a reason, and only a FAIL outcome has one")

@@ -1,0 +1,713 @@
+"""PartitionManager: storm-kafka's per-partition bookkeeping, rewritten without its defects.
+
+Pure logic: offsets and time only, never payloads, no I/O, no client library. The driver asks
+it what to fetch (`plan`), reports what happened (`ack`, `fail`, `apply`, ...), and commits its
+`commit_point`.
+
+Every offset in `[commit_point, emitted_to)` is in exactly one state, kept in a `SpanMap`
+(memory grows with gaps, not offsets):
+
+    IN_FLIGHT(attempt, deadline)   handed out by `plan`; waits for its outcome
+    WAITING(attempt, due, reason)  failed or deferred; offered again by `plan` once due
+    DEAD_LETTER                    given up; waits for the driver to write it to the DLQ
+    DONE                           finished: acked, duplicate, skipped, dead-lettered or lost
+
+Transitions and why:
+
+    (new) --plan--> IN_FLIGHT(1)
+    IN_FLIGHT --ack/duplicate--> DONE                   the work is done
+    IN_FLIGHT --fail(reason)--> WAITING(due=now+backoff)  within the retry budget
+    IN_FLIGHT --fail, budget spent--> DEAD_LETTER | DONE(skipped)   `on_exhausted`
+    IN_FLIGHT --deadline passes--> fail(TIMEOUT)         the original may still be running
+    IN_FLIGHT --defer--> WAITING(due=now+defer_delay)    running elsewhere; no attempt spent
+    WAITING --plan, due--> IN_FLIGHT(attempt+1)         retries interleave with new work
+    WAITING/DEAD_LETTER --late ack--> DONE               the work was done after all
+    WAITING below emitted_to - max_offset_behind --> DEAD_LETTER | DONE(skipped) | stays
+                                                         one `behind_policy` for every offset
+    DEAD_LETTER --dead_lettered--> DONE                  the DLQ record is durable
+    any unfinished --gone / out-of-range reset--> DONE(lost), counted and logged
+
+An in-flight offset is never given up while it runs: its deadline turns it into a TIMEOUT
+failure first, and the policies apply to failures. So nothing is orphaned: every unfinished
+offset either has a deadline, a due time, or a dead-letter write pending.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Final, TypeAlias
+
+from kspout.errors import PartitionStopped
+from kspout.outcomes import FailReason, Outcome, OutcomeKind
+from kspout.policy import BehindPolicy, ExhaustedPolicy, PartitionPolicy, PositionKind
+from kspout.spans import SpanMap
+
+log = logging.getLogger(__name__)
+
+
+class _Done:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "DONE"
+
+
+DONE: Final = _Done()
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class InFlight:
+    attempt: int  # 1 for the first attempt; +1 every time the offset is planned again
+    deferrals: int  # how many attempts ended DEFERRED (they do not spend the retry budget)
+    deadline: float  # clock value after which the attempt fails with TIMEOUT
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Waiting:
+    attempt: int  # the attempt that ended
+    deferrals: int
+    due: float  # clock value from which `plan` offers it again
+    reason: FailReason | None  # None: deferred, not failed
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class DeadLetter:
+    attempts: int
+    reason: FailReason | None
+    error: str | None
+    cause: str  # "retries exhausted" or "max_offset_behind"
+    handed: bool  # handed to the driver by take_dead_letters, write not yet confirmed
+
+
+State: TypeAlias = _Done | InFlight | Waiting | DeadLetter
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A planned run of offsets `[start, end)`, all at the same attempt."""
+
+    start: int
+    end: int
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Offsets to fetch next: due retries and a new range, ascending, each offset once."""
+
+    spans: tuple[Span, ...]
+    epoch: int  # outcomes from another epoch (before an out-of-range reset) are ignored
+
+    def __iter__(self) -> Iterator[int]:
+        for span in self.spans:
+            yield from range(span.start, span.end)
+
+    def __len__(self) -> int:
+        return sum(span.end - span.start for span in self.spans)
+
+    def __bool__(self) -> bool:
+        return bool(self.spans)
+
+    def ranges(self) -> list[tuple[int, int]]:
+        """Half-open ranges to fetch; adjacent spans of different attempts are joined."""
+        out: list[tuple[int, int]] = []
+        for span in self.spans:
+            if out and out[-1][1] == span.start:
+                out[-1] = (out[-1][0], span.end)
+            else:
+                out.append((span.start, span.end))
+        return out
+
+    def attempt_of(self, offset: int) -> int:
+        """The attempt number this plan gives `offset` (KeyError when not planned)."""
+        starts = [span.start for span in self.spans]
+        i = bisect_right(starts, offset) - 1
+        if i < 0 or offset >= self.spans[i].end:
+            raise KeyError(offset)
+        return self.spans[i].attempt
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterTicket:
+    """An offset the driver must write to the dead-letter topic, then confirm."""
+
+    offset: int
+    attempts: int
+    reason: FailReason | None
+    error: str | None
+    cause: str
+
+
+@dataclass(frozen=True, slots=True)
+class OutOfRangeReset:
+    """What an out-of-range policy did: where the partition moved and what was lost."""
+
+    low: int
+    high: int
+    old_commit: int
+    old_emitted: int
+    new_start: int
+    lost: tuple[tuple[int, int], ...]  # exact half-open ranges of unfinished offsets given up
+
+    @property
+    def lost_count(self) -> int:
+        return sum(hi - lo for lo, hi in self.lost)
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """Counts for one partition: states now (in_flight, failed, ...) and totals since start."""
+
+    commit_point: int
+    emitted_to: int
+    in_flight: int
+    failed: int  # waiting for a retry (or deferred)
+    dead_letter_pending: int
+    acked: int
+    duplicates: int
+    retried: int
+    deferred: int
+    timed_out: int
+    skipped: int
+    dead_lettered: int
+    lost: int
+    stale: int  # outcomes ignored: late, duplicated, or from a finished attempt
+    spans: int  # memory in use: number of spans
+
+
+@dataclass(slots=True)
+class _Counters:
+    acked: int = 0
+    duplicates: int = 0
+    retried: int = 0
+    deferred: int = 0
+    timed_out: int = 0
+    skipped: int = 0
+    dead_lettered: int = 0
+    lost: int = 0
+    stale: int = 0
+    lost_ranges: list[tuple[int, int]] = field(default_factory=list)
+
+
+class PartitionManager:
+    """Bookkeeping for one Kafka partition: what to fetch, what is finished, where to commit.
+
+    `start_offset` is where the partition resumes (the stored commit point, or the position
+    chosen by the `start` policy). `clock` returns seconds (monotonic); tests pass a fake.
+    """
+
+    def __init__(
+        self,
+        policy: PartitionPolicy,
+        start_offset: int,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        topic: str = "",
+        partition: int = -1,
+    ) -> None:
+        if start_offset < 0:
+            raise ValueError(f"start_offset must be >= 0, got {start_offset}")
+        self.policy = policy
+        self.topic = topic
+        self.partition = partition
+        self._clock = clock
+        self._map: SpanMap[State] = SpanMap(start_offset)
+        self._epoch = 0
+        self._c = _Counters()
+
+    # -- reading -----------------------------------------------------------------------------
+
+    @property
+    def commit_point(self) -> int:
+        """The smallest unfinished offset, or `emitted_to`: everything below it is finished."""
+        return self._map.first
+
+    @property
+    def emitted_to(self) -> int:
+        """Every offset below this was handed out at least once."""
+        return self._map.end
+
+    @property
+    def epoch(self) -> int:
+        """Bumped by an out-of-range reset; outcomes of older plans are ignored."""
+        return self._epoch
+
+    def state_of(self, offset: int) -> State | None:
+        """The state of an unfinished offset; DONE below the commit point; None if not emitted."""
+        if offset < self.commit_point:
+            return DONE
+        return self._map.get(offset)
+
+    def stats(self) -> Stats:
+        """Current state counts and totals (costs one pass over the spans)."""
+        in_flight = failed = dead = 0
+        for lo, hi, value in self._map.spans():
+            if isinstance(value, InFlight):
+                in_flight += hi - lo
+            elif isinstance(value, Waiting):
+                failed += hi - lo
+            elif isinstance(value, DeadLetter):
+                dead += hi - lo
+        c = self._c
+        return Stats(
+            commit_point=self.commit_point,
+            emitted_to=self.emitted_to,
+            in_flight=in_flight,
+            failed=failed,
+            dead_letter_pending=dead,
+            acked=c.acked,
+            duplicates=c.duplicates,
+            retried=c.retried,
+            deferred=c.deferred,
+            timed_out=c.timed_out,
+            skipped=c.skipped,
+            dead_lettered=c.dead_lettered,
+            lost=c.lost,
+            stale=c.stale,
+            spans=len(self._map),
+        )
+
+    def take_lost_ranges(self) -> list[tuple[int, int]]:
+        """Ranges counted as lost since the last call (for logs and reports)."""
+        out, self._c.lost_ranges = self._c.lost_ranges, []
+        return out
+
+    # -- planning ----------------------------------------------------------------------------
+
+    def plan(self, high_watermark: int, max_new: int) -> Plan:
+        """Mark due retries and up to `max_new` new offsets (below `high_watermark`) in flight.
+
+        Expires overdue attempts first (TIMEOUT), offers due retries (at most `max_new` of
+        them, lowest first) beside new work, and plans no new offsets while more than
+        `max_uncommitted` are uncommitted (backpressure; retries still go out).
+        """
+        now = self._clock()
+        self.expire(now)
+        deadline = now + self.policy.message_timeout
+        spans: list[Span] = []
+        budget = max_new
+        for lo, hi, value in self._map.spans():
+            if budget <= 0:
+                break
+            if isinstance(value, Waiting) and value.due <= now:
+                hi = min(hi, lo + budget)
+                attempt = value.attempt + 1
+                self._map.assign(lo, hi, InFlight(attempt, value.deferrals, deadline))
+                spans.append(Span(lo, hi, attempt))
+                budget -= hi - lo
+                if value.reason is not None:
+                    self._c.retried += hi - lo
+        new = min(max_new, high_watermark - self.emitted_to)
+        if self.policy.max_uncommitted is not None:
+            new = min(new, self.policy.max_uncommitted - (self.emitted_to - self.commit_point))
+        if new > 0:
+            start = self.emitted_to
+            self._map.extend(start + new, InFlight(1, 0, deadline))
+            spans.append(Span(start, start + new, 1))
+            self._enforce_behind()
+        return Plan(tuple(self._join(spans)), self._epoch)
+
+    @staticmethod
+    def _join(spans: list[Span]) -> list[Span]:
+        out: list[Span] = []
+        for span in spans:
+            if out and out[-1].end == span.start and out[-1].attempt == span.attempt:
+                out[-1] = Span(out[-1].start, span.end, span.attempt)
+            else:
+                out.append(span)
+        return out
+
+    def expire(self, now: float | None = None) -> int:
+        """Fail every in-flight attempt past its deadline with TIMEOUT; returns how many."""
+        now = self._clock() if now is None else now
+        expired = 0
+        for lo, hi, value in self._map.spans():
+            if isinstance(value, InFlight) and value.deadline <= now:
+                error = f"not completed within message_timeout={self.policy.message_timeout}s"
+                self._fail_span(lo, hi, value, FailReason.TIMEOUT, error, now)
+                expired += hi - lo
+        self._c.timed_out += expired
+        return expired
+
+    # -- outcomes ----------------------------------------------------------------------------
+
+    def ack(self, offset: int, attempt: int | None = None, *, epoch: int | None = None) -> None:
+        """The offset was fully processed. Applied to any unfinished offset, late or not."""
+        if epoch is not None and epoch != self._epoch:
+            self._c.stale += 1
+            return
+        m = self._map
+        starts = m.starts
+        # Fast path: in-order ack of the lowest in-flight offset just moves the commit point.
+        if starts and offset == starts[0] and isinstance(m.values[0], InFlight):
+            nxt = starts[1] if len(starts) > 1 else m.end
+            if offset + 1 < nxt:
+                starts[0] = offset + 1
+            else:
+                del starts[0]
+                del m.values[0]
+                m.drop_front(DONE)
+            self._c.acked += 1
+            return
+        self._ack_range(offset, offset + 1, duplicate=False)
+
+    def duplicate(self, offset: int, attempt: int | None = None) -> None:
+        """The dedup bolt found the offset already done elsewhere: counts as an ack."""
+        self._ack_range(offset, offset + 1, duplicate=True)
+
+    def fail(
+        self,
+        offset: int,
+        reason: FailReason,
+        error: str | None = None,
+        attempt: int | None = None,
+        *,
+        epoch: int | None = None,
+    ) -> None:
+        """The attempt failed. Ignored unless the offset is in flight at that attempt."""
+        if epoch is not None and epoch != self._epoch:
+            self._c.stale += 1
+            return
+        self._fail_range(offset, offset + 1, reason, error, attempt)
+
+    def defer(self, offset: int, attempt: int | None = None) -> None:
+        """In flight elsewhere (a live dedup lease): offer it again later, no attempt spent."""
+        self._defer_range(offset, offset + 1, attempt)
+
+    def gone(self, offset: int) -> None:
+        """Kafka no longer has the offset: it is finished as lost."""
+        self._lose(offset, offset + 1)
+
+    def ack_range(self, lo: int, hi: int) -> None:
+        """Ack every offset in `[lo, hi)`: one step however many offsets it holds."""
+        self._ack_range(lo, hi, duplicate=False)
+
+    def fail_range(
+        self,
+        lo: int,
+        hi: int,
+        reason: FailReason,
+        error: str | None = None,
+        attempt: int | None = None,
+    ) -> None:
+        """Fail every in-flight offset in `[lo, hi)` (at `attempt`, when given)."""
+        self._fail_range(lo, hi, reason, error, attempt)
+
+    def ack_many(self, offsets: Iterable[int]) -> None:
+        """Ack a batch of offsets; contiguous runs are applied as ranges."""
+        for lo, hi in _runs(offsets):
+            self._ack_range(lo, hi, duplicate=False)
+
+    def fail_many(
+        self, offsets: Iterable[int], reason: FailReason, error: str | None = None
+    ) -> None:
+        """Fail a batch of offsets (at their current attempts); runs are applied as ranges."""
+        for lo, hi in _runs(offsets):
+            self._fail_range(lo, hi, reason, error, None)
+
+    def apply(self, outcomes: Sequence[Outcome], *, epoch: int | None = None) -> None:
+        """Apply one batch's outcomes; consecutive offsets with the same outcome go as a range."""
+        if epoch is not None and epoch != self._epoch:
+            self._c.stale += len(outcomes)
+            return
+        i, n = 0, len(outcomes)
+        while i < n:
+            first = outcomes[i]
+            j = i + 1
+            while j < n:
+                o = outcomes[j]
+                if (
+                    o.offset != first.offset + (j - i)
+                    or o.kind is not first.kind
+                    or o.attempt != first.attempt
+                    or o.reason is not first.reason
+                    or o.error != first.error
+                ):
+                    break
+                j += 1
+            self._apply_run(first, first.offset + (j - i))
+            i = j
+
+    def _apply_run(self, o: Outcome, hi: int) -> None:
+        kind = o.kind
+        if kind is OutcomeKind.ACK:
+            self._ack_range(o.offset, hi, duplicate=False)
+        elif kind is OutcomeKind.FAIL:
+            assert o.reason is not None
+            self._fail_range(o.offset, hi, o.reason, o.error, o.attempt)
+        elif kind is OutcomeKind.DUPLICATE:
+            self._ack_range(o.offset, hi, duplicate=True)
+        elif kind is OutcomeKind.DEFERRED:
+            self._defer_range(o.offset, hi, o.attempt)
+        else:
+            self._lose(o.offset, hi)
+
+    # -- dead letters ------------------------------------------------------------------------
+
+    def take_dead_letters(self, limit: int | None = None) -> list[DeadLetterTicket]:
+        """Offsets to write to the dead-letter topic now; confirm with `dead_lettered`."""
+        out: list[DeadLetterTicket] = []
+        for lo, hi, value in self._map.spans():
+            if limit is not None and len(out) >= limit:
+                break
+            if isinstance(value, DeadLetter) and not value.handed:
+                if limit is not None:
+                    hi = min(hi, lo + limit - len(out))
+                handed = DeadLetter(value.attempts, value.reason, value.error, value.cause, True)
+                self._map.assign(lo, hi, handed)
+                out.extend(
+                    DeadLetterTicket(o, value.attempts, value.reason, value.error, value.cause)
+                    for o in range(lo, hi)
+                )
+        return out
+
+    def dead_lettered(self, offsets: Iterable[int]) -> None:
+        """The dead-letter records for these offsets are durable: they are finished."""
+        for lo, hi in _runs(offsets):
+            for a, b, value in self._map.spans(lo, hi):
+                if isinstance(value, DeadLetter):
+                    self._map.assign(a, b, DONE)
+                    self._c.dead_lettered += b - a
+        self._map.drop_front(DONE)
+
+    def dead_letter_failed(self, offsets: Iterable[int]) -> None:
+        """Writing these dead letters failed: hand them out again later."""
+        for lo, hi in _runs(offsets):
+            for a, b, value in self._map.spans(lo, hi):
+                if isinstance(value, DeadLetter) and value.handed:
+                    again = DeadLetter(
+                        value.attempts, value.reason, value.error, value.cause, False
+                    )
+                    self._map.assign(a, b, again)
+
+    # -- out of range ------------------------------------------------------------------------
+
+    def out_of_range(self, low: int, high: int) -> bool:
+        """True when the partition's next offsets are outside Kafka's `[low, high)`."""
+        return self.commit_point < low or self.emitted_to > high
+
+    def on_out_of_range(
+        self, low: int, high: int, *, timestamp_offset: int | None = None
+    ) -> OutOfRangeReset | None:
+        """Apply the `out_of_range` policy when Kafka no longer holds what this partition needs.
+
+        Below `low` (retention deleted unfinished or unread offsets) or above `high` (the
+        partition was truncated or recreated). `timestamp_offset` is the resolved offset for a
+        `timestamp:<ms>` policy (None: no such offset, fall back to `earliest`, never to
+        `latest`). Every unfinished offset below the new start is counted and logged as lost
+        with its exact range; `fail` raises `PartitionStopped` and changes nothing.
+        """
+        if not self.out_of_range(low, high):
+            return None
+        cp, emitted = self.commit_point, self.emitted_to
+        position = self.policy.out_of_range
+        if position.kind is PositionKind.FAIL:
+            raise PartitionStopped(
+                self.topic, self.partition, cp if cp < low else emitted, low, high
+            )
+        if position.kind is PositionKind.LATEST:
+            target = high
+        elif position.kind is PositionKind.TIMESTAMP and timestamp_offset is not None:
+            target = timestamp_offset
+        else:
+            target = low
+        target = min(max(target, low), high)
+        lost: list[tuple[int, int]] = []
+        if emitted <= high and cp < target < emitted:
+            # Only the head is gone: keep the state of what Kafka still has.
+            lost = self._unfinished(cp, target)
+            self._map.assign(cp, target, DONE)
+            self._map.drop_front(DONE)
+        else:
+            lost = _clip_lost(self._unfinished(cp, emitted), target, high)
+            if target > emitted:
+                lost.append((emitted, target))
+            self._map.reset(target)
+            self._epoch += 1
+        count = sum(b - a for a, b in lost)
+        self._c.lost += count
+        self._c.lost_ranges.extend(lost)
+        reset = OutOfRangeReset(low, high, cp, emitted, target, tuple(lost))
+        log.warning(
+            "%s[%s] out of range: needed [%d, %d), Kafka holds [%d, %d); policy %s moved to %d; "
+            "lost %d offsets %s",
+            self.topic,
+            self.partition,
+            cp,
+            emitted,
+            low,
+            high,
+            position,
+            target,
+            count,
+            lost,
+        )
+        return reset
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _unfinished(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        for a, b, value in self._map.spans(lo, hi):
+            if value is DONE:
+                continue
+            if out and out[-1][1] == a:
+                out[-1] = (out[-1][0], b)
+            else:
+                out.append((a, b))
+        return out
+
+    def _ack_range(self, lo: int, hi: int, *, duplicate: bool) -> None:
+        m = self._map
+        lo_c, hi_c = max(lo, m.first), min(hi, m.end)
+        stale = (hi - lo) - max(0, hi_c - lo_c)
+        done = 0
+        if lo_c < hi_c:
+            for a, b, value in m.spans(lo_c, hi_c):
+                if value is DONE:
+                    stale += b - a
+                else:
+                    done += b - a
+            if done:
+                m.assign(lo_c, hi_c, DONE)
+                m.drop_front(DONE)
+        if duplicate:
+            self._c.duplicates += done
+        else:
+            self._c.acked += done
+        self._c.stale += stale
+
+    def _fail_range(
+        self, lo: int, hi: int, reason: FailReason, error: str | None, attempt: int | None
+    ) -> None:
+        now = self._clock()
+        handled = 0
+        for a, b, value in self._map.spans(lo, hi):
+            if isinstance(value, InFlight) and (attempt is None or attempt == value.attempt):
+                self._fail_span(a, b, value, reason, error, now)
+                handled += b - a
+        self._c.stale += (hi - lo) - handled
+
+    def _fail_span(
+        self,
+        lo: int,
+        hi: int,
+        value: InFlight,
+        reason: FailReason,
+        error: str | None,
+        now: float,
+    ) -> None:
+        spent = value.attempt - value.deferrals  # attempts that count against the budget
+        if spent > self.policy.max_retries:
+            self._give_up(
+                lo, hi, self.policy.on_exhausted, value.attempt, reason, error, "retries exhausted"
+            )
+            return
+        due = now + self.policy.backoff.delay(spent)
+        self._map.assign(lo, hi, Waiting(value.attempt, value.deferrals, due, reason, error))
+        limit = self._behind_limit()
+        if limit is not None and lo < limit:
+            self._enforce_behind()
+
+    def _defer_range(self, lo: int, hi: int, attempt: int | None) -> None:
+        due = self._clock() + self.policy.defer_delay
+        handled = 0
+        for a, b, value in self._map.spans(lo, hi):
+            if isinstance(value, InFlight) and (attempt is None or attempt == value.attempt):
+                waiting = Waiting(value.attempt, value.deferrals + 1, due, None, None)
+                self._map.assign(a, b, waiting)
+                handled += b - a
+        self._c.deferred += handled
+        self._c.stale += (hi - lo) - handled
+
+    def _lose(self, lo: int, hi: int) -> None:
+        lost = self._unfinished(max(lo, self._map.first), min(hi, self._map.end))
+        for a, b in lost:
+            self._map.assign(a, b, DONE)
+            self._c.lost += b - a
+            self._c.lost_ranges.append((a, b))
+        self._map.drop_front(DONE)
+
+    def _behind_limit(self) -> int | None:
+        mob = self.policy.max_offset_behind
+        if mob is None or self.policy.behind_policy is BehindPolicy.RETRY:
+            return None
+        return self.emitted_to - mob
+
+    def _enforce_behind(self) -> None:
+        """Apply `behind_policy` to every waiting offset below `emitted_to - max_offset_behind`."""
+        limit = self._behind_limit()
+        if limit is None or limit <= self.commit_point:
+            return
+        action = (
+            ExhaustedPolicy.SKIP
+            if self.policy.behind_policy is BehindPolicy.SKIP
+            else ExhaustedPolicy.DEAD_LETTER
+        )
+        for lo, hi, value in self._map.spans(None, limit):
+            if isinstance(value, Waiting):
+                self._give_up(
+                    lo, hi, action, value.attempt, value.reason, value.error, "max_offset_behind"
+                )
+
+    def _give_up(
+        self,
+        lo: int,
+        hi: int,
+        action: ExhaustedPolicy,
+        attempts: int,
+        reason: FailReason | None,
+        error: str | None,
+        cause: str,
+    ) -> None:
+        if action is ExhaustedPolicy.SKIP:
+            self._map.assign(lo, hi, DONE)
+            self._map.drop_front(DONE)
+            self._c.skipped += hi - lo
+            log.warning(
+                "%s[%s] skipped offsets [%d, %d) after %d attempts (%s): %s",
+                self.topic,
+                self.partition,
+                lo,
+                hi,
+                attempts,
+                cause,
+                error,
+            )
+        else:
+            self._map.assign(lo, hi, DeadLetter(attempts, reason, error, cause, False))
+
+
+def _runs(offsets: Iterable[int]) -> Iterator[tuple[int, int]]:
+    """Coalesce ascending offsets into half-open runs `[lo, hi)`."""
+    it = iter(offsets)
+    try:
+        lo = prev = next(it)
+    except StopIteration:
+        return
+    for o in it:
+        if o != prev + 1:
+            yield lo, prev + 1
+            lo = o
+        prev = o
+    yield lo, prev + 1
+
+
+def _clip_lost(ranges: list[tuple[int, int]], target: int, high: int) -> list[tuple[int, int]]:
+    """Keep the parts of `ranges` that a reset to `target` will not reprocess.
+
+    After a reset, offsets in `[target, high)` are fetched again, so only unfinished offsets
+    below the target, or at/above `high` (no longer in Kafka), are lost.
+    """
+    out: list[tuple[int, int]] = []
+    for a, b in ranges:
+        if a < target:
+            out.append((a, min(b, target)))
+        if b > high:
+            out.append((max(a, high, target), b))
+    return [(a, b) for a, b in out if a < b]

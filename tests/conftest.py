@@ -1,0 +1,79 @@
+"""Shared fixtures: one real dev stack (mock Kafka, ZooKeeper, Redis) for the whole session.
+
+Fixtures that touch it are lazy: a run of unit tests alone starts no server. Tests that use the
+stack, or live under `tests/integration/`, are marked `integration` (`-m "not integration"`
+skips them). A test that stops or kills a server through `stack.<component>` must start it again.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from kazoo.client import KazooClient
+
+from kspout.devstack import DevStack
+
+# Spark's Python workers must run this interpreter (it has confluent-kafka and kspout), not the
+# `python3` on PATH; set before any test starts a SparkSession.
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+INTEGRATION_DIR = Path(__file__).parent / "integration"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        uses_stack = "stack" in getattr(item, "fixturenames", ())
+        if uses_stack or INTEGRATION_DIR in Path(item.path).parents:
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
+    """The session's DevStack: `.info` has the addresses, `.kafka/.zookeeper/.redis` the handles."""
+    with DevStack(tmp_path_factory.mktemp("devstack")) as dev_stack:
+        yield dev_stack
+
+
+@pytest.fixture
+def topic_factory(request: pytest.FixtureRequest) -> Callable[[str], str]:
+    """Makes unique topic names `t-<test>-<suffix>-<uuid8>`: the mock Kafka never forgets a topic
+    within a session, so no two tests may share one."""
+    test = re.sub(r"[^a-zA-Z0-9._-]+", "-", request.node.name).strip("-")[:120]
+
+    def make(suffix: str = "") -> str:
+        parts = ["t", test, suffix, uuid.uuid4().hex[:8]]
+        return "-".join(part for part in parts if part)
+
+    return make
+
+
+@pytest.fixture
+def topic_name(topic_factory: Callable[[str], str]) -> str:
+    """A topic name used by this test only."""
+    return topic_factory("")
+
+
+@pytest.fixture
+def zk(stack: DevStack) -> Iterator[KazooClient]:
+    """A started kazoo client on the stack's ZooKeeper, stopped and closed after the test."""
+    client = KazooClient(hosts=stack.info.zookeeper, timeout=10.0)
+    client.start(timeout=15.0)
+    yield client
+    client.stop()
+    client.close()
+
+
+@pytest.fixture
+def redis_client(stack: DevStack) -> Iterator[redis.Redis]:
+    """A redis-py client on the stack's Redis (not flushed: use keys unique to the test)."""
+    client = redis.Redis.from_url(stack.info.redis_url)
+    yield client
+    client.close()

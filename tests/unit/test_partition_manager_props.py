@@ -1,0 +1,254 @@
+"""Property tests: the range-based PartitionManager against the per-offset reference model.
+
+Arbitrary interleavings of plan / ack / fail / defer / gone / batch outcomes / dead-letter
+writes / time / out-of-range must keep the two in lock-step, never move the commit point past
+an unfinished offset nor backwards (except by an out-of-range reset), and end with every
+offset acked, dead-lettered, or counted as skipped or lost.
+"""
+
+from __future__ import annotations
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from kspout.outcomes import FailReason, Outcome, OutcomeKind
+from kspout.partition_manager import PartitionManager
+from kspout.policy import (
+    Backoff,
+    BehindPolicy,
+    ExhaustedPolicy,
+    PartitionPolicy,
+    Position,
+    PositionKind,
+)
+from tests.unit.pm_model import Model
+
+policies = st.builds(
+    PartitionPolicy,
+    max_retries=st.integers(0, 3),
+    backoff=st.builds(
+        Backoff,
+        st.sampled_from([0.0, 0.5, 2.0]),
+        st.sampled_from([1.0, 2.0]),
+        st.sampled_from([1.0, 5.0]),
+    ),
+    on_exhausted=st.sampled_from(ExhaustedPolicy),
+    max_offset_behind=st.none() | st.integers(1, 25),
+    behind_policy=st.sampled_from(BehindPolicy),
+    message_timeout=st.sampled_from([1.0, 3.0, 10.0]),
+    max_uncommitted=st.none() | st.integers(1, 40),
+    out_of_range=st.sampled_from([Position(PositionKind.EARLIEST), Position(PositionKind.LATEST)]),
+    defer_delay=st.sampled_from([0.0, 1.0]),
+)
+reasons = st.sampled_from(FailReason)
+
+
+class PartitionManagerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+        self.last_commit = 0
+        self.reset_happened = False
+
+    @initialize(policy=policies, start=st.integers(0, 1000))
+    def setup(self, policy: PartitionPolicy, start: int) -> None:
+        self.pm = PartitionManager(policy, start, clock=lambda: self.now)
+        self.model = Model(policy, start)
+        self.last_commit = start
+
+    def _offset(self, data: st.DataObject) -> int:
+        return data.draw(st.integers(self.model.base - 2, self.model.emitted + 2))
+
+    def _attempt(self, data: st.DataObject, offset: int) -> int | None:
+        current = self.model.offsets.get(offset)
+        choices: list[int | None] = [None, 1, 2]
+        if current is not None:
+            choices.append(current.attempt)
+        return data.draw(st.sampled_from(choices))
+
+    @rule(dt=st.sampled_from([0.0, 0.3, 1.0, 2.5, 11.0]))
+    def advance_time(self, dt: float) -> None:
+        self.now += dt
+
+    @rule(extra=st.integers(0, 30), max_new=st.integers(0, 15))
+    def plan(self, extra: int, max_new: int) -> None:
+        high = self.model.emitted + extra
+        plan = self.pm.plan(high, max_new)
+        expected = self.model.plan(self.now, high, max_new)
+        got = [(o, plan.attempt_of(o)) for o in plan]
+        assert got == sorted(expected)
+        assert list(plan) == sorted(set(plan)), "a plan yields each offset once, ascending"
+
+    @rule(data=st.data())
+    def ack(self, data: st.DataObject) -> None:
+        o = self._offset(data)
+        self.pm.ack(o, self._attempt(data, o))
+        self.model.ack(o)
+
+    @rule(data=st.data())
+    def duplicate(self, data: st.DataObject) -> None:
+        o = self._offset(data)
+        self.pm.duplicate(o)
+        self.model.ack(o, duplicate=True)
+
+    @rule(data=st.data(), reason=reasons)
+    def fail(self, data: st.DataObject, reason: FailReason) -> None:
+        o = self._offset(data)
+        attempt = self._attempt(data, o)
+        self.pm.fail(o, reason, "boom", attempt)
+        self.model.fail(o, self.now, attempt)
+
+    @rule(data=st.data())
+    def defer(self, data: st.DataObject) -> None:
+        o = self._offset(data)
+        attempt = self._attempt(data, o)
+        self.pm.defer(o, attempt)
+        self.model.defer(o, self.now, attempt)
+
+    @rule(data=st.data())
+    def gone(self, data: st.DataObject) -> None:
+        o = self._offset(data)
+        self.pm.gone(o)
+        self.model.gone(o)
+
+    @rule(data=st.data())
+    def ack_range(self, data: st.DataObject) -> None:
+        lo = self._offset(data)
+        hi = data.draw(st.integers(lo, lo + 12))
+        self.pm.ack_range(lo, hi)
+        for o in range(lo, hi):
+            self.model.ack(o)
+
+    @rule(data=st.data(), reason=reasons)
+    def fail_range(self, data: st.DataObject, reason: FailReason) -> None:
+        lo = self._offset(data)
+        hi = data.draw(st.integers(lo, lo + 12))
+        self.pm.fail_range(lo, hi, reason)
+        for o in range(lo, hi):
+            self.model.fail(o, self.now, None)
+
+    @rule(data=st.data())
+    def apply_batch(self, data: st.DataObject) -> None:
+        live = [o for o in self.model.unfinished() if self.model.offsets[o].state == "inflight"]
+        chosen = data.draw(st.lists(st.sampled_from(live), unique=True) if live else st.just([]))
+        outcomes = []
+        for o in sorted(chosen):
+            kind = data.draw(st.sampled_from(OutcomeKind))
+            attempt = self.model.offsets[o].attempt
+            reason = data.draw(reasons) if kind is OutcomeKind.FAIL else None
+            outcomes.append(Outcome(o, kind, attempt, reason, "e" if reason else None))
+        self.pm.apply(outcomes)
+        for out in outcomes:
+            o = out.offset
+            if out.kind is OutcomeKind.ACK:
+                self.model.ack(o)
+            elif out.kind is OutcomeKind.DUPLICATE:
+                self.model.ack(o, duplicate=True)
+            elif out.kind is OutcomeKind.FAIL:
+                self.model.fail(o, self.now, out.attempt)
+            elif out.kind is OutcomeKind.DEFERRED:
+                self.model.defer(o, self.now, out.attempt)
+            else:
+                self.model.gone(o)
+
+    @rule(data=st.data())
+    def dead_letters(self, data: st.DataObject) -> None:
+        tickets = self.pm.take_dead_letters()
+        expected = self.model.take_dead_letters()
+        assert [t.offset for t in tickets] == expected
+        written = data.draw(st.lists(st.sampled_from(expected), unique=True)) if expected else []
+        self.pm.dead_lettered(sorted(written))
+        self.pm.dead_letter_failed(sorted(set(expected) - set(written)))
+        self.model.dead_lettered(sorted(written))
+        for o in set(expected) - set(written):
+            self.model.offsets[o].handed = False
+
+    @precondition(lambda self: hasattr(self, "pm"))
+    @rule(data=st.data())
+    def out_of_range(self, data: st.DataObject) -> None:
+        cp = self.model.commit_point()
+        low = data.draw(st.integers(max(0, cp - 3), self.model.emitted + 10))
+        high = data.draw(st.integers(low, self.model.emitted + 15))
+        reset = self.pm.on_out_of_range(low, high)
+        target = self.model.out_of_range(low, high)
+        assert (reset is None) == (target is None)
+        if reset is not None:
+            assert reset.new_start == target
+            self.reset_happened = True
+
+    @invariant()
+    def same_state(self) -> None:
+        if not hasattr(self, "pm"):
+            return
+        m, pm = self.model, self.pm
+        cp = m.commit_point()
+        assert pm.commit_point == cp
+        assert pm.emitted_to == m.emitted
+        for o in range(m.base, cp):
+            assert m.offsets[o].state == "done", "commit point passed an unfinished offset"
+        if not self.reset_happened:
+            assert cp >= self.last_commit, "commit point moved backwards"
+        self.last_commit, self.reset_happened = cp, False
+        s = pm.stats()
+        assert s.in_flight == m.count("inflight")
+        assert s.failed == m.count("waiting")
+        assert s.dead_letter_pending == m.count("deadletter")
+        for name in (
+            "acked",
+            "skipped",
+            "dead_lettered",
+            "lost",
+            "retried",
+            "deferred",
+            "timed_out",
+        ):
+            assert getattr(s, name) == m.counts[name], name
+        assert s.duplicates == m.counts["duplicate"]
+        # Memory is per gap: at most one span per unfinished run and one per finished gap.
+        unfinished = s.in_flight + s.failed + s.dead_letter_pending
+        assert s.spans <= 2 * unfinished
+        assert (s.spans == 0) == (unfinished == 0)
+
+    def teardown(self) -> None:
+        if not hasattr(self, "pm"):
+            return
+        # Drain: let every deadline and backoff pass, ack what is planned, write dead letters.
+        for _ in range(50):
+            if not self.model.unfinished():
+                break
+            self.now += 1000.0
+            plan = self.pm.plan(self.model.emitted, 10_000)
+            self.model.plan(self.now, self.model.emitted, 10_000)
+            self.pm.ack_many(list(plan))
+            for o in plan:
+                self.model.ack(o)
+            tickets = self.pm.take_dead_letters()
+            self.model.take_dead_letters()
+            self.pm.dead_lettered([t.offset for t in tickets])
+            self.model.dead_lettered([t.offset for t in tickets])
+        assert not self.model.unfinished()
+        assert self.pm.commit_point == self.pm.emitted_to == self.model.emitted
+        s = self.pm.stats()
+        assert s.in_flight == s.failed == s.dead_letter_pending == 0
+        for o in range(self.model.start, self.model.emitted):
+            off = self.model.offsets.get(o)
+            assert off is not None and off.how in {
+                "acked",
+                "duplicate",
+                "dead_lettered",
+                "skipped",
+                "lost",
+            }, f"offset {o} ended without a recorded outcome"
+
+
+PartitionManagerMachine.TestCase.settings = settings(
+    max_examples=300, stateful_step_count=40, deadline=None
+)
+TestPartitionManagerAgainstModel = PartitionManagerMachine.TestCase
