@@ -40,9 +40,7 @@ class OffsetOutOfRange(KspoutError):
         self.offset = offset
         self.low = low
         self.high = high
-        msg = (
-            f"{topic}[{partition}]: offset {offset} is out of range; Kafka holds [{low}, {high})"
-        )
+        msg = f"{topic}[{partition}]: offset {offset} is out of range; Kafka holds [{low}, {high})"
         super().__init__(f"{msg}. {hint}" if hint else msg)
 
 
@@ -57,7 +55,7 @@ class PartitionStopped(OffsetOutOfRange):
             low,
             high,
             hint=(
-                "out_of_range = \"fail\" stops the partition here; move it with "
+                'out_of_range = "fail" stops the partition here; move it with '
                 f"`kspout offsets set --config <file> --partition {partition} --to earliest` "
                 "(or latest, a number, timestamp:<ms>) and start again"
             ),
@@ -103,3 +101,119 @@ class KafkaUnavailable(KspoutError):
 
 class StackError(KspoutError):
     """The embedded development stack could not start, or a part of it is missing."""
+
+
+class OffsetRecordInvalid(OffsetStoreError):
+    """A stored offset record is not storm-kafka's JSON (or has no integer `offset`)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(
+            f"{path} is not a valid offset record: {reason}; fix it, or overwrite it with "
+            "`kspout offsets set --config <file> --partition <n> --to <offset> --force`"
+        )
+
+
+class OffsetRecordExists(OffsetConflict):
+    """Creating a first offset record lost: another writer created it since we looked."""
+
+    def __init__(self, path: str) -> None:
+        OffsetStoreError.__init__(
+            self,
+            f"{path} was created by another spout instance or an operator since this instance "
+            "found none; this instance does not own the partition and stops committing",
+        )
+        self.path = path
+        self.expected_version = -1  # -1: we expected no record at all
+
+
+class ZooKeeperAccessDenied(OffsetStoreError):
+    """ZooKeeper refused an operation because the node's ACL needs other credentials."""
+
+    def __init__(self, path: str, hosts: str) -> None:
+        self.path = path
+        self.hosts = hosts
+        super().__init__(
+            f"ZooKeeper at {hosts} refused access to {path} (NoAuth): its ACL requires "
+            "credentials; set [zookeeper_auth] credential to the user:password that created it"
+        )
+
+
+class InstanceIdInUse(OffsetStoreError):
+    """Another live ZooKeeper session already registered this spout instance id."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(
+            f"{path} is held by another live session: two running spouts were given the same "
+            "instance id; give each run its own (or let kspout generate one)"
+        )
+
+
+class SpoutRunning(KspoutError):
+    """An operator command that moves offsets found live spout instances registered."""
+
+    def __init__(self, spout_path: str, instances: list[str]) -> None:
+        self.spout_path = spout_path
+        self.instances = instances
+        super().__init__(
+            f"spout {spout_path} is running (live instances: {', '.join(instances)}); stop it "
+            "first, or pass --force to move the offsets anyway (the running spout then loses "
+            "its next commit for those partitions and stops committing them)"
+        )
+
+
+class KafkaRequestFailed(KafkaUnavailable):
+    """A metadata, watermark or timestamp request failed for good (fatal, or retries spent)."""
+
+    def __init__(
+        self, operation: str, topic: str, partition: int | None, error: str, hint: str
+    ) -> None:
+        self.operation = operation
+        self.topic = topic
+        self.partition = partition
+        self.error = error
+        where = topic if partition is None else f"{topic}[{partition}]"
+        super().__init__(f"{where}: {operation} failed: {error}. {hint}")
+
+
+class FetchTimeout(KafkaUnavailable):
+    """A fetch waited `fetch_timeout` seconds for an offset Kafka should have, and gave up."""
+
+    def __init__(self, topic: str, partition: int, offset: int, timeout: float) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.timeout = timeout
+        super().__init__(
+            f"{topic}[{partition}]: offset {offset} did not arrive within fetch_timeout = "
+            f"{timeout:g}s; check that the partition has a live leader and the brokers are "
+            "reachable, or raise fetch_timeout for a slow cluster"
+        )
+
+
+class DeadLetterWriteFailed(KafkaUnavailable):
+    """Some dead letters were not acknowledged by Kafka; none may be counted as written."""
+
+    def __init__(self, dlq_topic: str, failures: list[tuple[str, int, int, str]]) -> None:
+        self.dlq_topic = dlq_topic
+        self.failures = failures  # (source topic, partition, offset, error) per lost letter
+        first = failures[0]
+        super().__init__(
+            f"{len(failures)} dead letter(s) for {dlq_topic} were not written (first: "
+            f"{first[0]}[{first[1]}]@{first[2]}: {first[3]}); they stay unfinished and are "
+            "written again later; check that the topic exists and this client may write to it"
+        )
+
+
+class TopicNotFound(KafkaUnavailable):
+    """The topic has no partitions on the brokers the config names."""
+
+    def __init__(self, topic: str, brokers: str) -> None:
+        self.topic = topic
+        self.brokers = brokers
+        super().__init__(
+            f"topic {topic!r} has no partitions on {brokers}: check `topic` and `brokers` in the "
+            "config (or KSPOUT_BROKERS), or create the topic first"
+        )

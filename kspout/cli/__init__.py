@@ -12,3 +12,8 @@ import click
 @click.version_option(package_name="kspout")
 def main() -> None:
     """kspout: consume Kafka topics with Storm's guarantees, for Spark jobs."""
+
+
+from kspout.cli import dev as _dev  # noqa: E402,F401
+from kspout.cli import offsets as _offsets  # noqa: E402,F401
+from kspout.cli import run as _run  # noqa: E402,F401

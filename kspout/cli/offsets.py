@@ -1,0 +1,241 @@
+"""`kspout offsets show|set`: inspect and move a spout's offsets stored in ZooKeeper.
+
+`show` puts each partition's stored commit point next to Kafka's watermarks, with the lag and
+the last writer. `set` is the operator's move (after an `out_of_range = "fail"` stop, or to
+replay or skip data); it refuses while a spout instance is registered, because the running spout
+would lose its next commit for those partitions.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from kspout.cli import main
+from kspout.cli.options import config_option, json_option, kspout_errors
+from kspout.config import TopicConfig, load_config
+from kspout.errors import OffsetOutOfRange, SpoutRunning
+from kspout.kafka import KafkaMetadata
+from kspout.offsets import StoredOffset, ZkOffsetStore
+from kspout.policy import Position
+
+
+@main.group()
+def offsets() -> None:
+    """Inspect and move the offsets a spout stored in ZooKeeper."""
+
+
+# -- show ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionView:
+    """One partition as `show` reports it (also its JSON shape)."""
+
+    partition: int
+    stored_offset: int | None
+    low: int | None  # None: the partition is not in Kafka's metadata (a leftover record)
+    high: int | None
+    lag: int | None  # high - stored_offset
+    out_of_range: bool  # the stored offset is outside Kafka's [low, high]
+    start: dict[str, Any] | None  # where `start` would begin, when nothing is stored
+    writer_name: str | None
+    writer_id: str | None
+    writer_live: bool  # the last writer is a registered (running) instance
+
+
+def _view(
+    partition: int,
+    stored: StoredOffset | None,
+    watermarks: tuple[int, int] | None,
+    start: Position,
+    start_offset: int | None,
+    live: set[str],
+) -> PartitionView:
+    low, high = watermarks if watermarks is not None else (None, None)
+    offset = stored.offset if stored is not None else None
+    lag = high - offset if high is not None and offset is not None else None
+    writer_id = stored.writer_id if stored is not None else None
+    return PartitionView(
+        partition=partition,
+        stored_offset=offset,
+        low=low,
+        high=high,
+        lag=lag,
+        out_of_range=(
+            offset is not None
+            and low is not None
+            and high is not None
+            and not low <= offset <= high
+        ),
+        start=None if stored is not None else {"position": str(start), "offset": start_offset},
+        writer_name=stored.writer_name if stored is not None else None,
+        writer_id=writer_id,
+        writer_live=writer_id in live,
+    )
+
+
+def _collect(config: TopicConfig) -> tuple[list[PartitionView], list[str]]:
+    """Every partition Kafka knows, plus any stored record for a partition it does not."""
+    with ZkOffsetStore(config) as store, KafkaMetadata(config) as kafka:
+        stored = store.read_all()
+        live = store.live_instances()
+        in_kafka = set(kafka.partitions(config.topic))
+        views = []
+        for partition in sorted(in_kafka | set(stored)):
+            record = stored.get(partition)
+            marks = kafka.watermarks(config.topic, partition) if partition in in_kafka else None
+            start_offset = None
+            if record is None and partition in in_kafka:
+                start_offset = kafka.resolve(config.start_position, config.topic, partition)
+            views.append(
+                _view(partition, record, marks, config.start_position, start_offset, set(live))
+            )
+    return views, live
+
+
+def _dash(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def _lag_text(view: PartitionView) -> str:
+    if view.start is not None:
+        return f"- (start {view.start['position']}: {_dash(view.start['offset'])})"
+    if view.low is None:
+        return "- (not in Kafka)"
+    return f"{view.lag} (out of range)" if view.out_of_range else str(view.lag)
+
+
+def _print_table(config: TopicConfig, views: list[PartitionView], live: list[str]) -> None:
+    table = Table(title=f"{config.topic}: spout {config.zk_spout_path}")
+    for name in ("partition", "stored", "low", "high"):
+        table.add_column(name, justify="right")
+    table.add_column("lag")
+    table.add_column("last writer", overflow="fold")
+    table.add_column("live")
+    for view in views:
+        writer = "-" if view.writer_id is None else f"{view.writer_name}/{view.writer_id}"
+        table.add_row(
+            str(view.partition),
+            _dash(view.stored_offset),
+            _dash(view.low),
+            _dash(view.high),
+            _lag_text(view),
+            writer,
+            "yes" if view.writer_live else ("-" if view.writer_id is None else "no"),
+        )
+    table.caption = f"live instances: {', '.join(live)}" if live else "no live instance registered"
+    Console().print(table)
+
+
+@offsets.command()
+@config_option
+@json_option
+def show(config_path: str, as_json: bool) -> None:
+    """Stored offset, watermarks, lag and last writer of every partition of the topic."""
+    with kspout_errors():
+        config = load_config(config_path)
+        views, live = _collect(config)
+    if as_json:
+        click.echo(json.dumps([asdict(view) for view in views], indent=2))
+    else:
+        _print_table(config, views, live)
+
+
+# -- set -------------------------------------------------------------------------------------
+
+
+def _parse_target(ctx: click.Context, param: click.Parameter, value: str) -> int | Position:
+    """`--to`: an offset, or `earliest`, `latest`, `timestamp:<ms>`."""
+    if value.strip().isdigit():
+        return int(value)
+    try:
+        return Position.parse(value, allow_fail=False)
+    except ValueError as exc:
+        raise click.BadParameter(f"an offset or {exc}", ctx, param) from None
+
+
+def _targets(
+    config: TopicConfig, kafka: KafkaMetadata, partitions: list[int], target: int | Position
+) -> dict[int, int]:
+    """The offset to move each partition to, all checked before anything is written."""
+    known = kafka.partitions(config.topic)
+    missing = sorted(set(partitions) - set(known))
+    if missing:
+        raise click.UsageError(
+            f"topic {config.topic!r} has no partition {', '.join(map(str, missing))} "
+            f"(it has {len(known)}: 0-{len(known) - 1})"
+        )
+    chosen = {}
+    for partition in partitions:
+        if isinstance(target, Position):
+            chosen[partition] = kafka.resolve(target, config.topic, partition)
+            continue
+        low, high = kafka.watermarks(config.topic, partition)
+        if not low <= target <= high:
+            raise OffsetOutOfRange(
+                config.topic,
+                partition,
+                target,
+                low,
+                high,
+                hint=f"choose an offset from {low} to {high} (inclusive), or earliest, latest "
+                "or timestamp:<ms>",
+            )
+        chosen[partition] = target
+    return chosen
+
+
+@offsets.command(name="set")
+@config_option
+@click.option("--partition", "partitions", type=int, multiple=True, help="Repeatable.")
+@click.option("--all", "all_partitions", is_flag=True, help="Every partition of the topic.")
+@click.option(
+    "--to",
+    "target",
+    required=True,
+    callback=_parse_target,
+    help="An offset, earliest, latest or timestamp:<ms>.",
+)
+@click.option("--force", is_flag=True, help="Move even while spout instances are registered.")
+@json_option
+def set_offsets(
+    config_path: str,
+    partitions: tuple[int, ...],
+    all_partitions: bool,
+    target: int | Position,
+    force: bool,
+    as_json: bool,
+) -> None:
+    """Move the stored offset (the next offset to process) of some or all partitions."""
+    if bool(partitions) == all_partitions:
+        raise click.UsageError("pass --partition N (repeatable) or --all, not both")
+    with kspout_errors():
+        config = load_config(config_path)
+        with (
+            ZkOffsetStore(config, instance_id=f"operator@{socket.gethostname()}") as store,
+            KafkaMetadata(config) as kafka,
+        ):
+            live = store.live_instances()
+            if live and not force:
+                raise SpoutRunning(store.path, live)
+            if live:
+                click.echo(f"warning: moving offsets under live instances {live}", err=True)
+            chosen = list(partitions) or kafka.partitions(config.topic)
+            moves = _targets(config, kafka, sorted(set(chosen)), target)
+            done = [(p, store.move(p, offset)) for p, offset in moves.items()]
+    report = [
+        {"partition": p, "from": moved.data["kspout"]["moved_from"], "to": moved.offset}
+        for p, moved in done
+    ]
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    for row in report:
+        click.echo(f"{config.topic}[{row['partition']}]: {_dash(row['from'])} -> {row['to']}")

@@ -1,0 +1,87 @@
+"""Render a driver `Progress` for people (a rich table) and for scripts (JSON)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from kspout.driver import Progress
+
+COUNTERS = ("acked", "duplicates", "retried", "timed_out", "skipped", "dead_lettered", "lost")
+HEADERS = {
+    "duplicates": "dup",
+    "timed_out": "timeout",
+    "dead_lettered": "dlq",
+    "in flight": "inflight",
+}
+
+
+def progress_table(progress: Progress, title: str | None = None) -> Table:
+    """Per-partition table: commit point, high watermark, lag, counts; a totals row last."""
+    table = Table(
+        title=title or f"{progress.topic}: batch {progress.batches}, {progress.elapsed:.1f}s",
+        title_justify="left",
+    )
+    for name in ("partition", "committed", "high", "lag", "in flight", "failed", *COUNTERS):
+        table.add_column(HEADERS.get(name, name), justify="right")
+    for view in progress.partitions:
+        s = view.stats
+        table.add_row(
+            str(view.partition),
+            "-" if view.committed is None else str(view.committed),
+            str(view.high),
+            str(view.lag),
+            str(s.in_flight),
+            str(s.failed + s.dead_letter_pending),
+            *(str(getattr(s, name)) for name in COUNTERS),
+        )
+    table.add_section()
+    table.add_row(
+        "all",
+        "",
+        "",
+        str(progress.lag),
+        str(progress.total("in_flight")),
+        str(progress.total("failed") + progress.total("dead_letter_pending")),
+        *(str(progress.total(name)) for name in COUNTERS),
+        style="bold",
+    )
+    return table
+
+
+def progress_json(progress: Progress) -> dict[str, Any]:
+    """The same facts as `progress_table`, as a JSON-ready dict."""
+    return {
+        "topic": progress.topic,
+        "batches": progress.batches,
+        "batch_errors": progress.batch_errors,
+        "elapsed_s": round(progress.elapsed, 3),
+        "lag": progress.lag,
+        "totals": {name: progress.total(name) for name in COUNTERS},
+        "partitions": [
+            {
+                "partition": v.partition,
+                "committed": v.committed,
+                "low": v.low,
+                "high": v.high,
+                "lag": v.lag,
+                "in_flight": v.stats.in_flight,
+                "failed": v.stats.failed,
+                "dead_letter_pending": v.stats.dead_letter_pending,
+                **{name: getattr(v.stats, name) for name in COUNTERS},
+            }
+            for v in progress.partitions
+        ],
+        "out_of_range_resets": [
+            {
+                "partition": p,
+                "low": r.low,
+                "high": r.high,
+                "from": r.old_commit,
+                "to": r.new_start,
+                "lost": [list(x) for x in r.lost],
+            }
+            for p, r in progress.resets
+        ],
+    }

@@ -1,0 +1,20 @@
+"""Kafka I/O with confluent-kafka: metadata, fetching planned offsets, dead letters.
+
+One module per job: `metadata` (partitions, watermarks, timestamps, start positions),
+`fetcher` (exactly the planned offsets of a partition), `deadletter` (the dead-letter topic),
+`records` (the plain values they hand out).
+"""
+
+from kspout.kafka.deadletter import DeadLetterWriter
+from kspout.kafka.fetcher import PartitionFetcher
+from kspout.kafka.metadata import KafkaMetadata
+from kspout.kafka.records import DeadLetter, FetchResult, Record
+
+__all__ = [
+    "DeadLetter",
+    "DeadLetterWriter",
+    "FetchResult",
+    "KafkaMetadata",
+    "PartitionFetcher",
+    "Record",
+]

@@ -1,0 +1,121 @@
+"""Shared plumbing for kspout's Kafka clients: settings, error classes, bounded retries.
+
+Every consumer kspout creates reads by explicit offset (`assign`, never `subscribe`) and never
+commits to Kafka: progress lives in ZooKeeper. Out-of-range must surface as an error instead of
+librdkafka's silent reset, so the partition's `out_of_range` policy can decide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import tenacity
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from kspout.config import TopicConfig
+from kspout.errors import KafkaRequestFailed
+
+T = TypeVar("T")
+
+# Seconds one broker request may take before it counts as a (retriable) timeout.
+REQUEST_TIMEOUT = 10.0
+# Metadata calls: 5 tries with 0.1 s, 0.2 s, 0.4 s, 0.8 s waits ride out a leader election
+# or a broker restart without hiding a dead cluster for long.
+RETRY_ATTEMPTS = 5
+RETRY_WAIT = tenacity.wait_exponential(multiplier=0.1, max=2.0)
+
+# The Python client builds these errors from a bare code, which drops librdkafka's retriable
+# flag, so `KafkaError.retriable()` alone misses them. All are transient by nature.
+_TRANSIENT_CODES = frozenset(
+    {
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._WAIT_COORD,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+    }
+)
+
+
+def consumer_settings(config: TopicConfig) -> dict[str, Any]:
+    """librdkafka settings for every kspout consumer; kspout's own keys win over `[kafka]`."""
+    # kspout reads history, never waits at the end of a partition for new data: a fetch that
+    # reaches high should come back at once, not hold the broker connection (and the watermark
+    # queries queued behind it) for the default 500 ms. `[kafka]` may still override it.
+    defaults: dict[str, Any] = {"fetch.wait.max.ms": 10}
+    return defaults | config.kafka_config(
+        **{
+            "group.id": f"kspout-{config.spout_id}",  # never joined, never committed to
+            "client.id": f"kspout-{config.spout_id}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "error",  # out of range arrives as _AUTO_OFFSET_RESET
+            "enable.partition.eof": True,  # reaching high says "nothing more below it"
+        }
+    )
+
+
+def is_transient(error: KafkaError) -> bool:
+    """True when asking again may succeed; a fatal error never is."""
+    if error.fatal():
+        return False
+    return error.retriable() or error.code() in _TRANSIENT_CODES
+
+
+def _transient_exception(exc: BaseException) -> bool:
+    return isinstance(exc, KafkaException) and is_transient(exc.args[0])
+
+
+def call_kafka(
+    operation: str,
+    topic: str,
+    partition: int | None,
+    call: Callable[[], T],
+    *,
+    sleep: Callable[[float], None] = tenacity.nap.sleep,
+) -> T:
+    """Run one broker request, retrying transient errors; raise KafkaRequestFailed otherwise."""
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception(_transient_exception),
+        stop=tenacity.stop_after_attempt(RETRY_ATTEMPTS),
+        wait=RETRY_WAIT,
+        sleep=sleep,
+        reraise=True,
+    )
+    try:
+        return retrying(call)
+    except KafkaException as exc:
+        error: KafkaError = exc.args[0]
+        if error.code() in (KafkaError._UNKNOWN_PARTITION, KafkaError.UNKNOWN_TOPIC_OR_PART):
+            hint = "check that the topic and partition exist"
+        elif is_transient(error):
+            hint = f"gave up after {RETRY_ATTEMPTS} tries; check that the brokers are reachable"
+        else:
+            hint = "check the brokers, the topic and the [kafka] security settings"
+        raise KafkaRequestFailed(operation, topic, partition, str(error), hint) from exc
+
+
+def watermarks(consumer: Consumer, topic: str, partition: int) -> tuple[int, int]:
+    """Fresh `(low, high)` from the partition leader.
+
+    `high` is what this consumer can read up to: under the default `read_committed` isolation
+    it is the last stable offset, so an open transaction's records are never reported missing.
+    """
+
+    def query() -> tuple[int, int]:
+        result = consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=REQUEST_TIMEOUT, cached=False
+        )
+        if result is None:  # the client's way of saying the request timed out
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
+        low, high = result
+        return low, high
+
+    return call_kafka("watermark query", topic, partition, query)

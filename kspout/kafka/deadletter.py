@@ -1,0 +1,109 @@
+"""Write given-up offsets to the dead-letter topic (`dead_letter_topic`, default `<topic>.dlq`).
+
+A dead letter copies the original key and value (when Kafka still has the message) and adds
+headers naming where it came from and why it was given up, so an operator can inspect or
+replay it. `write` returns only once Kafka acknowledged every letter: the caller may then count
+those offsets finished; on any failure none of them may be.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from kspout.config import TopicConfig
+from kspout.errors import DeadLetterWriteFailed
+from kspout.kafka.records import DeadLetter
+
+HEADER_PREFIX = "kspout."
+# flush() waits this much longer than librdkafka's own delivery timeout, so every letter has
+# a delivery report (success or failure) by the time it returns.
+FLUSH_MARGIN = 5.0
+
+
+def letter_headers(letter: DeadLetter) -> list[tuple[str, str | bytes | None]]:
+    """The original headers, then kspout's: source topic, partition, offset, attempts, reason,
+    error (utf-8 strings; an absent error is an empty string)."""
+    original: list[tuple[str, str | bytes | None]] = []
+    if letter.record is not None:
+        original.extend(letter.record.headers)
+    ours = {
+        "source.topic": letter.topic,
+        "source.partition": str(letter.partition),
+        "source.offset": str(letter.offset),
+        "attempts": str(letter.attempts),
+        "reason": letter.reason,
+        "error": letter.error or "",
+    }
+    return original + [(HEADER_PREFIX + name, value.encode()) for name, value in ours.items()]
+
+
+class DeadLetterWriter:
+    """Produces dead letters with an idempotent producer (a retried send is never doubled)."""
+
+    def __init__(self, config: TopicConfig) -> None:
+        self._config = config
+        self._topic = config.dlq_topic
+        self._producer: Producer | None = None
+
+    def start(self) -> None:
+        if self._producer is None:
+            settings = self._config.kafka_config(
+                **{
+                    "client.id": f"kspout-{self._config.spout_id}-dlq",
+                    "enable.idempotence": True,
+                    "acks": "all",
+                    "message.timeout.ms": int(self._config.fetch_timeout * 1000),
+                }
+            )
+            self._producer = Producer(settings)
+
+    def close(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.flush(self._config.fetch_timeout + FLUSH_MARGIN)
+
+    def __enter__(self) -> DeadLetterWriter:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def write(self, letters: Sequence[DeadLetter]) -> None:
+        """Produce every letter and wait for Kafka's acknowledgements.
+
+        Raises DeadLetterWriteFailed naming each letter Kafka did not acknowledge.
+        """
+        if self._producer is None:
+            raise RuntimeError("DeadLetterWriter.start() was not called")
+        producer = self._producer
+        errors: dict[int, str | None] = {}  # letter index -> None when acknowledged
+
+        def report(index: int, error: KafkaError | None, _msg: Message) -> None:
+            errors[index] = None if error is None else str(error)
+
+        for index, letter in enumerate(letters):
+            original = letter.record
+            while True:
+                try:
+                    producer.produce(
+                        self._topic,
+                        key=original.key if original is not None else None,
+                        value=original.value if original is not None else None,
+                        headers=letter_headers(letter),
+                        on_delivery=functools.partial(report, index),
+                    )
+                    break
+                except BufferError:  # local queue full: serve delivery reports, then retry
+                    producer.poll(0.1)
+        producer.flush(self._config.fetch_timeout + FLUSH_MARGIN)
+        failures: list[tuple[str, int, int, str]] = []
+        for index, letter in enumerate(letters):
+            error = errors.get(index, "no delivery report before the timeout")
+            if error is not None:
+                failures.append((letter.topic, letter.partition, letter.offset, error))
+        if failures:
+            raise DeadLetterWriteFailed(self._topic, failures)

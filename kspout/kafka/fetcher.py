@@ -1,0 +1,289 @@
+"""Fetch exactly the planned offsets of one partition: a big new range plus single retries.
+
+The driver plans offsets; executors fetch them here. A fetch returns each requested offset at
+most once and never one outside the request, even though Kafka hands back whole (compressed)
+batches that start below the offset asked for: storm-kafka emitted those twice, kspout skips
+them. Offsets Kafka does not have although they are inside `[low, high)` (compacted away,
+transaction markers) are reported as `missing`; offsets outside it as `out_of_range`, left to
+the partition's policy.
+
+Out of range is learnt from the fetch itself, with no watermark query up front: below low (or
+above high) the broker answers the first fetch with OFFSET_OUT_OF_RANGE, which librdkafka
+hands over as `_AUTO_OFFSET_RESET` (kspout sets `auto.offset.reset=error`); at high it reports
+end-of-partition. Only then are fresh watermarks read, for the `(low, high)` of the result. A
+query before every fetch would cost the same round trip on every call instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from kspout.config import TopicConfig
+from kspout.errors import FetchTimeout, KafkaRequestFailed
+from kspout.kafka._client import consumer_settings, watermarks
+from kspout.kafka.records import FetchResult, Record, RecordBuilder, make_record
+
+log = logging.getLogger(__name__)
+
+# Re-positioning the consumer (assign at a new offset) costs one fetch round trip, about
+# 2.5 ms against a broker on loopback and more across a network, while reading a record we
+# then drop costs about 3 us. Below ~1000 offsets reading through the gap is cheaper.
+SEEK_GAP = 1000
+# Messages per consume() call: large enough that the per-call cost vanishes, small enough
+# that one call does not hold tens of MB of messages at once.
+CHUNK = 5000
+# How long one consume() call may wait when fewer messages than asked for arrive (holes,
+# transaction markers at the end of a span): the price of detecting a hole, paid at most
+# once per consume call that comes up short.
+IDLE_SLICE = 0.05
+
+
+def _validated(spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The spans as a list, after checking they are sorted, disjoint and non-empty."""
+    result: list[tuple[int, int]] = []
+    previous_end = 0
+    for start, end in spans:
+        if start < previous_end or end <= start:
+            raise ValueError(
+                f"spans must be sorted, disjoint, non-empty [start, end) ranges of offsets "
+                f">= 0; got {list(spans)!r}"
+            )
+        result.append((start, end))
+        previous_end = end
+    return result
+
+
+class _Progress:
+    """Where a fetch stands in its requested spans; pure bookkeeping, no I/O.
+
+    `cursor` is the next requested offset not yet accounted for, in span `index` that ends at
+    `end`. Every requested offset below `cursor` was either returned or put in `missing`.
+    Records arrive in offset order, so a record (or end-of-partition, or a consumer position)
+    at offset `o` proves Kafka holds nothing in `[cursor, o)`.
+    """
+
+    __slots__ = ("cursor", "end", "index", "missing", "spans")
+
+    def __init__(self, spans: list[tuple[int, int]]) -> None:
+        self.spans = spans
+        self.index = 0
+        self.cursor, self.end = spans[0]
+        self.missing: list[tuple[int, int]] = []
+
+    @property
+    def done(self) -> bool:
+        return self.index == len(self.spans)
+
+    def read_end(self, max_gap: int) -> int:
+        """Where a contiguous read from `cursor` should stop: the end of the span after
+        which the next gap is larger than `max_gap` (worth a re-position instead)."""
+        end = self.end
+        for start, span_end in self.spans[self.index + 1 :]:
+            if start - end > max_gap:
+                break
+            end = span_end
+        return end
+
+    def settle_below(self, offset: int) -> None:
+        """Kafka holds nothing at `[cursor, offset)`: mark those requested offsets missing."""
+        while self.index < len(self.spans) and self.cursor < offset:
+            stop = min(offset, self.end)
+            if self.missing and self.missing[-1][1] == self.cursor:
+                self.missing[-1] = (self.missing[-1][0], stop)
+            else:
+                self.missing.append((self.cursor, stop))
+            self.cursor = stop
+            if stop == self.end:
+                self._next_span()
+
+    def take(self, offset: int) -> bool:
+        """A record at `offset` arrived: True when it was requested and not yet returned."""
+        if offset < self.cursor:
+            return False  # below what we asked for: an earlier batch member, or a repeat
+        self.settle_below(offset)
+        if self.index == len(self.spans) or offset != self.cursor:
+            return False  # between two spans, or past the last one
+        self.cursor = offset + 1
+        if self.cursor == self.end:
+            self._next_span()
+        return True
+
+    def _next_span(self) -> None:
+        self.index += 1
+        if self.index < len(self.spans):
+            self.cursor, self.end = self.spans[self.index]
+
+
+@contextlib.contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Pause CPython's cycle collector while a fetch builds its records.
+
+    A fetch keeps every record it builds, and the collector scans a generation for every 700
+    objects that stay alive: with 100k records those scans took ~45% of the fetch time
+    (measured: 260k vs 450k records/s). Fetching creates no reference cycles, so nothing
+    waits for the collector meanwhile; reference counting still frees all garbage at once.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _record(topic: str, partition: int, offset: int, msg: Message) -> Record:
+    headers = msg.headers()
+    return make_record(
+        topic,
+        partition,
+        offset,
+        msg.key(),
+        msg.value(),
+        msg.timestamp()[1],
+        tuple(headers) if headers else (),  # type: ignore[arg-type]
+    )
+
+
+class PartitionFetcher:
+    """Fetches planned offsets of one topic through one assigned consumer, reused per call.
+
+    Not thread-safe: one fetcher per Python worker, one fetch at a time.
+    """
+
+    def __init__(self, config: TopicConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._config = config
+        self._clock = clock
+        self._consumer: Consumer | None = None
+
+    def start(self) -> None:
+        if self._consumer is None:
+            self._consumer = Consumer(consumer_settings(self._config))
+
+    def close(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            consumer.close()
+
+    def __enter__(self) -> PartitionFetcher:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def fetch(self, topic: str, partition: int, spans: Sequence[tuple[int, int]]) -> FetchResult:
+        """Fetch the offsets in `spans` (sorted, disjoint, half-open `[start, end)` ranges).
+
+        Raises FetchTimeout when the spans are not settled within `fetch_timeout` seconds,
+        KafkaRequestFailed when the broker fails for good.
+        """
+        if self._consumer is None:
+            raise RuntimeError("PartitionFetcher.start() was not called")
+        wanted = _validated(spans)
+        if not wanted:
+            return FetchResult([], [])
+        try:
+            with _cyclic_gc_paused():
+                return self._read(self._consumer, topic, partition, wanted)
+        finally:
+            # Stop prefetching: an idle assigned partition would fill librdkafka's queue
+            # (up to 64 MB) and long-poll the broker at high for nothing.
+            self._consumer.unassign()
+
+    def _read(
+        self, consumer: Consumer, topic: str, partition: int, spans: list[tuple[int, int]]
+    ) -> FetchResult:
+        """Consume in chunks until every offset in `spans` is returned or known missing."""
+        timeout = self._config.fetch_timeout
+        deadline = self._clock() + timeout
+        progress = _Progress(spans)
+        records: list[Record] = []
+        append = records.append
+        build = RecordBuilder
+        stream = -1  # the offset the consumer delivers next; -1 forces the first assign
+        read_end = 0
+        while not progress.done:
+            if progress.cursor - stream > SEEK_GAP or stream < 0:
+                consumer.assign([TopicPartition(topic, partition, progress.cursor)])
+                stream = progress.cursor
+            if stream >= read_end:
+                read_end = progress.read_end(SEEK_GAP)
+            wanted = max(1, min(CHUNK, read_end - stream))
+            msgs = consumer.consume(wanted, IDLE_SLICE)
+            cursor, last = progress.cursor, progress.end - 1
+            for msg in msgs:
+                offset = msg.offset()
+                if offset == cursor and offset < last and msg.error() is None:
+                    # Hot path: the next requested offset, not the last of its span.
+                    headers = msg.headers()
+                    record = build(
+                        topic,
+                        partition,
+                        offset,
+                        msg.key(),
+                        msg.value(),
+                        msg.timestamp()[1],
+                        tuple(headers) if headers else (),  # type: ignore[arg-type]
+                    )
+                    record.__class__ = Record  # type: ignore[assignment]
+                    append(record)  # type: ignore[arg-type]
+                    cursor = stream = offset + 1
+                    continue
+                progress.cursor = cursor
+                error = msg.error()
+                if error is None:
+                    if offset is not None:  # always set on a record
+                        if progress.take(offset):
+                            append(_record(topic, partition, offset, msg))
+                        stream = offset + 1
+                elif error.code() == KafkaError._AUTO_OFFSET_RESET:
+                    bounds = watermarks(consumer, topic, partition)
+                    return FetchResult(records, progress.missing, bounds)
+                elif error.code() == KafkaError._PARTITION_EOF:
+                    if offset is not None:  # high: everything below it was delivered
+                        progress.settle_below(offset)
+                        stream = offset
+                        if not progress.done and progress.cursor >= offset:
+                            bounds = watermarks(consumer, topic, partition)
+                            if progress.cursor >= bounds[1]:
+                                return FetchResult(records, progress.missing, bounds)
+                            # else records arrived since; the consumer is fetching them
+                elif error.fatal():
+                    raise KafkaRequestFailed(
+                        "fetch", topic, partition, str(error), "the client cannot continue"
+                    )
+                else:  # librdkafka retries these itself; the deadline bounds the wait
+                    log.warning("%s[%d]: fetch error (retrying): %s", topic, partition, error)
+                if progress.done:
+                    break
+                cursor, last = progress.cursor, progress.end - 1
+            progress.cursor = cursor
+            if progress.done:
+                break
+            if len(msgs) < wanted:
+                stream = max(stream, self._skip_past_hidden(consumer, topic, partition, progress))
+            if self._clock() >= deadline and not progress.done:
+                raise FetchTimeout(topic, partition, progress.cursor, timeout)
+        return FetchResult(records, progress.missing)
+
+    @staticmethod
+    def _skip_past_hidden(
+        consumer: Consumer, topic: str, partition: int, progress: _Progress
+    ) -> int:
+        """The consumer went quiet: offsets it moved past without a message do not exist.
+
+        librdkafka advances its position over transaction markers without delivering them.
+        Returns the position (or -1 when it is not known yet).
+        """
+        position = consumer.position([TopicPartition(topic, partition)])[0].offset
+        if position > progress.cursor:
+            progress.settle_below(position)
+        return position

@@ -1,0 +1,149 @@
+"""Partitions, watermarks and timestamps of a topic, and where a rule-chosen position lies.
+
+The driver asks these questions when it plans (high watermark), starts a partition (`start`)
+and handles out-of-range (`out_of_range`). Each answer comes fresh from the broker, with
+transient errors retried a bounded number of times.
+"""
+
+from __future__ import annotations
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from kspout.config import TopicConfig
+from kspout.kafka._client import REQUEST_TIMEOUT, call_kafka, consumer_settings, watermarks
+from kspout.kafka.fetcher import PartitionFetcher
+from kspout.kafka.records import FetchResult
+from kspout.policy import Position, PositionKind
+
+# When the broker says no record is at/after a timestamp, this many of the newest offsets are
+# read to confirm it (one small fetch; real Kafka always agrees, see offset_for_timestamp).
+TAIL_CHECK = 100
+# Offsets per fetch while scanning a partition for a timestamp the broker cannot look up.
+SCAN_STEP = 10_000
+
+
+class KafkaMetadata:
+    """Metadata questions about a topic's partitions, answered through one consumer."""
+
+    def __init__(self, config: TopicConfig) -> None:
+        self._config = config
+        self._consumer: Consumer | None = None
+        self._fetcher: PartitionFetcher | None = None  # only for timestamp lookups
+
+    def start(self) -> None:
+        if self._consumer is None:
+            self._consumer = Consumer(consumer_settings(self._config))
+
+    def close(self) -> None:
+        fetcher, self._fetcher = self._fetcher, None
+        if fetcher is not None:
+            fetcher.close()
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            consumer.close()
+
+    def __enter__(self) -> KafkaMetadata:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _client(self) -> Consumer:
+        if self._consumer is None:
+            raise RuntimeError("KafkaMetadata.start() was not called")
+        return self._consumer
+
+    def partitions(self, topic: str) -> list[int]:
+        """The topic's partition ids, sorted; [] while the topic does not exist."""
+        consumer = self._client()
+
+        def query() -> list[int]:
+            metadata = consumer.list_topics(topic, timeout=REQUEST_TIMEOUT)
+            found = metadata.topics.get(topic)
+            if found is None:
+                return []
+            if found.error is not None:
+                if found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    return []
+                raise KafkaException(found.error)
+            return sorted(found.partitions)
+
+        return call_kafka("metadata request", topic, None, query)
+
+    def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+        """`(low, high)`: the first offset Kafka still has, and the next one to be written."""
+        return watermarks(self._client(), topic, partition)
+
+    def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> int | None:
+        """The first offset whose record has a timestamp >= `timestamp_ms`; None if none has.
+
+        Kafka answers from its time index. A broker without one (librdkafka's mock cluster
+        answers "none" to every such query) must not turn `timestamp:` into a silent jump to
+        the end, so a "none" is checked against the newest records; when one of them is at or
+        after the timestamp, the broker cannot look timestamps up and the partition is scanned
+        from `low` instead. Real Kafka never fails that check, so it costs one small fetch.
+        """
+        consumer = self._client()
+
+        def query() -> int:
+            asked = TopicPartition(topic, partition, timestamp_ms)
+            (answer,) = consumer.offsets_for_times([asked], timeout=REQUEST_TIMEOUT)
+            if answer.error is not None:
+                raise KafkaException(answer.error)
+            return answer.offset
+
+        offset = call_kafka("timestamp lookup", topic, partition, query)
+        if offset >= 0:
+            return offset
+        low, high = self.watermarks(topic, partition)
+        tail = self._fetch(topic, partition, max(low, high - TAIL_CHECK), high).records
+        newest = next((r.offset for r in tail if r.timestamp >= timestamp_ms), None)
+        if newest is None:
+            return None
+        return self._scan(topic, partition, timestamp_ms, low, newest)
+
+    def resolve(self, position: Position, topic: str, partition: int) -> int:
+        """The offset a rule-chosen position stands for, right now.
+
+        `earliest` is low, `latest` is high. `timestamp:<ms>` is the first offset at or after
+        that time; when every record Kafka holds is older, it is high: the next record written
+        is the first one at or after that time, so nothing at or after it is skipped (this is
+        not a jump past data). `fail` has no offset: ValueError.
+        """
+        if position.kind is PositionKind.FAIL:
+            raise ValueError("the `fail` position names no offset; the caller must stop")
+        low, high = self.watermarks(topic, partition)
+        if position.kind is PositionKind.EARLIEST:
+            return low
+        if position.kind is PositionKind.LATEST:
+            return high
+        assert position.timestamp_ms is not None  # parse() sets it for TIMESTAMP
+        found = self.offset_for_timestamp(topic, partition, position.timestamp_ms)
+        return high if found is None else found
+
+    def _fetch(self, topic: str, partition: int, start: int, end: int) -> FetchResult:
+        if end <= start:
+            return FetchResult([], [])
+        if self._fetcher is None:
+            self._fetcher = PartitionFetcher(self._config)
+            self._fetcher.start()
+        return self._fetcher.fetch(topic, partition, [(start, end)])
+
+    def _scan(self, topic: str, partition: int, timestamp_ms: int, low: int, known: int) -> int:
+        """The first offset in `[low, known]` whose record is at or after `timestamp_ms`.
+
+        `known` is such an offset already seen, so the scan ends there at the latest; when
+        retention deletes the start of the partition meanwhile, the scan moves up to `low`.
+        """
+        start = low
+        while start < known:
+            result = self._fetch(topic, partition, start, min(start + SCAN_STEP, known))
+            for record in result.records:
+                if record.timestamp >= timestamp_ms:
+                    return record.offset
+            if result.out_of_range is not None and result.out_of_range[0] > start:
+                start = result.out_of_range[0]
+            else:
+                start += SCAN_STEP
+        return known

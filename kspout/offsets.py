@@ -1,0 +1,472 @@
+"""Consumer progress in ZooKeeper, in storm-kafka's layout, written by compare-and-set.
+
+Each partition's commit point lives at `<zk_root>/<spout_id>/partition_<n>` as storm-kafka's
+JSON record, so a topology that ran on Storm resumes where it stopped, and Storm could resume
+from kspout's records::
+
+    {"topology": {"id": "<instance>", "name": "<topology>"}, "offset": <next offset>,
+     "partition": <n>, "broker": {"host": "<host>", "port": <port>}, "topic": "<topic>",
+     "kspout": {"version": 1, "committed_at": <ms>, "source": "spout" | "operator"}}
+
+The `kspout` key is ours; storm-kafka ignores unknown keys, and records it wrote (without that
+key, and without `topic` in its oldest versions) are read as they are.
+
+Writes are fenced: a commit names the znode version it read, so a driver that lost ownership of
+a partition gets `OffsetConflict` instead of overwriting a newer commit. Transient ZooKeeper
+errors are retried here (bounded, exponential backoff); fencing errors never are.
+
+Live spout instances register an ephemeral node under `<zk_root>/<spout_id>/instances/`, so
+operators (and `kspout offsets set`) can see that a spout is running.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionClosedError,
+    ConnectionLoss,
+    NoAuthError,
+    NodeExistsError,
+    NoNodeError,
+    OperationTimeoutError,
+    SessionExpiredError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+from tenacity import (
+    RetryError,
+    Retrying,
+    before_sleep_log,
+    retry_if_exception,
+    stop_after_delay,
+    wait_exponential,
+)
+
+from kspout.config import TopicConfig
+from kspout.errors import (
+    InstanceIdInUse,
+    OffsetConflict,
+    OffsetRecordExists,
+    OffsetRecordInvalid,
+    TopicMismatch,
+    ZooKeeperAccessDenied,
+    ZooKeeperUnavailable,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+RECORD_VERSION = 1  # version of the fields under the "kspout" key
+PARTITION_NODE = re.compile(r"^partition_(\d+)$")
+INSTANCES_NODE = "instances"
+MOVE_ATTEMPTS = 50  # an operator move that loses this many races in a row gives up
+
+# Worth retrying: the request may not have reached ZooKeeper, or the session is being rebuilt.
+# ConnectionClosedError (a SessionExpiredError) means we closed the client ourselves: not retried.
+TRANSIENT_ERRORS = (ConnectionLoss, OperationTimeoutError, SessionExpiredError, KazooTimeoutError)
+# Someone else wrote first: we lost ownership, retrying would overwrite their write.
+FENCING_ERRORS = (BadVersionError, NodeExistsError)
+
+
+def _is_transient(exc: BaseException) -> bool:
+    return isinstance(exc, TRANSIENT_ERRORS) and not isinstance(exc, ConnectionClosedError)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)  # a wall-clock stamp for humans, not a deadline
+
+
+def _encode(record: Mapping[str, Any]) -> bytes:
+    """Compact JSON, as storm-kafka's json-simple writes it."""
+    return json.dumps(record, separators=(",", ":")).encode("utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class StoredOffset:
+    """One partition's record as read: the commit point and the znode version to CAS against."""
+
+    partition: int
+    offset: int
+    version: int
+    topic: str | None  # None only in records written by the oldest storm-kafka versions
+    data: dict[str, Any]  # the raw record
+
+    @property
+    def writer_name(self) -> str | None:
+        """Topology name of the last writer (storm-kafka's `topology.name`)."""
+        return _str_field(self.data.get("topology"), "name")
+
+    @property
+    def writer_id(self) -> str | None:
+        """Instance id of the last writer (storm-kafka's `topology.id`)."""
+        return _str_field(self.data.get("topology"), "id")
+
+
+def _str_field(section: Any, key: str) -> str | None:
+    value = section.get(key) if isinstance(section, dict) else None
+    return value if isinstance(value, str) else None
+
+
+class ZkOffsetStore:
+    """Reads and fences writes of one spout's offset records; registers live instances.
+
+    Constructing does no I/O; `start()` connects (or raises `ZooKeeperUnavailable`) and
+    `close()` disconnects, which also removes this instance's ephemeral registration.
+
+    Timeouts, in seconds: `connect_timeout` bounds `start()`; `request_timeout` bounds one
+    ZooKeeper request; `retry_timeout` bounds all retries of one call before it gives up;
+    `session_timeout` is the ZooKeeper session (how long ZooKeeper may be unreachable before
+    the ephemeral registration is lost; it is recreated when the client reconnects).
+    """
+
+    def __init__(
+        self,
+        config: TopicConfig,
+        *,
+        instance_id: str | None = None,
+        connect_timeout: float = 10.0,
+        request_timeout: float = 10.0,
+        retry_timeout: float = 30.0,
+        session_timeout: float = 10.0,
+    ) -> None:
+        self.config = config
+        self.instance_id = instance_id or f"{config.topology_name}-{uuid.uuid4().hex[:12]}"
+        self.path = config.zk_spout_path
+        self._hosts = config.zookeeper
+        self._connect_timeout = connect_timeout
+        self._request_timeout = request_timeout
+        self._retry_timeout = retry_timeout
+        self._session_timeout = session_timeout
+        self._client: Any = None  # KazooClient once started
+        self._registered: str | None = None  # our ephemeral instance node, once registered
+        self._session_lost = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Connect to ZooKeeper; `ZooKeeperUnavailable` if no server answers in time."""
+        if self._client is not None:
+            return
+        client = KazooClient(
+            timeout=self._session_timeout,
+            # Reconnect quickly once ZooKeeper is back (kazoo's default backoff grows to 1 h).
+            connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 1.0},
+            **self.config.kazoo_args(),
+        )
+        try:
+            client.start(timeout=self._connect_timeout)
+        except KazooTimeoutError:
+            raise ZooKeeperUnavailable(
+                f"could not connect to ZooKeeper at {self._hosts} within "
+                f"{self._connect_timeout:g}s; check that the ensemble is running and reachable "
+                "from this host, and the `zookeeper` setting (or KSPOUT_ZOOKEEPER)"
+            ) from None
+        client.add_listener(self._on_state)
+        self._client = client
+
+    def close(self) -> None:
+        """Disconnect; ZooKeeper drops this instance's ephemeral registration with the session."""
+        client, self._client = self._client, None
+        self._registered = None
+        if client is not None:
+            client.stop()
+            client.close()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- offsets -----------------------------------------------------------------------------
+
+    def partition_path(self, partition: int) -> str:
+        return f"{self.path}/partition_{partition}"
+
+    def read(self, partition: int) -> StoredOffset | None:
+        """The partition's record, or None when there is none.
+
+        Raises `TopicMismatch` when the record belongs to another topic (two spouts share one
+        spout id) and `OffsetRecordInvalid` when it is not an offset record at all.
+        """
+        path = self.partition_path(partition)
+        found = self._call(f"read {path}", path, lambda zk: self._get(zk, path))
+        if found is None:
+            return None
+        raw, version = found
+        return self._decode(partition, path, raw, version)
+
+    def read_all(self) -> dict[int, StoredOffset]:
+        """Every `partition_<n>` record under the spout path, by partition."""
+        children = self._call(
+            f"list {self.path}", self.path, lambda zk: self._children(zk, self.path)
+        )
+        stored: dict[int, StoredOffset] = {}
+        for child in children:
+            match = PARTITION_NODE.match(child)
+            if match is None:
+                continue
+            record = self.read(int(match.group(1)))
+            if record is not None:  # None: deleted between the listing and the read
+                stored[record.partition] = record
+        return dict(sorted(stored.items()))
+
+    def commit(
+        self,
+        partition: int,
+        offset: int,
+        *,
+        version: int | None,
+        broker: tuple[str, int] = ("", -1),
+        extra: Mapping[str, Any] | None = None,
+    ) -> int:
+        """Write the commit point if the record is still at `version`; return the new version.
+
+        `version=None` creates the first record. `extra` adds fields under the `kspout` key.
+        Raises `OffsetConflict` (`OffsetRecordExists` for a create) when someone else wrote
+        first: this instance no longer owns the partition. That is never retried.
+        """
+        path = self.partition_path(partition)
+        payload = _encode(self._record(partition, offset, broker, "spout", extra))
+        attempts = 0
+
+        def write(zk: Any) -> int:
+            nonlocal attempts
+            attempts += 1
+            return self._write(zk, path, payload, version)
+
+        try:
+            return self._call(f"commit {path}", path, write)
+        except FENCING_ERRORS:
+            # After a lost connection the first attempt may have been applied; if the record
+            # holds exactly our bytes, that conflict is with ourselves.
+            applied = self._version_if_holds(path, payload) if attempts > 1 else None
+            if applied is not None:
+                return applied
+            if version is None:
+                raise OffsetRecordExists(path) from None
+            raise OffsetConflict(path, version) from None
+
+    def move(self, partition: int, offset: int) -> StoredOffset:
+        """Operator move: set the commit point to `offset`, creating the record if absent.
+
+        A read-modify-write retried when another writer wins the race (compare-and-set on the
+        znode version). A record that is not valid JSON is overwritten (this is how an operator
+        repairs it); a record for another topic raises `TopicMismatch`.
+        """
+        for _ in range(MOVE_ATTEMPTS):
+            moved = self._move_once(partition, offset)
+            if moved is not None:
+                return moved
+            log.info("%s changed while moving it; reading it again", self.partition_path(partition))
+        raise OffsetConflict(self.partition_path(partition), -1)
+
+    def _move_once(self, partition: int, offset: int) -> StoredOffset | None:
+        """One read-modify-CAS round of `move`; None when another writer won the race."""
+        path = self.partition_path(partition)
+        found = self._call(f"read {path}", path, lambda zk: self._get(zk, path))
+        broker: tuple[str, int] = ("", -1)
+        moved_from: int | None = None
+        if found is not None:
+            try:
+                old = self._decode(partition, path, *found)
+            except OffsetRecordInvalid:
+                log.warning("%s: overwriting an invalid record (operator move)", path)
+            else:
+                broker, moved_from = _broker_of(old.data), old.offset
+        record = self._record(partition, offset, broker, "operator", {"moved_from": moved_from})
+        payload = _encode(record)
+        expected = None if found is None else found[1]
+        try:
+            version = self._call(
+                f"move {path}", path, lambda zk: self._write(zk, path, payload, expected)
+            )
+        except FENCING_ERRORS:
+            return None
+        log.info("%s moved from %s to %d", path, moved_from, offset)
+        return StoredOffset(partition, offset, version, self.config.topic, record)
+
+    # -- live instances ----------------------------------------------------------------------
+
+    def register_instance(self) -> str:
+        """Create this instance's ephemeral node (host, pid, start time) and return its path.
+
+        It disappears when this client closes or its session expires; after an expiry it is
+        created again as soon as the client reconnects.
+        """
+        path = f"{self.path}/{INSTANCES_NODE}/{self.instance_id}"
+        payload = _encode(
+            {
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "topology": self.config.topology_name,
+                "started_at": _now_ms(),
+            }
+        )
+
+        def create(zk: Any) -> None:
+            try:
+                self._wait(zk.create_async(path, payload, ephemeral=True, makepath=True))
+            except NodeExistsError:
+                stat = self._wait(zk.exists_async(path))
+                # Ours when an earlier attempt of this call went through before a lost reply.
+                if stat is None or stat.ephemeralOwner != zk.client_id[0]:
+                    raise InstanceIdInUse(path) from None
+
+        self._call(f"register {path}", path, create)
+        self._registered = path
+        return path
+
+    def live_instances(self) -> list[str]:
+        """Instance ids of the spout instances registered right now, sorted."""
+        parent = f"{self.path}/{INSTANCES_NODE}"
+        return sorted(self._call(f"list {parent}", parent, lambda zk: self._children(zk, parent)))
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _record(
+        self,
+        partition: int,
+        offset: int,
+        broker: tuple[str, int],
+        source: str,
+        extra: Mapping[str, Any] | None,
+    ) -> dict[str, Any]:
+        """storm-kafka's record for `offset`, stamped as written by this instance."""
+        ours: dict[str, Any] = {
+            "version": RECORD_VERSION,
+            "committed_at": _now_ms(),
+            "source": source,
+        }
+        ours.update(extra or {})
+        return {
+            "topology": {"id": self.instance_id, "name": self.config.topology_name},
+            "offset": offset,
+            "partition": partition,
+            "broker": {"host": broker[0], "port": broker[1]},
+            "topic": self.config.topic,
+            "kspout": ours,
+        }
+
+    def _decode(self, partition: int, path: str, raw: bytes, version: int) -> StoredOffset:
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise OffsetRecordInvalid(path, f"not JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise OffsetRecordInvalid(path, "not a JSON object")
+        offset = data.get("offset")
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise OffsetRecordInvalid(path, f"`offset` must be an integer >= 0, got {offset!r}")
+        topic = data.get("topic")
+        if topic is None:
+            log.warning(
+                "%s has no topic (written by an old storm-kafka); assuming it is %r",
+                path,
+                self.config.topic,
+            )
+        elif not isinstance(topic, str):
+            raise OffsetRecordInvalid(path, f"`topic` must be a string, got {topic!r}")
+        elif topic != self.config.topic:
+            raise TopicMismatch(path, topic, self.config.topic)
+        return StoredOffset(partition, offset, version, topic, data)
+
+    def _version_if_holds(self, path: str, payload: bytes) -> int | None:
+        """The znode version if the node holds exactly `payload`, else None."""
+        found = self._call(f"read {path}", path, lambda zk: self._get(zk, path))
+        return found[1] if found is not None and found[0] == payload else None
+
+    def _write(self, zk: Any, path: str, payload: bytes, version: int | None) -> int:
+        """Create (`version` None) or compare-and-set the node; return its new version."""
+        if version is None:
+            self._wait(zk.create_async(path, payload, makepath=True))
+            return 0
+        return int(self._wait(zk.set_async(path, payload, version=version)).version)
+
+    def _get(self, zk: Any, path: str) -> tuple[bytes, int] | None:
+        try:
+            raw, stat = self._wait(zk.get_async(path))
+        except NoNodeError:
+            return None
+        return raw, int(stat.version)
+
+    def _children(self, zk: Any, path: str) -> list[str]:
+        try:
+            return list(self._wait(zk.get_children_async(path)))
+        except NoNodeError:
+            return []
+
+    def _wait(self, result: Any) -> Any:
+        """A kazoo async result, waited for at most `request_timeout` (KazooTimeoutError)."""
+        return result.get(timeout=self._request_timeout)
+
+    def _call(self, action: str, path: str, op: Callable[[Any], T]) -> T:
+        """Run `op(client)`, retrying transient ZooKeeper errors within `retry_timeout`."""
+        client = self._client
+        if client is None:
+            raise RuntimeError("ZkOffsetStore is not started: call start() or use `with`")
+
+        def attempt() -> T:
+            if not client.connected:  # fail fast rather than queue a request until reconnect
+                raise ConnectionLoss("not connected to ZooKeeper")
+            return op(client)
+
+        retrying = Retrying(
+            stop=stop_after_delay(self._retry_timeout),
+            wait=wait_exponential(multiplier=0.1, min=0.1, max=2.0),
+            retry=retry_if_exception(_is_transient),
+            before_sleep=before_sleep_log(log, logging.WARNING),
+        )
+        try:
+            return retrying(attempt)
+        except RetryError as exc:
+            last = exc.last_attempt.exception()
+            raise ZooKeeperUnavailable(
+                f"ZooKeeper at {self._hosts} did not answer ({action}) for "
+                f"{self._retry_timeout:g}s (last error: {type(last).__name__}); check that the "
+                "ensemble is running and reachable from this host"
+            ) from last
+        except NoAuthError:
+            raise ZooKeeperAccessDenied(path, self._hosts) from None
+
+    def _on_state(self, state: str) -> None:
+        """kazoo listener (connection thread: must not block): re-register after an expiry."""
+        if state == KazooState.LOST:
+            self._session_lost = True
+        elif state == KazooState.CONNECTED and self._session_lost:
+            self._session_lost = False
+            if self._registered is not None and self._client is not None:
+                self._client.handler.spawn(self._reregister)
+
+    def _reregister(self) -> None:
+        try:
+            self.register_instance()
+            log.warning("ZooKeeper session expired; registered instance %s again", self._registered)
+        except Exception:  # a background thread: log, never raise into kazoo
+            log.exception("could not register instance %s again", self.instance_id)
+
+
+def _broker_of(record: Mapping[str, Any]) -> tuple[str, int]:
+    broker = record.get("broker")
+    host = _str_field(broker, "host") or ""
+    port = broker.get("port") if isinstance(broker, dict) else None
+    return host, port if isinstance(port, int) else -1

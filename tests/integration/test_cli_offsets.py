@@ -1,0 +1,182 @@
+"""`kspout offsets show|set` against real ZooKeeper and librdkafka's mock Kafka cluster."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from confluent_kafka import Producer
+
+from kspout.cli import main
+from kspout.config import load_config
+from kspout.offsets import ZkOffsetStore
+from tests.integration.test_offsets import ZkServer
+
+pytestmark = pytest.mark.integration
+
+# A mock Kafka cluster lives inside a librdkafka client: keep one open until stdin closes.
+MOCK_KAFKA = """
+import sys
+from confluent_kafka import Producer
+producer = Producer({"test.mock.num.brokers": 1, "log_level": 0})
+brokers = producer.list_topics(timeout=10).brokers.values()
+print(",".join(f"{b.host}:{b.port}" for b in brokers), flush=True)
+sys.stdin.read()
+"""
+
+BASE_MS = 1_700_000_000_000  # message i of a test topic has timestamp BASE_MS + i * 1000
+
+
+@pytest.fixture(scope="module")
+def zk_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    server = ZkServer(tmp_path_factory.mktemp("zookeeper"))
+    server.start()
+    yield server.hosts
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def kafka_brokers() -> Iterator[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", MOCK_KAFKA], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    brokers = proc.stdout.readline().decode().strip()
+    assert brokers, "the mock Kafka cluster did not start"
+    yield brokers
+    proc.stdin.close()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture
+def topic_file(tmp_path: Path, zk_hosts: str, kafka_brokers: str) -> Path:
+    """A topic with 10 messages in partition 0 and 4 in partition 1 (4 partitions), and its
+    config file."""
+    topic = f"orders-{uuid.uuid4().hex[:8]}"
+    producer = Producer({"bootstrap.servers": kafka_brokers})
+    for partition, count in ((0, 10), (1, 4)):
+        for i in range(count):
+            producer.produce(topic, b"x", partition=partition, timestamp=BASE_MS + i * 1000)
+    assert producer.flush(10) == 0
+    path = tmp_path / "topic.toml"
+    path.write_text(
+        f'topic = "{topic}"\nspout_id = "{topic}-spout"\nzk_root = "/cli-test"\n'
+        f'brokers = "{kafka_brokers}"\nzookeeper = "{zk_hosts}"\ntopology_name = "orders"\n'
+    )
+    return path
+
+
+@pytest.fixture
+def kspout(topic_file: Path) -> Callable[..., Result]:
+    """Runs `kspout offsets <args> --config <topic file>`."""
+
+    def run(*args: str) -> Result:
+        runner = CliRunner()
+        return runner.invoke(
+            main, ["offsets", *args, "--config", str(topic_file)], env={"COLUMNS": "200"}
+        )
+
+    return run
+
+
+def stored_offsets(topic_file: Path) -> dict[int, int]:
+    with ZkOffsetStore(load_config(topic_file)) as store:
+        return {p: s.offset for p, s in store.read_all().items()}
+
+
+def test_show_reports_lag_and_where_start_would_begin(
+    topic_file: Path, kspout: Callable[..., Result]
+) -> None:
+    with ZkOffsetStore(load_config(topic_file), instance_id="orders-run1") as spout:
+        spout.commit(0, 4, version=None)
+        spout.register_instance()
+        result = kspout("show", "--json")
+        assert result.exit_code == 0, result.output
+        rows = {row["partition"]: row for row in json.loads(result.stdout)}
+        assert sorted(rows) == [0, 1, 2, 3]
+        assert rows[0] == {
+            "partition": 0,
+            "stored_offset": 4,
+            "low": 0,
+            "high": 10,
+            "lag": 6,
+            "out_of_range": False,
+            "start": None,
+            "writer_name": "orders",
+            "writer_id": "orders-run1",
+            "writer_live": True,
+        }
+        assert rows[1]["stored_offset"] is None and rows[1]["lag"] is None
+        assert rows[1]["start"] == {"position": "earliest", "offset": 0}
+        assert rows[1]["high"] == 4
+
+        table = kspout("show")
+        assert table.exit_code == 0, table.output
+        assert "orders/orders-run1" in table.stdout
+        assert "(start earliest: 0)" in table.stdout
+        assert "live instances: orders-run1" in table.stdout
+
+
+def test_set_to_a_number_prints_old_and_new(
+    topic_file: Path, kspout: Callable[..., Result]
+) -> None:
+    with ZkOffsetStore(load_config(topic_file)) as spout:
+        spout.commit(0, 4, version=None)
+    result = kspout("set", "--partition", "0", "--to", "7")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().endswith("[0]: 4 -> 7")
+    created = kspout("set", "--partition", "1", "--to", "2", "--json")
+    assert json.loads(created.stdout) == [{"partition": 1, "from": None, "to": 2}]
+    assert stored_offsets(topic_file) == {0: 7, 1: 2}
+
+
+def test_set_to_earliest_latest_and_timestamp(
+    topic_file: Path, kspout: Callable[..., Result]
+) -> None:
+    assert kspout("set", "--all", "--to", "latest").exit_code == 0
+    assert stored_offsets(topic_file) == {0: 10, 1: 4, 2: 0, 3: 0}
+    assert kspout("set", "--partition", "0", "--partition", "1", "--to", "earliest").exit_code == 0
+    assert stored_offsets(topic_file) == {0: 0, 1: 0, 2: 0, 3: 0}
+    at = kspout("set", "--partition", "0", "--to", f"timestamp:{BASE_MS + 5000}", "--json")
+    assert at.exit_code == 0, at.output
+    assert json.loads(at.stdout) == [{"partition": 0, "from": 0, "to": 5}]
+
+
+def test_set_refuses_while_a_spout_is_registered(
+    topic_file: Path, kspout: Callable[..., Result]
+) -> None:
+    with ZkOffsetStore(load_config(topic_file), instance_id="orders-live") as spout:
+        spout.register_instance()
+        refused = kspout("set", "--partition", "0", "--to", "3")
+        assert refused.exit_code == 1
+        assert "orders-live" in refused.stderr and "--force" in refused.stderr
+        assert "stop it" in refused.stderr
+        assert stored_offsets(topic_file) == {}
+        forced = kspout("set", "--partition", "0", "--to", "3", "--force")
+        assert forced.exit_code == 0, forced.output
+        assert stored_offsets(topic_file) == {0: 3}
+
+
+def test_set_refuses_an_offset_outside_the_partition(
+    topic_file: Path, kspout: Callable[..., Result]
+) -> None:
+    result = kspout("set", "--partition", "1", "--to", "99")
+    assert result.exit_code == 1
+    assert "from 0 to 4" in result.stderr
+    assert "Traceback" not in result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert stored_offsets(topic_file) == {}
+
+
+def test_set_usage_errors(kspout: Callable[..., Result]) -> None:
+    assert kspout("set", "--to", "1").exit_code == 2  # neither --partition nor --all
+    bad = kspout("set", "--all", "--to", "yesterday")
+    assert bad.exit_code == 2 and "timestamp:<ms>" in bad.stderr
+    missing = kspout("set", "--partition", "9", "--to", "0")
+    assert missing.exit_code == 2 and "no partition 9" in missing.stderr

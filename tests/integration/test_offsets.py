@@ -1,0 +1,375 @@
+"""ZkOffsetStore against a real ZooKeeper server (the one in pyspark's jars).
+
+The module-scoped `zk_server` can be killed with SIGKILL and restarted on the same port and
+data directory, which is how the retry tests break it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyspark
+import pytest
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError
+
+from kspout.config import TopicConfig, parse_config
+from kspout.errors import (
+    OffsetConflict,
+    OffsetRecordExists,
+    OffsetRecordInvalid,
+    TopicMismatch,
+    ZooKeeperAccessDenied,
+    ZooKeeperUnavailable,
+)
+from kspout.offsets import ZkOffsetStore
+
+pytestmark = pytest.mark.integration
+
+PYSPARK_JARS = Path(str(pyspark.__file__)).parent / "jars"
+ZK_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ZkServer:
+    """A ZooKeeper server process on a fixed loopback port and data dir; killable, restartable."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.port = free_port()
+        self.data_dir = data_dir
+        self.hosts = f"127.0.0.1:{self.port}"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30.0) -> None:
+        log = (self.data_dir / "server.log").open("ab")
+        self._proc = subprocess.Popen(
+            ["java", "-cp", f"{PYSPARK_JARS}/*", ZK_MAIN, str(self.port), str(self.data_dir)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"ZooKeeper exited; see {self.data_dir / 'server.log'}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"ZooKeeper did not listen on {self.hosts} within {timeout}s")
+
+    def kill(self) -> None:
+        """SIGKILL: no clean shutdown, connections drop as in a crash."""
+        if self._proc is not None:
+            os.kill(self._proc.pid, signal.SIGKILL)
+            self._proc.wait()
+            self._proc = None
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait(timeout=10)
+            self._proc = None
+
+
+@pytest.fixture(scope="module")
+def zk_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZkServer]:
+    server = ZkServer(tmp_path_factory.mktemp("zookeeper"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def zk_hosts(zk_server: ZkServer) -> str:
+    return zk_server.hosts
+
+
+@pytest.fixture
+def make_config(zk_hosts: str) -> Callable[..., TopicConfig]:
+    """Factory: a config with its own spout id (so tests never share records)."""
+    spout_id = f"spout-{uuid.uuid4().hex[:8]}"
+
+    def make(**overrides: Any) -> TopicConfig:
+        data: dict[str, Any] = {
+            "topic": "events",
+            "spout_id": spout_id,
+            "zookeeper": zk_hosts,
+            "zk_root": "/kspout-test",
+            "topology_name": "orders",
+        }
+        data.update(overrides)
+        return parse_config(data)
+
+    return make
+
+
+@pytest.fixture
+def raw_zk(zk_hosts: str) -> Iterator[KazooClient]:
+    """A plain kazoo client, to write records as storm-kafka would and to inspect nodes."""
+    client = KazooClient(hosts=zk_hosts)
+    client.start(timeout=10)
+    yield client
+    client.stop()
+    client.close()
+
+
+def test_round_trip(make_config: Callable[..., TopicConfig]) -> None:
+    with ZkOffsetStore(make_config(), instance_id="run-1") as store:
+        assert store.read(0) is None
+        assert store.read_all() == {}
+        version = store.commit(0, 100, version=None, broker=("kafka1", 9092))
+        stored = store.read(0)
+        assert stored is not None
+        assert (stored.offset, stored.version, stored.topic) == (100, version, "events")
+        assert stored.data["topology"] == {"id": "run-1", "name": "orders"}
+        assert stored.data["broker"] == {"host": "kafka1", "port": 9092}
+        assert stored.data["partition"] == 0
+        assert stored.data["kspout"]["version"] == 1
+        new_version = store.commit(0, 250, version=version, extra={"finished_above": [[260, 270]]})
+        assert new_version == version + 1
+        store.commit(3, 7, version=None)
+        every = store.read_all()
+        assert sorted(every) == [0, 3]
+        assert every[0].offset == 250 and every[3].offset == 7
+        assert every[0].data["kspout"]["finished_above"] == [[260, 270]]
+
+
+def test_reads_storm_kafka_record(
+    make_config: Callable[..., TopicConfig], raw_zk: KazooClient
+) -> None:
+    config = make_config()
+    storm = {
+        "topology": {"id": "wordcount-1-1700000000", "name": "wordcount"},
+        "offset": 4242,
+        "partition": 3,
+        "broker": {"host": "kafka1.example.com", "port": 9092},
+        "topic": "events",
+    }
+    raw_zk.create(f"{config.zk_spout_path}/partition_3", json.dumps(storm).encode(), makepath=True)
+    with ZkOffsetStore(config) as store:
+        stored = store.read(3)
+        assert stored is not None
+        assert stored.offset == 4242  # resumes where Storm stopped
+        assert (stored.writer_name, stored.writer_id) == ("wordcount", "wordcount-1-1700000000")
+        store.commit(3, 5000, version=stored.version, broker=("kafka1.example.com", 9092))
+    written = json.loads(raw_zk.get(f"{config.zk_spout_path}/partition_3")[0])
+    assert set(written) == set(storm) | {"kspout"}  # storm-kafka's fields, plus ours
+    assert (written["offset"], written["partition"], written["topic"]) == (5000, 3, "events")
+    assert written["broker"] == storm["broker"]
+
+
+def test_accepts_record_without_topic(
+    make_config: Callable[..., TopicConfig],
+    raw_zk: KazooClient,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = make_config()
+    oldest = {"topology": {"id": "t-1", "name": "t"}, "offset": 9, "partition": 0, "broker": {}}
+    raw_zk.create(f"{config.zk_spout_path}/partition_0", json.dumps(oldest).encode(), makepath=True)
+    with caplog.at_level(logging.WARNING, "kspout.offsets"), ZkOffsetStore(config) as store:
+        stored = store.read(0)
+    assert stored is not None and stored.offset == 9 and stored.topic is None
+    assert "no topic" in caplog.text
+
+
+def test_record_for_another_topic_is_refused(
+    make_config: Callable[..., TopicConfig], raw_zk: KazooClient
+) -> None:
+    config = make_config(topic="payments")
+    record = {"topology": {"id": "x", "name": "y"}, "offset": 1, "partition": 0, "topic": "clicks"}
+    raw_zk.create(f"{config.zk_spout_path}/partition_0", json.dumps(record).encode(), makepath=True)
+    with ZkOffsetStore(config) as store:
+        with pytest.raises(TopicMismatch) as caught:
+            store.read(0)
+        with pytest.raises(TopicMismatch):
+            store.read_all()
+        with pytest.raises(TopicMismatch):
+            store.move(0, 5)
+    assert "'clicks'" in str(caught.value) and "'payments'" in str(caught.value)
+
+
+def test_compare_and_set_fences_the_second_writer(make_config: Callable[..., TopicConfig]) -> None:
+    config = make_config()
+    with ZkOffsetStore(config) as first, ZkOffsetStore(config) as second:
+        version = first.commit(1, 10, version=None)
+        assert second.commit(1, 20, version=version) == version + 1
+        with pytest.raises(OffsetConflict) as caught:
+            first.commit(1, 15, version=version)
+        assert caught.value.expected_version == version
+        stored = first.read(1)
+        assert stored is not None and stored.offset == 20
+
+
+def test_create_when_record_exists_conflicts(make_config: Callable[..., TopicConfig]) -> None:
+    config = make_config()
+    with ZkOffsetStore(config) as first, ZkOffsetStore(config) as second:
+        first.commit(2, 10, version=None)
+        with pytest.raises(OffsetRecordExists):
+            second.commit(2, 99, version=None)
+        stored = second.read(2)
+        assert stored is not None and stored.offset == 10
+
+
+def test_move_retries_past_a_concurrent_writer(
+    make_config: Callable[..., TopicConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = make_config()
+    with ZkOffsetStore(config) as spout, ZkOffsetStore(config) as operator:
+        spout_version = spout.commit(0, 10, version=None, broker=("b1", 9092))
+        real_get = operator._get
+        reads = []
+
+        def get_then_spout_commits(zk: Any, path: str) -> Any:
+            found = real_get(zk, path)
+            reads.append(found)
+            if len(reads) == 1:  # the spout commits between the operator's read and write
+                spout.commit(0, 11, version=spout_version, broker=("b1", 9092))
+            return found
+
+        monkeypatch.setattr(operator, "_get", get_then_spout_commits)
+        moved = operator.move(0, 500)
+        assert len(reads) == 2  # lost the first compare-and-set, read again, won
+        stored = spout.read(0)
+        assert stored is not None and stored.offset == 500 and stored.version == moved.version
+        assert stored.data["kspout"]["moved_from"] == 11
+        assert stored.data["broker"] == {"host": "b1", "port": 9092}
+        with pytest.raises(OffsetConflict):  # the spout lost ownership
+            spout.commit(0, 12, version=spout_version + 1)
+
+
+def test_move_creates_a_missing_record(make_config: Callable[..., TopicConfig]) -> None:
+    with ZkOffsetStore(make_config()) as store:
+        moved = store.move(5, 42)
+        stored = store.read(5)
+        assert stored is not None and stored.offset == 42 and moved.version == stored.version
+
+
+def test_instance_registration_is_ephemeral(make_config: Callable[..., TopicConfig]) -> None:
+    config = make_config()
+    with ZkOffsetStore(config) as observer:
+        assert observer.live_instances() == []
+        spout = ZkOffsetStore(config, instance_id="orders-a")
+        spout.start()
+        assert spout.register_instance() == f"{config.zk_spout_path}/instances/orders-a"
+        assert observer.live_instances() == ["orders-a"]
+        spout.close()
+        assert observer.live_instances() == []
+
+
+def test_registration_survives_session_expiry(make_config: Callable[..., TopicConfig]) -> None:
+    config = make_config()
+    with ZkOffsetStore(config) as observer, ZkOffsetStore(config, instance_id="b") as spout:
+        spout.register_instance()
+        # Expire the spout's session the way kazoo's own test harness does: a second client
+        # joins the session and closes it.
+        session_id, password = spout._client.client_id
+        thief = KazooClient(hosts=config.zookeeper, client_id=(session_id, password))
+        thief.start(timeout=10)
+        thief.stop()
+        thief.close()
+        deadline = time.monotonic() + 20
+
+        def session() -> int | None:
+            client_id = spout._client.client_id  # None while the client reconnects
+            return None if client_id is None else int(client_id[0])
+
+        while session() in (None, session_id) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert session() not in (None, session_id), "the session did not expire"
+        while observer.live_instances() != ["b"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert observer.live_instances() == ["b"]
+
+
+def test_read_retries_while_zookeeper_restarts(
+    make_config: Callable[..., TopicConfig], zk_server: ZkServer
+) -> None:
+    with ZkOffsetStore(make_config(), retry_timeout=30) as store:
+        store.commit(0, 77, version=None)
+        zk_server.kill()
+        restart = threading.Timer(2.0, zk_server.start)
+        restart.start()
+        started = time.monotonic()
+        try:
+            stored = store.read(0)
+        finally:
+            restart.join()
+        assert time.monotonic() - started >= 1.5  # it waited for the restart
+        assert stored is not None and stored.offset == 77
+
+
+def test_zookeeper_down_past_the_retry_budget(
+    make_config: Callable[..., TopicConfig], zk_server: ZkServer
+) -> None:
+    with ZkOffsetStore(make_config(), retry_timeout=2) as store:
+        zk_server.kill()
+        try:
+            with pytest.raises(ZooKeeperUnavailable) as caught:
+                store.read(0)
+        finally:
+            zk_server.start()
+        assert zk_server.hosts in str(caught.value)
+        assert store.read(0) is None  # the same store works again once ZooKeeper is back
+
+
+def test_start_without_zookeeper_names_the_hosts(make_config: Callable[..., TopicConfig]) -> None:
+    hosts = f"127.0.0.1:{free_port()}"
+    store = ZkOffsetStore(make_config(zookeeper=hosts), connect_timeout=1)
+    with pytest.raises(ZooKeeperUnavailable, match=hosts):
+        store.start()
+
+
+def test_digest_acl_hides_records_from_other_clients(
+    make_config: Callable[..., TopicConfig], raw_zk: KazooClient
+) -> None:
+    secured = make_config(zookeeper_auth={"credential": "kspout:s3cret"})
+    with ZkOffsetStore(secured) as store:
+        store.commit(0, 1, version=None)
+        stored = store.read(0)
+        assert stored is not None and stored.offset == 1
+    path = f"{secured.zk_spout_path}/partition_0"
+    with pytest.raises(NoAuthError):
+        raw_zk.get(path)
+    with ZkOffsetStore(make_config()) as anonymous, pytest.raises(ZooKeeperAccessDenied) as caught:
+        anonymous.read(0)
+    assert "zookeeper_auth" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"not json",
+        b"[1, 2]",
+        b'{"offset": "12"}',
+        b'{"offset": true}',
+        b'{"offset": 3, "topic": 7}',
+    ],
+)
+def test_invalid_record_is_reported_and_move_repairs_it(
+    make_config: Callable[..., TopicConfig], raw_zk: KazooClient, raw: bytes
+) -> None:
+    config = make_config()
+    raw_zk.create(f"{config.zk_spout_path}/partition_0", raw, makepath=True)
+    with ZkOffsetStore(config) as store:
+        with pytest.raises(OffsetRecordInvalid, match="partition_0"):
+            store.read(0)
+        store.move(0, 12)
+        stored = store.read(0)
+        assert stored is not None and stored.offset == 12
