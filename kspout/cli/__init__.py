@@ -1,19 +1,28 @@
-"""The `kspout` command: `run`, `offsets show|set`, `dev up|down|status`.
+"""The `kspout` command: `run`, `demo`, `offsets show|set`, `dev up|down|status`.
 
 Each sub-command lives in its own module and registers itself on `main` here.
 """
 
 from __future__ import annotations
 
+import logging
+
 import click
+from rich.console import Console
+from rich.logging import RichHandler
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="kspout")
-def main() -> None:
+@click.option("-v", "--verbose", count=True, help="Log more (-v: info, -vv: debug).")
+def main(verbose: int) -> None:
     """kspout: consume Kafka topics with Storm's guarantees, for Spark jobs."""
+    level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    handler = RichHandler(console=Console(stderr=True), show_path=False, show_time=verbose > 0)
+    logging.basicConfig(level=level, format="%(message)s", handlers=[handler], force=True)
 
 
+from kspout.cli import demo as _demo  # noqa: E402,F401
 from kspout.cli import dev as _dev  # noqa: E402,F401
 from kspout.cli import offsets as _offsets  # noqa: E402,F401
 from kspout.cli import run as _run  # noqa: E402,F401

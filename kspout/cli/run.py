@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import logging
 import os
 import signal
 import sys
@@ -90,7 +89,6 @@ def throttled(callback: Callable[[Progress], None], every: float) -> Callable[[P
 @click.option("--until-caught-up", is_flag=True, help="Stop once every offset is finished.")
 @click.option("--dev", "dev_stack", is_flag=True, help="Use the running `kspout dev up` stack.")
 @json_option
-@click.option("-v", "--verbose", is_flag=True, help="Log what the driver does.")
 def run(
     config_path: str,
     handler: str,
@@ -98,17 +96,12 @@ def run(
     until_caught_up: bool,
     dev_stack: bool,
     as_json: bool,
-    verbose: bool,
 ) -> None:
     """Consume a topic, calling HANDLER(record) per record; raising fails the record.
 
     Failed records are retried with backoff up to `max_retries`, then dead-lettered or skipped
     per the config; the commit point goes to ZooKeeper every `commit_interval` and on exit.
     """
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     with kspout_errors():
         if dev_stack:
             use_dev_stack()
