@@ -109,7 +109,8 @@ class TopicConfig(_Section):
     fetch_timeout: float = Field(30.0, gt=0)
     dead_letter_topic: str | None = None
 
-    kafka: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    # librdkafka pass-through; may hold SASL/SSL secrets, so it never appears in repr or errors.
+    kafka: dict[str, str | int | float | bool] = Field(default_factory=dict, repr=False)
     zookeeper_auth: ZooKeeperAuth | None = None
     redis: RedisSettings = RedisSettings()
     dedup: DedupSettings = DedupSettings()
@@ -223,8 +224,8 @@ def _describe(error: ErrorDetails) -> tuple[str, str]:
     if kind == "missing":
         return key, "required key is missing"
     message = str(error["msg"]).removeprefix("Value error, ")
-    if "got " in message:
-        return key, message
+    if "got " in message or isinstance(error.get("input"), dict):
+        return key, message  # a table's contents may hold secrets: never echo them
     return key, f"{message} (got {error.get('input')!r})"
 
 

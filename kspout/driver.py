@@ -99,6 +99,7 @@ class Driver:
         self._versions: dict[int, int | None] = {}
         self._committed: dict[int, int | None] = {}
         self._watermarks: dict[int, tuple[int, int]] = {}
+        self._leaders: dict[int, tuple[str, int]] = {}
         self._in_flight: deque[Future[list[TaskResult]]] = deque()
         self._resets: list[tuple[int, OutOfRangeReset]] = []
         self._batches = 0
@@ -109,13 +110,23 @@ class Driver:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Connect, register this instance, and create a PartitionManager per partition."""
+        """Connect, load stored offsets, create a PartitionManager per partition, register.
+
+        A failed start closes what it opened, so it leaves no live registration behind.
+        """
+        try:
+            self._start()
+        except BaseException:
+            self._pms.clear()  # nothing to commit: close() after a failed start only disconnects
+            self._disconnect()
+            raise
+
+    def _start(self) -> None:
         self._started_at = self._last_commit = self._clock()
         self._metadata.start()
         self._store.start()
         self._dlq.start()
         self._payloads.start()
-        self._store.register_instance()
         partitions = self._metadata.partitions(self.config.topic)
         if not partitions:
             raise TopicNotFound(self.config.topic, self.config.brokers)
@@ -140,6 +151,8 @@ class Driver:
             )
             self._versions[p] = version
             self._committed[p] = start if stored is not None else None
+        self._leaders = self._metadata.leaders(self.config.topic)
+        self._store.register_instance()
 
     def close(self) -> None:
         """Wait for batches in flight, apply them, commit, and disconnect."""
@@ -150,11 +163,14 @@ class Driver:
                 self._write_dead_letters()
                 self.commit()
         finally:
-            self._executor.close()
-            self._payloads.close()
-            self._dlq.close()
-            self._store.close()
-            self._metadata.close()
+            self._disconnect()
+
+    def _disconnect(self) -> None:
+        self._executor.close()
+        self._payloads.close()
+        self._dlq.close()
+        self._store.close()
+        self._metadata.close()
 
     def __enter__(self) -> Driver:
         self.start()
@@ -219,7 +235,9 @@ class Driver:
             offset = pm.commit_point
             if offset == self._committed[p]:
                 continue
-            self._versions[p] = self._store.commit(p, offset, version=self._versions[p])
+            self._versions[p] = self._store.commit(
+                p, offset, version=self._versions[p], broker=self._leaders.get(p, ("", -1))
+            )
             self._committed[p] = offset
 
     def progress(self) -> Progress:

@@ -219,6 +219,8 @@ class PartitionManager:
         self._map: SpanMap[State] = SpanMap(start_offset)
         self._epoch = 0
         self._c = _Counters()
+        # Precomputed backoff before retry n for the first retries (a budget may be huge).
+        self._delays = [policy.backoff.delay(n) for n in range(min(policy.max_retries, 64) + 1)]
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -343,8 +345,11 @@ class PartitionManager:
             return
         m = self._map
         starts = m.starts
+        if not starts or offset < starts[0] or offset >= m.end:
+            self._c.stale += 1
+            return
         # Fast path: in-order ack of the lowest in-flight offset just moves the commit point.
-        if starts and offset == starts[0] and isinstance(m.values[0], InFlight):
+        if offset == starts[0] and isinstance(m.values[0], InFlight):
             nxt = starts[1] if len(starts) > 1 else m.end
             if offset + 1 < nxt:
                 starts[0] = offset + 1
@@ -354,7 +359,14 @@ class PartitionManager:
                 m.drop_front(DONE)
             self._c.acked += 1
             return
-        self._ack_range(offset, offset + 1, duplicate=False)
+        i = m.index(offset)
+        if m.values[i] is DONE:
+            self._c.stale += 1
+            return
+        m.assign(offset, offset + 1, DONE)
+        if i == 0:
+            m.drop_front(DONE)
+        self._c.acked += 1
 
     def duplicate(self, offset: int, attempt: int | None = None) -> None:
         """The dedup bolt found the offset already done elsewhere: counts as an ack."""
@@ -370,10 +382,24 @@ class PartitionManager:
         epoch: int | None = None,
     ) -> None:
         """The attempt failed. Ignored unless the offset is in flight at that attempt."""
-        if epoch is not None and epoch != self._epoch:
+        m = self._map
+        if (epoch is not None and epoch != self._epoch) or not m.first <= offset < m.end:
             self._c.stale += 1
             return
-        self._fail_range(offset, offset + 1, reason, error, attempt)
+        i = m.index(offset)
+        value = m.values[i]
+        if not isinstance(value, InFlight) or (attempt is not None and attempt != value.attempt):
+            self._c.stale += 1
+            return
+        spent = value.attempt - value.deferrals
+        if spent > self.policy.max_retries or self._behind_limit is not None:
+            self._fail_span(offset, offset + 1, value, reason, error, self._clock())
+            return
+        # The common case, inlined: schedule the retry in place.
+        due = self._clock() + self._delay(spent)
+        m.assign_within(
+            i, offset, offset + 1, Waiting(value.attempt, value.deferrals, due, reason, error)
+        )
 
     def defer(self, offset: int, attempt: int | None = None) -> None:
         """In flight elsewhere (a live dedup lease): offer it again later, no attempt spent."""
@@ -608,9 +634,9 @@ class PartitionManager:
                 lo, hi, self.policy.on_exhausted, value.attempt, reason, error, "retries exhausted"
             )
             return
-        due = now + self.policy.backoff.delay(spent)
+        due = now + self._delay(spent)
         self._map.assign(lo, hi, Waiting(value.attempt, value.deferrals, due, reason, error))
-        limit = self._behind_limit()
+        limit = self._behind_limit
         if limit is not None and lo < limit:
             self._enforce_behind()
 
@@ -633,7 +659,13 @@ class PartitionManager:
             self._c.lost_ranges.append((a, b))
         self._map.drop_front(DONE)
 
+    def _delay(self, spent: int) -> float:
+        delays = self._delays
+        return delays[spent] if spent < len(delays) else self.policy.backoff.delay(spent)
+
+    @property
     def _behind_limit(self) -> int | None:
+        """Offsets below this are too far behind (None: no limit, or the `retry` policy)."""
         mob = self.policy.max_offset_behind
         if mob is None or self.policy.behind_policy is BehindPolicy.RETRY:
             return None
@@ -641,7 +673,7 @@ class PartitionManager:
 
     def _enforce_behind(self) -> None:
         """Apply `behind_policy` to every waiting offset below `emitted_to - max_offset_behind`."""
-        limit = self._behind_limit()
+        limit = self._behind_limit
         if limit is None or limit <= self.commit_point:
             return
         action = (

@@ -91,7 +91,9 @@ class SpanMap(Generic[V]):
         n = len(starts)
         i = bisect_right(starts, lo) - 1
         j = bisect_left(starts, hi, i + 1)  # spans i .. j-1 overlap [lo, hi)
-        if j == i + 1 and values[i] is value:
+        if j == i + 1:
+            if values[i] is not value:
+                self.assign_within(i, lo, hi, value)
             return
         new_starts: list[int] = []
         new_values: list[V] = []
@@ -120,6 +122,47 @@ class SpanMap(Generic[V]):
             merged_values.append(v)
         starts[a:b] = merged_starts
         values[a:b] = merged_values
+
+    def assign_within(self, i: int, lo: int, hi: int, value: V) -> None:
+        """`assign` when `[lo, hi)` lies inside span `i`: the common, single-offset case.
+
+        Edits the lists in place (a boundary move or one insert) instead of rebuilding the
+        neighbourhood; the result is the same as the general path's.
+        """
+        starts, values = self.starts, self.values
+        j = i + 1
+        old = values[i]
+        start = starts[i]
+        end = starts[j] if j < len(starts) else self.end
+        joins_left = start == lo and i > 0 and values[i - 1] is value
+        joins_right = hi == end and j < len(starts) and values[j] is value
+        if start < lo and hi < end:  # a hole in the middle of the span
+            starts[j:j] = [lo, hi]
+            values[j:j] = [value, old]
+        elif start < lo:  # the span's tail
+            if joins_right:
+                starts[j] = lo
+            else:
+                starts.insert(j, lo)
+                values.insert(j, value)
+        elif hi < end:  # the span's head
+            if joins_left:
+                starts[i] = hi
+            else:
+                starts.insert(j, hi)
+                values.insert(j, old)
+                values[i] = value
+        elif joins_left and joins_right:  # the whole span, and both neighbours match
+            del starts[i : j + 1]
+            del values[i : j + 1]
+        elif joins_left:
+            del starts[i]
+            del values[i]
+        elif joins_right:  # span i takes its right neighbour's value and range
+            del starts[j]
+            del values[i]
+        else:
+            values[i] = value
 
     def drop_front(self, value: V) -> None:
         """Remove leading spans holding `value` (the finished prefix below the commit point)."""

@@ -251,7 +251,7 @@ class PartitionFetcher:
                     if offset is not None:  # high: everything below it was delivered
                         progress.settle_below(offset)
                         stream = offset
-                        if not progress.done and progress.cursor >= offset:
+                        if not progress.done:  # the rest is at or above high
                             bounds = watermarks(consumer, topic, partition)
                             if progress.cursor >= bounds[1]:
                                 return FetchResult(records, progress.missing, bounds)
@@ -262,9 +262,9 @@ class PartitionFetcher:
                     )
                 else:  # librdkafka retries these itself; the deadline bounds the wait
                     log.warning("%s[%d]: fetch error (retrying): %s", topic, partition, error)
+                cursor, last = progress.cursor, progress.end - 1
                 if progress.done:
                     break
-                cursor, last = progress.cursor, progress.end - 1
             progress.cursor = cursor
             if progress.done:
                 break

@@ -71,6 +71,20 @@ class KafkaMetadata:
 
         return call_kafka("metadata request", topic, None, query)
 
+    def leaders(self, topic: str) -> dict[int, tuple[str, int]]:
+        """Each partition's leader as `(host, port)`: storm-kafka records it beside the offset."""
+        consumer = self._client()
+
+        def query() -> dict[int, tuple[str, int]]:
+            metadata = consumer.list_topics(topic, timeout=REQUEST_TIMEOUT)
+            found = metadata.topics.get(topic)
+            if found is None or found.error is not None:
+                return {}
+            brokers = {b.id: (b.host, b.port) for b in metadata.brokers.values()}
+            return {p: brokers.get(info.leader, ("", -1)) for p, info in found.partitions.items()}
+
+        return call_kafka("metadata request", topic, None, query)
+
     def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
         """`(low, high)`: the first offset Kafka still has, and the next one to be written."""
         return watermarks(self._client(), topic, partition)

@@ -1,12 +1,9 @@
-"""`kspout offsets show|set` against real ZooKeeper and librdkafka's mock Kafka cluster."""
+"""`kspout offsets show|set` against the session's real ZooKeeper and mock Kafka cluster."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,59 +12,26 @@ from confluent_kafka import Producer
 
 from kspout.cli import main
 from kspout.config import load_config
+from kspout.devstack import DevStack
 from kspout.offsets import ZkOffsetStore
-from tests.integration.test_offsets import ZkServer
-
-pytestmark = pytest.mark.integration
-
-# A mock Kafka cluster lives inside a librdkafka client: keep one open until stdin closes.
-MOCK_KAFKA = """
-import sys
-from confluent_kafka import Producer
-producer = Producer({"test.mock.num.brokers": 1, "log_level": 0})
-brokers = producer.list_topics(timeout=10).brokers.values()
-print(",".join(f"{b.host}:{b.port}" for b in brokers), flush=True)
-sys.stdin.read()
-"""
 
 BASE_MS = 1_700_000_000_000  # message i of a test topic has timestamp BASE_MS + i * 1000
 
 
-@pytest.fixture(scope="module")
-def zk_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    server = ZkServer(tmp_path_factory.mktemp("zookeeper"))
-    server.start()
-    yield server.hosts
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def kafka_brokers() -> Iterator[str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", MOCK_KAFKA], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-    )
-    assert proc.stdout is not None and proc.stdin is not None
-    brokers = proc.stdout.readline().decode().strip()
-    assert brokers, "the mock Kafka cluster did not start"
-    yield brokers
-    proc.stdin.close()
-    proc.wait(timeout=10)
-
-
 @pytest.fixture
-def topic_file(tmp_path: Path, zk_hosts: str, kafka_brokers: str) -> Path:
+def topic_file(tmp_path: Path, stack: DevStack, topic_name: str) -> Path:
     """A topic with 10 messages in partition 0 and 4 in partition 1 (4 partitions), and its
     config file."""
-    topic = f"orders-{uuid.uuid4().hex[:8]}"
-    producer = Producer({"bootstrap.servers": kafka_brokers})
+    producer = Producer({"bootstrap.servers": stack.info.brokers})
     for partition, count in ((0, 10), (1, 4)):
         for i in range(count):
-            producer.produce(topic, b"x", partition=partition, timestamp=BASE_MS + i * 1000)
+            producer.produce(topic_name, b"x", partition=partition, timestamp=BASE_MS + i * 1000)
     assert producer.flush(10) == 0
     path = tmp_path / "topic.toml"
     path.write_text(
-        f'topic = "{topic}"\nspout_id = "{topic}-spout"\nzk_root = "/cli-test"\n'
-        f'brokers = "{kafka_brokers}"\nzookeeper = "{zk_hosts}"\ntopology_name = "orders"\n'
+        f'topic = "{topic_name}"\nspout_id = "{topic_name}-spout"\nzk_root = "/cli-test"\n'
+        f'brokers = "{stack.info.brokers}"\nzookeeper = "{stack.info.zookeeper}"\n'
+        'topology_name = "orders"\n'
     )
     return path
 

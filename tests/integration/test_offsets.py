@@ -1,30 +1,26 @@
-"""ZkOffsetStore against a real ZooKeeper server (the one in pyspark's jars).
+"""ZkOffsetStore against the session's real ZooKeeper server (the dev stack's).
 
-The module-scoped `zk_server` can be killed with SIGKILL and restarted on the same port and
-data directory, which is how the retry tests break it.
+The retry tests break it through `stack.zookeeper` (SIGKILL, then a restart on the same port and
+data directory); the `zookeeper` fixture makes sure it runs again after them, pass or fail.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
-import socket
-import subprocess
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
-import pyspark
 import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
 from kspout.config import TopicConfig, parse_config
+from kspout.devstack import DevStack, ZooKeeperServer
+from kspout.devstack.ports import free_port
 from kspout.errors import (
     OffsetConflict,
     OffsetRecordExists,
@@ -35,74 +31,16 @@ from kspout.errors import (
 )
 from kspout.offsets import ZkOffsetStore
 
-pytestmark = pytest.mark.integration
 
-PYSPARK_JARS = Path(str(pyspark.__file__)).parent / "jars"
-ZK_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class ZkServer:
-    """A ZooKeeper server process on a fixed loopback port and data dir; killable, restartable."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.port = free_port()
-        self.data_dir = data_dir
-        self.hosts = f"127.0.0.1:{self.port}"
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout: float = 30.0) -> None:
-        log = (self.data_dir / "server.log").open("ab")
-        self._proc = subprocess.Popen(
-            ["java", "-cp", f"{PYSPARK_JARS}/*", ZK_MAIN, str(self.port), str(self.data_dir)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"ZooKeeper exited; see {self.data_dir / 'server.log'}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"ZooKeeper did not listen on {self.hosts} within {timeout}s")
-
-    def kill(self) -> None:
-        """SIGKILL: no clean shutdown, connections drop as in a crash."""
-        if self._proc is not None:
-            os.kill(self._proc.pid, signal.SIGKILL)
-            self._proc.wait()
-            self._proc = None
-
-    def stop(self) -> None:
-        if self._proc is not None:
-            self._proc.terminate()
-            self._proc.wait(timeout=10)
-            self._proc = None
-
-
-@pytest.fixture(scope="module")
-def zk_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZkServer]:
-    server = ZkServer(tmp_path_factory.mktemp("zookeeper"))
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def zk_hosts(zk_server: ZkServer) -> str:
-    return zk_server.hosts
+@pytest.fixture
+def zookeeper(stack: DevStack) -> Iterator[ZooKeeperServer]:
+    """The stack's ZooKeeper, for tests that kill it: running again afterwards, pass or fail."""
+    yield stack.zookeeper
+    stack.zookeeper.start()  # a no-op when it runs
 
 
 @pytest.fixture
-def make_config(zk_hosts: str) -> Callable[..., TopicConfig]:
+def make_config(stack: DevStack) -> Callable[..., TopicConfig]:
     """Factory: a config with its own spout id (so tests never share records)."""
     spout_id = f"spout-{uuid.uuid4().hex[:8]}"
 
@@ -110,7 +48,7 @@ def make_config(zk_hosts: str) -> Callable[..., TopicConfig]:
         data: dict[str, Any] = {
             "topic": "events",
             "spout_id": spout_id,
-            "zookeeper": zk_hosts,
+            "zookeeper": stack.info.zookeeper,
             "zk_root": "/kspout-test",
             "topology_name": "orders",
         }
@@ -118,16 +56,6 @@ def make_config(zk_hosts: str) -> Callable[..., TopicConfig]:
         return parse_config(data)
 
     return make
-
-
-@pytest.fixture
-def raw_zk(zk_hosts: str) -> Iterator[KazooClient]:
-    """A plain kazoo client, to write records as storm-kafka would and to inspect nodes."""
-    client = KazooClient(hosts=zk_hosts)
-    client.start(timeout=10)
-    yield client
-    client.stop()
-    client.close()
 
 
 def test_round_trip(make_config: Callable[..., TopicConfig]) -> None:
@@ -151,9 +79,7 @@ def test_round_trip(make_config: Callable[..., TopicConfig]) -> None:
         assert every[0].data["kspout"]["finished_above"] == [[260, 270]]
 
 
-def test_reads_storm_kafka_record(
-    make_config: Callable[..., TopicConfig], raw_zk: KazooClient
-) -> None:
+def test_reads_storm_kafka_record(make_config: Callable[..., TopicConfig], zk: KazooClient) -> None:
     config = make_config()
     storm = {
         "topology": {"id": "wordcount-1-1700000000", "name": "wordcount"},
@@ -162,14 +88,14 @@ def test_reads_storm_kafka_record(
         "broker": {"host": "kafka1.example.com", "port": 9092},
         "topic": "events",
     }
-    raw_zk.create(f"{config.zk_spout_path}/partition_3", json.dumps(storm).encode(), makepath=True)
+    zk.create(f"{config.zk_spout_path}/partition_3", json.dumps(storm).encode(), makepath=True)
     with ZkOffsetStore(config) as store:
         stored = store.read(3)
         assert stored is not None
         assert stored.offset == 4242  # resumes where Storm stopped
         assert (stored.writer_name, stored.writer_id) == ("wordcount", "wordcount-1-1700000000")
         store.commit(3, 5000, version=stored.version, broker=("kafka1.example.com", 9092))
-    written = json.loads(raw_zk.get(f"{config.zk_spout_path}/partition_3")[0])
+    written = json.loads(zk.get(f"{config.zk_spout_path}/partition_3")[0])
     assert set(written) == set(storm) | {"kspout"}  # storm-kafka's fields, plus ours
     assert (written["offset"], written["partition"], written["topic"]) == (5000, 3, "events")
     assert written["broker"] == storm["broker"]
@@ -177,12 +103,12 @@ def test_reads_storm_kafka_record(
 
 def test_accepts_record_without_topic(
     make_config: Callable[..., TopicConfig],
-    raw_zk: KazooClient,
+    zk: KazooClient,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     config = make_config()
     oldest = {"topology": {"id": "t-1", "name": "t"}, "offset": 9, "partition": 0, "broker": {}}
-    raw_zk.create(f"{config.zk_spout_path}/partition_0", json.dumps(oldest).encode(), makepath=True)
+    zk.create(f"{config.zk_spout_path}/partition_0", json.dumps(oldest).encode(), makepath=True)
     with caplog.at_level(logging.WARNING, "kspout.offsets"), ZkOffsetStore(config) as store:
         stored = store.read(0)
     assert stored is not None and stored.offset == 9 and stored.topic is None
@@ -190,11 +116,11 @@ def test_accepts_record_without_topic(
 
 
 def test_record_for_another_topic_is_refused(
-    make_config: Callable[..., TopicConfig], raw_zk: KazooClient
+    make_config: Callable[..., TopicConfig], zk: KazooClient
 ) -> None:
     config = make_config(topic="payments")
     record = {"topology": {"id": "x", "name": "y"}, "offset": 1, "partition": 0, "topic": "clicks"}
-    raw_zk.create(f"{config.zk_spout_path}/partition_0", json.dumps(record).encode(), makepath=True)
+    zk.create(f"{config.zk_spout_path}/partition_0", json.dumps(record).encode(), makepath=True)
     with ZkOffsetStore(config) as store:
         with pytest.raises(TopicMismatch) as caught:
             store.read(0)
@@ -299,12 +225,12 @@ def test_registration_survives_session_expiry(make_config: Callable[..., TopicCo
 
 
 def test_read_retries_while_zookeeper_restarts(
-    make_config: Callable[..., TopicConfig], zk_server: ZkServer
+    make_config: Callable[..., TopicConfig], zookeeper: ZooKeeperServer
 ) -> None:
     with ZkOffsetStore(make_config(), retry_timeout=30) as store:
         store.commit(0, 77, version=None)
-        zk_server.kill()
-        restart = threading.Timer(2.0, zk_server.start)
+        zookeeper.kill()
+        restart = threading.Timer(2.0, zookeeper.start)
         restart.start()
         started = time.monotonic()
         try:
@@ -316,16 +242,16 @@ def test_read_retries_while_zookeeper_restarts(
 
 
 def test_zookeeper_down_past_the_retry_budget(
-    make_config: Callable[..., TopicConfig], zk_server: ZkServer
+    make_config: Callable[..., TopicConfig], zookeeper: ZooKeeperServer
 ) -> None:
     with ZkOffsetStore(make_config(), retry_timeout=2) as store:
-        zk_server.kill()
+        zookeeper.kill()
         try:
             with pytest.raises(ZooKeeperUnavailable) as caught:
                 store.read(0)
         finally:
-            zk_server.start()
-        assert zk_server.hosts in str(caught.value)
+            zookeeper.start()
+        assert zookeeper.address in str(caught.value)
         assert store.read(0) is None  # the same store works again once ZooKeeper is back
 
 
@@ -337,7 +263,7 @@ def test_start_without_zookeeper_names_the_hosts(make_config: Callable[..., Topi
 
 
 def test_digest_acl_hides_records_from_other_clients(
-    make_config: Callable[..., TopicConfig], raw_zk: KazooClient
+    make_config: Callable[..., TopicConfig], zk: KazooClient
 ) -> None:
     secured = make_config(zookeeper_auth={"credential": "kspout:s3cret"})
     with ZkOffsetStore(secured) as store:
@@ -346,7 +272,7 @@ def test_digest_acl_hides_records_from_other_clients(
         assert stored is not None and stored.offset == 1
     path = f"{secured.zk_spout_path}/partition_0"
     with pytest.raises(NoAuthError):
-        raw_zk.get(path)
+        zk.get(path)
     with ZkOffsetStore(make_config()) as anonymous, pytest.raises(ZooKeeperAccessDenied) as caught:
         anonymous.read(0)
     assert "zookeeper_auth" in str(caught.value)
@@ -363,10 +289,10 @@ def test_digest_acl_hides_records_from_other_clients(
     ],
 )
 def test_invalid_record_is_reported_and_move_repairs_it(
-    make_config: Callable[..., TopicConfig], raw_zk: KazooClient, raw: bytes
+    make_config: Callable[..., TopicConfig], zk: KazooClient, raw: bytes
 ) -> None:
     config = make_config()
-    raw_zk.create(f"{config.zk_spout_path}/partition_0", raw, makepath=True)
+    zk.create(f"{config.zk_spout_path}/partition_0", raw, makepath=True)
     with ZkOffsetStore(config) as store:
         with pytest.raises(OffsetRecordInvalid, match="partition_0"):
             store.read(0)

@@ -1,0 +1,306 @@
+"""kspout.kafka against a real broker: librdkafka's mock cluster, over TCP on loopback."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
+
+from kspout.config import TopicConfig, parse_config
+from kspout.devstack import DevStack
+from kspout.errors import FetchTimeout
+from kspout.kafka import (
+    DeadLetter,
+    DeadLetterWriter,
+    FetchResult,
+    KafkaMetadata,
+    PartitionFetcher,
+    Record,
+)
+from kspout.policy import Position
+
+# A child process that keeps a mock cluster alive and prints its bootstrap address.
+
+Produce = Callable[..., None]
+
+
+@pytest.fixture
+def mock_brokers(stack: DevStack) -> str:
+    """Bootstrap address of the session's mock cluster."""
+    return stack.info.brokers
+
+
+@pytest.fixture
+def config(mock_brokers: str, topic_name: str) -> TopicConfig:
+    return parse_config(
+        {"topic": topic_name, "spout_id": f"s-{topic_name}", "brokers": mock_brokers}
+    )
+
+
+@pytest.fixture
+def produce(mock_brokers: str) -> Iterator[Produce]:
+    """`produce(topic, values, partition=0, **per-message kwargs)`, flushed on return."""
+    producer = Producer({"bootstrap.servers": mock_brokers, "linger.ms": 20})
+
+    def send(topic: str, values: list[bytes | None], partition: int = 0, **kwargs: object) -> None:
+        for value in values:
+            producer.produce(topic, value=value, partition=partition, **kwargs)  # type: ignore[arg-type]
+            producer.poll(0)
+        assert producer.flush(30) == 0
+
+    yield send
+    producer.close()
+
+
+@pytest.fixture
+def fetcher(config: TopicConfig) -> Iterator[PartitionFetcher]:
+    with PartitionFetcher(config) as f:
+        yield f
+
+
+@pytest.fixture
+def metadata(config: TopicConfig) -> Iterator[KafkaMetadata]:
+    with KafkaMetadata(config) as m:
+        yield m
+
+
+def values(n: int, start: int = 0) -> list[bytes | None]:
+    return [b"v%d" % i for i in range(start, start + n)]
+
+
+def offsets(result: FetchResult) -> list[int]:
+    return [r.offset for r in result.records]
+
+
+# -- metadata ---------------------------------------------------------------------------------
+
+
+def test_partitions_of_new_and_existing_topics(
+    metadata: KafkaMetadata, produce: Produce, topic_name: str
+) -> None:
+    assert metadata.partitions(topic_name) == []
+    produce(topic_name, values(1))
+    assert metadata.partitions(topic_name) == [0, 1, 2, 3]
+
+
+def test_watermarks_are_fresh(metadata: KafkaMetadata, produce: Produce, topic_name: str) -> None:
+    produce(topic_name, values(5), partition=1)
+    assert metadata.watermarks(topic_name, 1) == (0, 5)
+    produce(topic_name, values(3), partition=1)
+    assert metadata.watermarks(topic_name, 1) == (0, 8)
+    assert metadata.watermarks(topic_name, 2) == (0, 0)
+
+
+def test_timestamps_and_resolve_for_every_position(
+    metadata: KafkaMetadata, produce: Produce, topic_name: str
+) -> None:
+    """The mock cluster answers "none" to every timestamp lookup; kspout's check of that
+    answer against the newest records catches it, so these run through the scan fallback."""
+    base = int(time.time() * 1000) - 60_000
+    for i in range(5):
+        produce(topic_name, [b"t%d" % i], timestamp=base + i * 1000)
+
+    assert metadata.offset_for_timestamp(topic_name, 0, 0) == 0
+    assert metadata.offset_for_timestamp(topic_name, 0, base + 1500) == 2
+    assert metadata.offset_for_timestamp(topic_name, 0, base + 4000) == 4
+    assert metadata.offset_for_timestamp(topic_name, 0, base + 4001) is None
+    assert metadata.offset_for_timestamp(topic_name, 1, base) is None  # empty partition
+
+    assert metadata.resolve(Position.parse("earliest", allow_fail=False), topic_name, 0) == 0
+    assert metadata.resolve(Position.parse("latest", allow_fail=False), topic_name, 0) == 5
+    at = Position.parse(f"timestamp:{base + 2000}", allow_fail=False)
+    assert metadata.resolve(at, topic_name, 0) == 2
+    after = Position.parse(f"timestamp:{base + 10_000}", allow_fail=False)
+    assert metadata.resolve(after, topic_name, 0) == 5  # nothing that new yet: high
+    with pytest.raises(ValueError, match="fail"):
+        metadata.resolve(Position.parse("fail", allow_fail=True), topic_name, 0)
+
+
+# -- fetch ------------------------------------------------------------------------------------
+
+
+def test_fetch_returns_exactly_the_requested_offsets_in_order(
+    fetcher: PartitionFetcher, produce: Produce, topic_name: str
+) -> None:
+    produce(topic_name, values(4000))
+    # Single retries close together (read through), a range, and far retries (re-position).
+    spans = [(3, 4), (10, 11), (12, 13), (100, 600), (2500, 2501), (3998, 3999)]
+    result = fetcher.fetch(topic_name, 0, spans)
+
+    want = [o for start, end in spans for o in range(start, end)]
+    assert offsets(result) == want
+    assert [r.value for r in result.records] == [b"v%d" % o for o in want]
+    assert result.missing == [] and result.out_of_range is None
+    # The same consumer serves the next call, on another partition too.
+    produce(topic_name, values(3), partition=2)
+    assert offsets(fetcher.fetch(topic_name, 2, [(0, 3)])) == [0, 1, 2]
+    assert fetcher.fetch(topic_name, 0, []) == FetchResult([], [])
+
+
+def test_compressed_batches_never_return_offsets_below_the_request(
+    mock_brokers: str, fetcher: PartitionFetcher, topic_name: str
+) -> None:
+    producer = Producer(
+        {"bootstrap.servers": mock_brokers, "compression.type": "gzip", "linger.ms": 200}
+    )
+    for i in range(1000):
+        producer.produce(topic_name, value=b"c%d" % i, partition=0)
+    assert producer.flush(30) == 0
+
+    result = fetcher.fetch(topic_name, 0, [(517, 520), (700, 701)])
+    assert offsets(result) == [517, 518, 519, 700]
+
+
+def test_record_fields_round_trip(
+    fetcher: PartitionFetcher, produce: Produce, topic_name: str
+) -> None:
+    ts = int(time.time() * 1000) - 5000
+    produce(
+        topic_name,
+        [b"payload"],
+        key=b"the-key",
+        headers=[("h1", b"one"), ("empty", None), ("h1", b"again")],
+        timestamp=ts,
+    )
+    produce(topic_name, [None])  # a tombstone without key or headers
+
+    first, tombstone = fetcher.fetch(topic_name, 0, [(0, 2)]).records
+    assert first == Record(
+        topic_name,
+        0,
+        0,
+        b"the-key",
+        b"payload",
+        ts,
+        (("h1", b"one"), ("empty", None), ("h1", b"again")),
+    )
+    assert (tombstone.offset, tombstone.key, tombstone.value, tombstone.headers) == (
+        1,
+        None,
+        None,
+        (),
+    )
+    assert abs(tombstone.timestamp - time.time() * 1000) < 60_000  # stamped by the producer
+
+
+def test_transaction_markers_are_reported_missing_without_waiting(
+    mock_brokers: str, fetcher: PartitionFetcher, topic_name: str
+) -> None:
+    producer = Producer({"bootstrap.servers": mock_brokers, "transactional.id": topic_name})
+    producer.init_transactions(30)
+    for txn in range(3):  # three records, then a commit marker: offsets 3, 7, 11 are markers
+        producer.begin_transaction()
+        for i in range(3):
+            producer.produce(topic_name, value=b"x%d%d" % (txn, i), partition=0)
+        producer.commit_transaction(30)
+
+    whole = fetcher.fetch(topic_name, 0, [(0, 12)])
+    assert offsets(whole) == [0, 1, 2, 4, 5, 6, 8, 9, 10]
+    assert whole.missing == [(3, 4), (7, 8), (11, 12)]
+    assert whole.out_of_range is None
+
+    started = time.monotonic()
+    only_markers = fetcher.fetch(topic_name, 0, [(3, 4), (11, 12)])
+    assert only_markers == FetchResult([], [(3, 4), (11, 12)])
+    assert time.monotonic() - started < 2.0
+
+
+def test_offsets_at_or_above_high_are_out_of_range(
+    fetcher: PartitionFetcher, produce: Produce, topic_name: str
+) -> None:
+    produce(topic_name, values(10))
+    crossing = fetcher.fetch(topic_name, 0, [(7, 12)])
+    assert offsets(crossing) == [7, 8, 9]
+    assert crossing.out_of_range == (0, 10) and crossing.missing == []
+
+    beyond = fetcher.fetch(topic_name, 0, [(8, 9), (15, 16)])
+    assert offsets(beyond) == [8] and beyond.out_of_range == (0, 10)
+    assert fetcher.fetch(topic_name, 0, [(10, 11)]) == FetchResult([], [], (0, 10))
+
+
+def test_offsets_below_low_are_out_of_range(
+    fetcher: PartitionFetcher, metadata: KafkaMetadata, produce: Produce, topic_name: str
+) -> None:
+    """The mock keeps ~5 MB per partition: 8 MB of 1 KB messages moves low up."""
+    produce(topic_name, [b"x" * 1024] * 8000)
+    low, high = metadata.watermarks(topic_name, 0)
+    assert 0 < low < high == 8000
+
+    assert fetcher.fetch(topic_name, 0, [(0, 5), (low, low + 1)]) == FetchResult(
+        [], [], (low, high)
+    )
+    assert fetcher.fetch(topic_name, 0, [(low - 1, low + 2)]).out_of_range == (low, high)
+    inside = fetcher.fetch(topic_name, 0, [(low, low + 3)])
+    assert offsets(inside) == [low, low + 1, low + 2] and inside.out_of_range is None
+
+
+def test_fetch_gives_up_at_the_deadline_naming_the_offset(
+    config: TopicConfig, produce: Produce, topic_name: str
+) -> None:
+    """A clock that jumps 100 s per reading expires the deadline after the first chunk."""
+    produce(topic_name, values(12_000))
+    clock = itertools.count(0, 100).__next__
+    with PartitionFetcher(config, clock=clock) as slow, pytest.raises(FetchTimeout) as caught:
+        slow.fetch(topic_name, 0, [(0, 12_000)])
+    error = caught.value
+    assert (error.topic, error.partition) == (topic_name, 0)
+    assert 0 <= error.offset < 12_000  # the first offset not yet fetched
+    assert f"offset {error.offset}" in str(error) and "fetch_timeout" in str(error)
+
+
+# -- dead letters -----------------------------------------------------------------------------
+
+
+def test_dead_letters_carry_the_original_and_kspout_headers(
+    config: TopicConfig, mock_brokers: str
+) -> None:
+    original = Record(config.topic, 2, 41, b"k", b"body", 1234, (("trace", b"abc"),))
+    letters = [
+        DeadLetter(config.topic, 2, 41, 6, "retries_exhausted", "ValueError: bad", original),
+        DeadLetter(config.topic, 3, 7, 1, "behind", None, None),
+    ]
+    with DeadLetterWriter(config) as writer:
+        writer.write(letters)
+
+    read = read_all(mock_brokers, config.dlq_topic, expected=2)
+    by_offset = {dict(m.headers() or [])["kspout.source.offset"]: m for m in read}
+    first, second = by_offset[b"41"], by_offset[b"7"]
+    assert (first.key(), first.value()) == (b"k", b"body")
+    assert first.headers() == [
+        ("trace", b"abc"),
+        ("kspout.source.topic", config.topic.encode()),
+        ("kspout.source.partition", b"2"),
+        ("kspout.source.offset", b"41"),
+        ("kspout.attempts", b"6"),
+        ("kspout.reason", b"retries_exhausted"),
+        ("kspout.error", b"ValueError: bad"),
+    ]
+    assert (second.key(), second.value()) == (None, None)
+    assert dict(second.headers() or []) == {
+        "kspout.source.topic": config.topic.encode(),
+        "kspout.source.partition": b"3",
+        "kspout.source.offset": b"7",
+        "kspout.attempts": b"1",
+        "kspout.reason": b"behind",
+        "kspout.error": b"",
+    }
+    assert config.dlq_topic == f"{config.topic}.dlq"
+
+
+def read_all(brokers: str, topic: str, expected: int) -> list[Message]:
+    """Every message of `topic` (all partitions), waiting up to 10 s for `expected` of them."""
+    consumer = Consumer({"bootstrap.servers": brokers, "group.id": "reader"})
+    try:
+        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+        found: list[Message] = []
+        deadline = time.monotonic() + 10
+        while len(found) < expected and time.monotonic() < deadline:
+            found += [m for m in consumer.consume(100, 0.2) if m.error() is None]
+        assert len(found) == expected
+        return found
+    finally:
+        consumer.close()

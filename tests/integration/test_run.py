@@ -1,0 +1,635 @@
+"""The driver loop end to end: `Driver` with the in-process executor, and `kspout run` as a real
+process, against the session's mock Kafka cluster and ZooKeeper.
+
+Every test has its own topic and spout id. Messages are produced to explicit partitions with the
+value `p<partition>-o<offset>`, so what a handler saw can be checked against what Kafka holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Collection, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
+from kazoo.client import KazooClient
+
+from kspout.config import TopicConfig, parse_config
+from kspout.devstack import DevStack
+from kspout.driver import Driver, Progress
+from kspout.errors import PartitionStopped, TopicMismatch
+from kspout.kafka import KafkaMetadata, Record
+from kspout.local_executor import LocalExecutor
+from kspout.offsets import ZkOffsetStore
+
+ZK_ROOT = "/run-test"
+PARTITIONS = (0, 1, 2, 3)  # the mock cluster auto-creates topics with 4 partitions
+FAST_BACKOFF = {"initial": 0.01, "multiplier": 1.0, "max": 0.01}
+STORM_FIELDS = {"topology", "offset", "partition", "broker", "topic"}
+
+At = tuple[int, int]  # (partition, offset)
+
+
+# -- fixtures and helpers ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def make_config(stack: DevStack, topic_name: str) -> Callable[..., TopicConfig]:
+    """Factory: this test's topic with its own spout id, small batches and fast retries."""
+    spout_id = f"spout-{uuid.uuid4().hex[:8]}"
+
+    def make(**overrides: Any) -> TopicConfig:
+        data: dict[str, Any] = {
+            "topic": topic_name,
+            "spout_id": spout_id,
+            "topology_name": "run-test",
+            "zk_root": ZK_ROOT,
+            "brokers": stack.info.brokers,
+            "zookeeper": stack.info.zookeeper,
+            "batch_size": 200,
+            "max_retries": 3,
+            "retry_backoff": FAST_BACKOFF,
+            "commit_interval": 0.2,
+            # A stuck fetch or a lost outcome shows up in seconds, not minutes.
+            "fetch_timeout": 5.0,
+            "message_timeout": 10.0,
+        }
+        data.update(overrides)
+        return parse_config(data)
+
+    return make
+
+
+@pytest.fixture
+def producer(stack: DevStack) -> Iterator[Producer]:
+    client = Producer({"bootstrap.servers": stack.info.brokers, "linger.ms": 5})
+    yield client
+    client.flush(10)
+
+
+def value_of(partition: int, offset: int) -> bytes:
+    return b"p%d-o%d" % (partition, offset)
+
+
+def produce(
+    producer: Producer,
+    topic: str,
+    per_partition: Mapping[int, range],
+    *,
+    key: Callable[[int, int], bytes | None] = lambda p, o: b"k%d" % o,
+    value: Callable[[int, int], bytes] = value_of,
+) -> None:
+    """Produce offsets `per_partition[p]` (which must continue the partition) to each partition."""
+    for partition, offsets in per_partition.items():
+        for offset in offsets:
+            while True:
+                try:
+                    producer.produce(
+                        topic, value(partition, offset), key(partition, offset), partition=partition
+                    )
+                    break
+                except BufferError:  # local queue full: let deliveries drain
+                    producer.poll(0.1)
+            producer.poll(0)
+    assert producer.flush(30) == 0
+
+
+def watermarks(config: TopicConfig) -> dict[int, tuple[int, int]]:
+    with KafkaMetadata(config) as metadata:
+        return {p: metadata.watermarks(config.topic, p) for p in PARTITIONS}
+
+
+def highs(config: TopicConfig) -> dict[int, int]:
+    return {p: high for p, (_, high) in watermarks(config).items()}
+
+
+def stored(config: TopicConfig) -> dict[int, int]:
+    """The commit points in ZooKeeper, by partition."""
+    with ZkOffsetStore(config) as store:
+        return {p: s.offset for p, s in store.read_all().items()}
+
+
+def storm_record(
+    config: TopicConfig, partition: int, offset: int, topic: str | None = None
+) -> bytes:
+    """A record exactly as storm-kafka's PartitionManager writes it (no kspout fields)."""
+    record = {
+        "topology": {"id": "wordcount-7-1700000000", "name": "wordcount"},
+        "offset": offset,
+        "partition": partition,
+        "broker": {"host": "kafka1.example.com", "port": 9092},
+        "topic": topic or config.topic,
+    }
+    return json.dumps(record).encode()
+
+
+def partition_path(config: TopicConfig, partition: int) -> str:
+    return f"{config.zk_spout_path}/partition_{partition}"
+
+
+def read_topic(brokers: str, topic: str) -> list[Message]:
+    """Every message of `topic`, read up to each partition's high watermark."""
+    consumer = Consumer({"bootstrap.servers": brokers, "group.id": f"check-{uuid.uuid4().hex}"})
+    try:
+        found = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        if found is None or found.error is not None:
+            return []
+        ends = {}
+        for p in found.partitions:
+            _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            if high > 0:
+                ends[p] = high
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+        messages: list[Message] = []
+        next_offset = dict.fromkeys(ends, 0)
+        deadline = time.monotonic() + 20
+        while any(next_offset[p] < ends[p] for p in ends):
+            assert time.monotonic() < deadline, f"{topic}: read {next_offset} of {ends}"
+            for msg in consumer.consume(500, 0.2):
+                offset = msg.offset()
+                assert msg.error() is None and offset is not None, msg.error()
+                messages.append(msg)
+                next_offset[msg.partition()] = offset + 1
+        return messages
+    finally:
+        consumer.close()
+
+
+def letter_headers(msg: Message) -> tuple[At, dict[str, bytes]]:
+    """A dead letter's source (partition, offset) and its `kspout.*` headers, by short name."""
+    found = msg.headers() or []
+    raw = list(found.items()) if isinstance(found, dict) else found
+    headers = {
+        name.removeprefix("kspout."): value
+        for name, value in raw
+        if name.startswith("kspout.") and isinstance(value, bytes)
+    }
+    return (int(headers["source.partition"]), int(headers["source.offset"])), headers
+
+
+class Recorder:
+    """A handler that notes every call, and fails chosen offsets.
+
+    `transient[at]` failures come first at that offset, then it succeeds; offsets in `poison`
+    always fail; `check(record)`, when given, runs first and may raise like user code.
+    `calls` counts every call, `done` the successful ones.
+    """
+
+    def __init__(
+        self,
+        transient: Mapping[At, int] | None = None,
+        poison: Collection[At] = (),
+        check: Callable[[Record], None] | None = None,
+    ) -> None:
+        self.transient = dict(transient or {})
+        self.poison = set(poison)
+        self.check = check
+        self.calls: Counter[At] = Counter()
+        self.done: Counter[At] = Counter()
+        self.values: dict[At, bytes | None] = {}
+
+    def __call__(self, record: Record) -> None:
+        at = (record.partition, record.offset)
+        self.calls[at] += 1
+        self.values[at] = record.value
+        if self.check is not None:
+            self.check(record)
+        if at in self.poison:
+            raise RuntimeError(f"poison message at {at}")
+        if self.calls[at] <= self.transient.get(at, 0):
+            raise ConnectionError(f"transient failure {self.calls[at]} at {at}")
+        self.done[at] += 1
+
+    def seen(self, partition: int) -> list[int]:
+        return sorted(o for p, o in self.calls if p == partition)
+
+
+def run_driver(config: TopicConfig, handler: Callable[[Record], object], **kwargs: Any) -> Progress:
+    with Driver(config, LocalExecutor(config, handler)) as driver:
+        return driver.run(**kwargs)
+
+
+def every_offset(ends: Mapping[int, int]) -> set[At]:
+    """Every (partition, offset) below `ends[partition]`."""
+    return {(p, o) for p, end in ends.items() for o in range(end)}
+
+
+# -- 1. retries and dead letters ----------------------------------------------------------------
+
+
+def test_every_offset_is_handled_and_poison_goes_to_the_dlq(
+    stack: DevStack,
+    make_config: Callable[..., TopicConfig],
+    producer: Producer,
+    zk: KazooClient,
+) -> None:
+    config = make_config()
+    produce(producer, config.topic, {p: range(750) for p in PARTITIONS})
+    transient = {(0, 5): 1, (1, 100): 2, (2, 749): 3, (3, 0): 1, (3, 401): 2}
+    poison = {(0, 10), (2, 300), (3, 749)}
+    handler = Recorder(transient, poison)
+
+    progress = run_driver(config, handler, until_caught_up=True)
+
+    everything = every_offset(dict.fromkeys(PARTITIONS, 750))
+    assert set(handler.calls) == everything  # every offset reached the handler
+    assert set(handler.done) == everything - poison
+    assert set(handler.done.values()) == {1}  # each success exactly once
+    attempts = config.max_retries + 1
+    for at, failures in transient.items():
+        assert handler.calls[at] == failures + 1
+    for at in poison:
+        assert handler.calls[at] == attempts
+    assert handler.calls.total() == 3000 + sum(transient.values()) + len(poison) * (attempts - 1)
+
+    assert progress.total("retried") == sum(transient.values()) + len(poison) * config.max_retries
+    assert progress.total("dead_lettered") == len(poison)
+    assert progress.total("acked") == 3000 - len(poison)
+    assert progress.total("skipped") == progress.total("lost") == 0
+    assert progress.lag == 0
+
+    for p in PARTITIONS:  # storm-kafka's record, at the high watermark
+        record = json.loads(zk.get(partition_path(config, p))[0])
+        assert set(record) >= STORM_FIELDS
+        assert (record["offset"], record["partition"], record["topic"]) == (750, p, config.topic)
+        assert set(record["topology"]) == {"id", "name"}
+        assert record["topology"]["name"] == "run-test"
+        assert set(record["broker"]) == {"host", "port"}
+    assert stored(config) == dict.fromkeys(PARTITIONS, 750)
+
+    letters = read_topic(stack.info.brokers, config.dlq_topic)
+    assert len(letters) == len(poison)
+    by_source = {}
+    for msg in letters:
+        at, headers = letter_headers(msg)
+        by_source[at] = msg
+        assert headers["source.topic"] == config.topic.encode()
+        assert headers["attempts"] == str(attempts).encode()
+        assert headers["error"] == f"RuntimeError: poison message at {at}".encode()
+        assert headers["reason"] == b"exception (retries exhausted)"
+        assert msg.value() == value_of(*at) == handler.values[at]
+        assert msg.key() == b"k%d" % at[1]
+    assert set(by_source) == poison
+
+
+def test_committed_record_names_the_partition_leader(
+    make_config: Callable[..., TopicConfig], producer: Producer, zk: KazooClient
+) -> None:
+    """storm-kafka writes the partition's leader as `broker`; tools that read the records (lag
+    monitors) connect to it, so kspout's records should name it too."""
+    config = make_config()
+    produce(producer, config.topic, {0: range(5)})
+    run_driver(config, Recorder(), until_caught_up=True)
+
+    metadata = producer.list_topics(config.topic, timeout=10)
+    leader = metadata.brokers[metadata.topics[config.topic].partitions[0].leader]
+    record = json.loads(zk.get(partition_path(config, 0))[0])
+    assert record["broker"] == {"host": leader.host, "port": leader.port}
+
+
+# -- 2. restart ---------------------------------------------------------------------------------
+
+
+def test_restart_resumes_at_the_committed_offsets(
+    make_config: Callable[..., TopicConfig], producer: Producer
+) -> None:
+    config = make_config(batch_size=100)
+    produce(producer, config.topic, {p: range(500) for p in PARTITIONS})
+    first = Recorder()
+    run_driver(config, first, max_batches=3)
+
+    committed = stored(config)
+    assert set(committed) == set(PARTITIONS)
+    for p in PARTITIONS:
+        assert 0 < committed[p] < 500  # stopped midway
+        # Everything below the commit point was handled; nothing above it was committed.
+        assert set(range(committed[p])) <= set(first.seen(p))
+
+    produce(producer, config.topic, {p: range(500, 800) for p in PARTITIONS})
+    second = Recorder()
+    progress = run_driver(config, second, until_caught_up=True)
+
+    for p in PARTITIONS:
+        assert min(second.seen(p)) == committed[p]  # never below the first run's commit
+        assert second.seen(p) == list(range(committed[p], 800))
+    assert set(second.done.values()) == {1}
+    assert stored(config) == dict.fromkeys(PARTITIONS, 800)
+    assert [v.committed for v in progress.partitions] == [800] * 4
+
+
+# -- 3. and 4. records written by storm-kafka ----------------------------------------------------
+
+
+def test_resumes_from_a_storm_kafka_record(
+    make_config: Callable[..., TopicConfig], producer: Producer, zk: KazooClient
+) -> None:
+    config = make_config()
+    produce(producer, config.topic, {0: range(300), 1: range(100)})
+    zk.create(partition_path(config, 0), storm_record(config, 0, 150), makepath=True)
+    handler = Recorder()
+
+    run_driver(config, handler, until_caught_up=True)
+
+    assert handler.seen(0) == list(range(150, 300))  # nothing below Storm's commit point
+    assert handler.seen(1) == list(range(100))  # no record: start = earliest
+    record = json.loads(zk.get(partition_path(config, 0))[0])
+    assert record["offset"] == 300 and record["topic"] == config.topic
+    assert stored(config) == {0: 300, 1: 100, 2: 0, 3: 0}
+
+
+def test_a_record_of_another_topic_stops_the_start(
+    make_config: Callable[..., TopicConfig], producer: Producer, zk: KazooClient
+) -> None:
+    config = make_config()
+    produce(producer, config.topic, {p: range(10) for p in PARTITIONS})
+    path = partition_path(config, 2)
+    foreign = storm_record(config, 2, 7, topic="clicks")
+    zk.create(path, foreign, makepath=True)
+    handler = Recorder()
+
+    driver = Driver(config, LocalExecutor(config, handler))
+    try:
+        with pytest.raises(TopicMismatch) as caught:
+            driver.start()
+    finally:
+        driver.close()
+
+    message = str(caught.value)
+    assert path in message and "'clicks'" in message and repr(config.topic) in message
+    assert "spout_id" in message  # says what to change
+    assert (caught.value.stored_topic, caught.value.topic) == ("clicks", config.topic)
+    assert handler.calls.total() == 0
+    assert zk.get(path)[0] == foreign  # the other topic's record is untouched
+
+
+def test_a_failed_start_leaves_no_live_registration(
+    make_config: Callable[..., TopicConfig], producer: Producer, zk: KazooClient
+) -> None:
+    """`with Driver(...)` whose start fails must not leave the instance registered: a registered
+    instance makes `kspout offsets set` refuse to move the offsets ("spout is running")."""
+    config = make_config()
+    produce(producer, config.topic, {0: range(3)})
+    zk.create(partition_path(config, 0), storm_record(config, 0, 1, topic="clicks"), makepath=True)
+
+    with pytest.raises(TopicMismatch), Driver(config, LocalExecutor(config, Recorder())):
+        pass
+
+    with ZkOffsetStore(config) as observer:
+        assert observer.live_instances() == []
+
+
+# -- 5. out of range ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def truncated(make_config: Callable[..., TopicConfig], producer: Producer) -> tuple[int, int]:
+    """Partition 0 holds 8 MB of 1 KB messages, past the mock's ~5 MB retention, so its low
+    watermark moved up; the spout's stored offset there is 0. Returns (low, high)."""
+    config = make_config()
+    produce(
+        producer,
+        config.topic,
+        {0: range(8000)},
+        key=lambda p, o: None,
+        value=lambda p, o: b"x" * 1024,
+    )
+    low, high = watermarks(config)[0]
+    assert 0 < low < high == 8000
+    with ZkOffsetStore(config) as store:
+        store.commit(0, 0, version=None)
+    return low, high
+
+
+def test_out_of_range_below_low_resumes_at_earliest(
+    make_config: Callable[..., TopicConfig], truncated: tuple[int, int]
+) -> None:
+    low, high = truncated
+    config = make_config(out_of_range="earliest", batch_size=2000)
+    handler = Recorder()
+
+    progress = run_driver(config, handler, until_caught_up=True)
+
+    assert handler.seen(0) == list(range(low, high))
+    assert progress.partitions[0].stats.lost == low
+    ((partition, reset),) = progress.resets
+    assert partition == 0
+    assert (reset.low, reset.high, reset.old_commit, reset.new_start) == (low, high, 0, low)
+    assert reset.lost == ((0, low),)
+    assert stored(config)[0] == high
+
+
+def test_out_of_range_below_low_jumps_to_latest(
+    make_config: Callable[..., TopicConfig], truncated: tuple[int, int]
+) -> None:
+    _low, high = truncated
+    config = make_config(out_of_range="latest")
+    handler = Recorder()
+
+    progress = run_driver(config, handler, until_caught_up=True)
+
+    assert handler.seen(0) == []
+    ((partition, reset),) = progress.resets
+    assert partition == 0 and reset.new_start == high
+    assert reset.lost == ((0, high),)  # the skipped range, exactly
+    assert progress.partitions[0].stats.lost == high
+    assert stored(config)[0] == high
+
+
+def test_out_of_range_fail_stops_the_partition(
+    make_config: Callable[..., TopicConfig], truncated: tuple[int, int]
+) -> None:
+    low, high = truncated
+    config = make_config(out_of_range="fail")
+    handler = Recorder()
+
+    with pytest.raises(PartitionStopped) as caught:
+        run_driver(config, handler, until_caught_up=True)
+
+    stop = caught.value
+    assert (stop.topic, stop.partition, stop.offset, stop.low, stop.high) == (
+        config.topic,
+        0,
+        0,
+        low,
+        high,
+    )
+    assert f"{config.topic}[0]" in str(stop)
+    assert "kspout offsets set --config <file> --partition 0" in str(stop)
+    assert handler.seen(0) == []
+    assert stored(config)[0] == 0  # nothing moved until an operator does
+
+
+def test_stored_offset_above_high_resets_to_earliest(
+    make_config: Callable[..., TopicConfig], producer: Producer
+) -> None:
+    config = make_config(out_of_range="earliest")
+    produce(producer, config.topic, {0: range(50)})
+    with ZkOffsetStore(config) as store:
+        store.commit(0, 500, version=None)  # e.g. the topic was deleted and recreated
+    handler = Recorder()
+
+    progress = run_driver(config, handler, until_caught_up=True)
+
+    assert handler.seen(0) == list(range(50))
+    ((partition, reset),) = progress.resets
+    assert (partition, reset.old_commit, reset.new_start, reset.lost) == (0, 500, 0, ())
+    assert stored(config)[0] == 50
+
+
+# -- 6. `kspout run` ------------------------------------------------------------------------------
+
+HANDLER_MODULE = """
+import os
+import time
+
+LOG = open(os.environ["HANDLED_LOG"], "a", buffering=1)
+PAUSE = float(os.environ.get("HANDLER_PAUSE", "0"))
+
+
+def handle(record):
+    time.sleep(PAUSE)
+    LOG.write(f"{record.partition} {record.offset}\\n")
+"""
+
+
+def kspout_command() -> Path:
+    command = Path(sys.executable).with_name("kspout")
+    assert command.exists(), f"the kspout console script is not installed next to {sys.executable}"
+    return command
+
+
+def handled_lines(log: Path) -> list[At]:
+    """(partition, offset) per line the handler wrote; a line still being written is left out."""
+    if not log.exists():
+        return []
+    *complete, _partial = log.read_text().split("\n")
+    return [(int(p), int(o)) for p, o in (line.split() for line in complete)]
+
+
+def test_kspout_run_stops_on_sigint_and_commits_what_was_handled(
+    stack: DevStack, make_config: Callable[..., TopicConfig], producer: Producer, tmp_path: Path
+) -> None:
+    config = make_config()
+    produce(producer, config.topic, {p: range(250) for p in PARTITIONS})
+    (tmp_path / "slow_handler.py").write_text(HANDLER_MODULE)
+    toml = tmp_path / "topic.toml"
+    toml.write_text(
+        textwrap.dedent(
+            f"""\
+            topic = "{config.topic}"
+            spout_id = "{config.spout_id}"
+            zk_root = "{ZK_ROOT}"
+            brokers = "{stack.info.brokers}"
+            zookeeper = "{stack.info.zookeeper}"
+            batch_size = 25
+            commit_interval = 0.5
+            """
+        )
+    )
+    log = tmp_path / "handled.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KSPOUT_")}
+    env |= {"HANDLED_LOG": str(log), "HANDLER_PAUSE": "0.005"}
+    argv = [str(kspout_command()), "run", "--config", str(toml), "--handler", "slow_handler:handle"]
+
+    proc = subprocess.Popen(
+        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while len(handled_lines(log)) < 150:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no progress within 30 s"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        interrupted = time.monotonic()
+        _out, err = proc.communicate(timeout=10)
+        assert time.monotonic() - interrupted < 5, "did not stop after the batch in flight"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err.decode()
+
+    handled = handled_lines(log)
+    assert len(handled) < 1000, "the run finished before the interrupt: make the handler slower"
+    committed = stored(config)
+    assert sum(committed.values()) > 0
+    for p in PARTITIONS:
+        mine = sorted(o for q, o in handled if q == p)
+        # Nothing committed that was not handled, and everything handled was committed on exit.
+        assert committed.get(p, 0) == len(mine)
+        assert mine == list(range(len(mine)))
+
+    env["HANDLER_PAUSE"] = "0"
+    done = subprocess.run(
+        [*argv, "--until-caught-up", "--json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    report = json.loads(done.stdout)
+    rows = {row["partition"]: row for row in report["partitions"]}
+    assert sorted(rows) == list(PARTITIONS)
+    for p in PARTITIONS:
+        assert rows[p]["committed"] == rows[p]["high"] == 250
+    assert report["lag"] == 0
+    assert report["totals"]["acked"] == 1000 - sum(committed.values())
+    assert stored(config) == dict.fromkeys(PARTITIONS, 250)
+    # The second run resumed at the commit points: each offset was handled exactly once.
+    assert sorted(handled_lines(log)) == sorted(every_offset(dict.fromkeys(PARTITIONS, 250)))
+
+
+# -- 7. records without a key ---------------------------------------------------------------------
+
+
+def test_records_without_a_key_fail_and_end_on_the_dlq(
+    stack: DevStack, make_config: Callable[..., TopicConfig], producer: Producer
+) -> None:
+    config = make_config(max_retries=2)
+    keyless = {(p, o) for p in PARTITIONS for o in (3, 60, 61)}
+
+    def key(p: int, o: int) -> bytes | None:
+        return None if (p, o) in keyless else b"k%d" % o
+
+    produce(producer, config.topic, {p: range(100) for p in PARTITIONS}, key=key)
+
+    def needs_a_key(record: Record) -> None:
+        if record.key is None:
+            raise ValueError("record has no key")
+
+    handler = Recorder(check=needs_a_key)
+
+    progress = run_driver(config, handler, until_caught_up=True)
+
+    everything = every_offset(dict.fromkeys(PARTITIONS, 100))
+    assert set(handler.done) == everything - keyless  # keyless records never succeeded...
+    for at in keyless:
+        assert handler.calls[at] == config.max_retries + 1  # ...they were retried to the budget
+    assert progress.total("acked") == 400 - len(keyless)  # and never acked
+    assert progress.total("dead_lettered") == len(keyless)
+    assert stored(config) == dict.fromkeys(PARTITIONS, 100)
+
+    letters = read_topic(stack.info.brokers, config.dlq_topic)
+    sources = set()
+    for msg in letters:
+        at, headers = letter_headers(msg)
+        sources.add(at)
+        assert msg.key() is None and msg.value() == value_of(*at)
+        assert headers["source.topic"] == config.topic.encode()
+        assert headers["error"] == b"ValueError: record has no key"
+        assert headers["reason"] == b"exception (retries exhausted)"
+        assert headers["attempts"] == str(config.max_retries + 1).encode()
+    assert len(letters) == len(keyless) and sources == keyless

@@ -1,0 +1,398 @@
+"""Topic files: the shipped examples load, every mistake names file + key + allowed values,
+the environment overrides connections, and secrets never reach a repr."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from kspout.config import TopicConfig, load_config
+from kspout.errors import ConfigError
+from kspout.policy import (
+    Backoff,
+    BehindPolicy,
+    ExhaustedPolicy,
+    PartitionPolicy,
+    Position,
+    PositionKind,
+)
+
+TOPICS_DIR = Path(__file__).resolve().parents[2] / "deploy" / "topics"
+TOPIC_FILES = sorted(TOPICS_DIR.glob("*.toml"))
+ENV_VARS = ("KSPOUT_BROKERS", "KSPOUT_ZOOKEEPER", "KSPOUT_REDIS_URL")
+MINIMAL = 'topic = "orders"\nspout_id = "orders-billing"\n'
+
+WriteTopic = Callable[[str], Path]
+
+
+@pytest.fixture(autouse=True)
+def _no_env_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The developer's shell (e.g. after `kspout dev up`) must not leak into these tests."""
+    for name in ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def write_topic(tmp_path: Path) -> WriteTopic:
+    """Factory: write TOML text to a fresh topic file and return its path."""
+    counter = iter(range(1_000_000))
+
+    def write(text: str) -> Path:
+        path = tmp_path / f"topic-{next(counter)}.toml"
+        path.write_text(text, encoding="utf-8")
+        return path
+
+    return write
+
+
+def config_error(path: Path) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    return info.value
+
+
+# -- the shipped examples ----------------------------------------------------------------------
+
+
+def test_shipped_examples_exist() -> None:
+    names = {p.name for p in TOPIC_FILES}
+    assert {"demo.toml", "orders.example.toml"} <= names
+
+
+@pytest.mark.parametrize("path", TOPIC_FILES, ids=lambda p: p.name)
+def test_shipped_topic_file_loads(path: Path) -> None:
+    config = load_config(path)
+    assert config.topic and config.spout_id
+    assert config.brokers == "127.0.0.1:9092"
+    assert config.zookeeper == "127.0.0.1:2181"
+    assert isinstance(config.partition_policy(), PartitionPolicy)
+    assert config.dlq_topic != config.topic
+
+
+def test_demo_file_is_the_demo_topic() -> None:
+    """The README's first command consumes this: fast retries ending in the dead-letter topic."""
+    config = load_config(TOPICS_DIR / "demo.toml")
+    assert (config.topic, config.spout_id) == ("kspout.demo", "demo")
+    assert config.batch_size <= 1000
+    assert config.dlq_topic == "kspout.demo.dlq"
+    policy = config.partition_policy()
+    assert policy.max_retries == 2
+    assert policy.backoff.initial == 0.2
+    assert policy.on_exhausted is ExhaustedPolicy.DEAD_LETTER
+    assert policy.message_timeout == 10
+    assert config.commit_interval == 1
+
+
+def test_orders_example_shows_every_key() -> None:
+    """The annotated example sets every key kspout accepts, in every table, so it documents
+    them all (a key added to TopicConfig must be added to the example too)."""
+    data = tomllib.loads((TOPICS_DIR / "orders.example.toml").read_text(encoding="utf-8"))
+    assert set(data) == set(TopicConfig.model_fields)
+    for section in ("retry_backoff", "zookeeper_auth", "redis", "dedup"):
+        model = type(getattr(load_config(TOPICS_DIR / "orders.example.toml"), section))
+        assert set(data[section]) == set(model.model_fields), section
+    kafka = data["kafka"]
+    assert kafka["security.protocol"] == "SASL_SSL"
+    assert {"sasl.mechanism", "sasl.username", "sasl.password", "ssl.ca.location"} <= set(kafka)
+
+
+# -- errors: file, key, allowed values ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "mentions"),
+    [
+        pytest.param(
+            MINIMAL + "colour = 1\n",
+            "colour",
+            ["unknown key", "max_retries", "spout_id", "behind_policy"],
+            id="unknown-top-level",
+        ),
+        pytest.param(
+            MINIMAL + "[retry_backoff]\njitter = 0.1\n",
+            "retry_backoff.jitter",
+            ["unknown key", "initial", "multiplier", "max"],
+            id="unknown-in-retry_backoff",
+        ),
+        pytest.param(
+            MINIMAL + '[zookeeper_auth]\ncredential = "u:p"\nuser = "u"\n',
+            "zookeeper_auth.user",
+            ["unknown key", "credential", "scheme"],
+            id="unknown-in-zookeeper_auth",
+        ),
+        pytest.param(
+            MINIMAL + 'behind_policy = "drop"\n',
+            "behind_policy",
+            ["'retry'", "'dead_letter'", "'skip'", "drop"],
+            id="bad-behind_policy",
+        ),
+        pytest.param(
+            MINIMAL + 'on_retries_exhausted = "retry"\n',
+            "on_retries_exhausted",
+            ["'dead_letter'", "'skip'"],
+            id="bad-on_retries_exhausted",
+        ),
+        pytest.param(
+            MINIMAL + 'start = "fail"\n',
+            "start",
+            ["earliest", "latest", "timestamp:<ms>", "'fail'"],
+            id="start-cannot-fail",
+        ),
+        pytest.param(
+            MINIMAL + 'start = "timestamp:yesterday"\n',
+            "start",
+            ["milliseconds", "yesterday"],
+            id="bad-start-timestamp",
+        ),
+        pytest.param(
+            MINIMAL + 'out_of_range = "newest"\n',
+            "out_of_range",
+            ["earliest", "latest", "fail", "timestamp:<ms>", "newest"],
+            id="bad-out_of_range",
+        ),
+        pytest.param(
+            MINIMAL + "max_retries = -1\n",
+            "max_retries",
+            ["greater than or equal to 0", "-1"],
+            id="negative-max_retries",
+        ),
+        pytest.param(
+            MINIMAL + "batch_size = -5\n",
+            "batch_size",
+            ["greater than 0", "-5"],
+            id="negative-batch_size",
+        ),
+        pytest.param(
+            MINIMAL + "message_timeout = -1.5\n",
+            "message_timeout",
+            ["greater than 0", "-1.5"],
+            id="negative-message_timeout",
+        ),
+        pytest.param(
+            MINIMAL + "max_offset_behind = 0\n",
+            "max_offset_behind",
+            ["greater than 0", "0"],
+            id="zero-max_offset_behind",
+        ),
+        pytest.param(
+            MINIMAL + "[retry_backoff]\ninitial = -0.5\n",
+            "retry_backoff.initial",
+            ["greater than or equal to 0", "-0.5"],
+            id="negative-backoff",
+        ),
+        pytest.param(
+            MINIMAL + '[dedup]\nid_source = "body"\n',
+            "dedup.id_source",
+            ["key", "header:<name>", "json:<field>", "body"],
+            id="bad-dedup-id_source",
+        ),
+        pytest.param(
+            'topic = "orders"\n',
+            "spout_id",
+            ["required"],
+            id="missing-spout_id",
+        ),
+        pytest.param(
+            MINIMAL + 'max_retries = "three"\n',
+            "max_retries",
+            ["integer", "three"],
+            id="wrong-type",
+        ),
+    ],
+)
+def test_invalid_value_names_file_key_and_allowed_values(
+    write_topic: WriteTopic, text: str, key: str, mentions: list[str]
+) -> None:
+    path = write_topic(text)
+    err = config_error(path)
+    assert (err.path, err.key) == (str(path), key)
+    message = str(err)
+    assert str(path) in message
+    assert key in message
+    for fragment in mentions:
+        assert fragment in message, f"{fragment!r} missing from {message!r}"
+
+
+@pytest.mark.parametrize("owned", ["bootstrap.servers", "group.id"])
+def test_kafka_table_refuses_settings_kspout_owns(write_topic: WriteTopic, owned: str) -> None:
+    path = write_topic(MINIMAL + f'[kafka]\n"{owned}" = "x"\n"client.id" = "c"\n')
+    err = config_error(path)
+    assert err.key == "kafka"
+    assert str(path) in str(err) and owned in str(err)
+    assert "brokers" in str(err), "says where bootstrap servers go instead"
+
+
+def test_malformed_toml_names_the_file(write_topic: WriteTopic) -> None:
+    path = write_topic(MINIMAL + "max_retries = \n")
+    err = config_error(path)
+    assert err.path == str(path) and str(path) in str(err)
+    assert "not valid TOML" in str(err)
+    assert "line 3" in str(err), "the parser's position is kept"
+
+
+def test_non_utf8_file_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(MINIMAL.encode() + b'topology_name = "caf\xe9"\n')
+    err = config_error(path)
+    assert str(path) in str(err) and "not valid TOML" in str(err)
+
+
+@pytest.mark.parametrize("kind", ["missing", "directory"])
+def test_unreadable_file_is_a_config_error(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "nope.toml"
+    if kind == "directory":
+        path.mkdir()
+    err = config_error(path)
+    assert err.path == str(path) and err.key is None
+    assert str(path) in str(err) and "cannot read" in str(err)
+
+
+# -- environment overrides ---------------------------------------------------------------------
+
+
+def test_environment_overrides_connection_settings(
+    write_topic: WriteTopic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write_topic(
+        MINIMAL + 'brokers = "file-kafka:9092"\nzookeeper = "file-zk:2181"\n'
+        '[redis]\nurl = "redis://file-redis:6379/0"\n'
+    )
+    plain = load_config(path)
+    assert (plain.brokers, plain.zookeeper) == ("file-kafka:9092", "file-zk:2181")
+    assert plain.redis_args()["url"] == "redis://file-redis:6379/0"
+
+    monkeypatch.setenv("KSPOUT_BROKERS", "env-kafka:19092")
+    monkeypatch.setenv("KSPOUT_ZOOKEEPER", "env-zk:12181")
+    monkeypatch.setenv("KSPOUT_REDIS_URL", "redis://env-redis:16379/2")
+    config = load_config(path)
+    assert config.brokers == "env-kafka:19092"
+    assert config.kafka_config()["bootstrap.servers"] == "env-kafka:19092"
+    assert config.zookeeper == "env-zk:12181"
+    assert config.kazoo_args()["hosts"] == "env-zk:12181"
+    assert config.redis_args()["url"] == "redis://env-redis:16379/2"
+
+
+def test_empty_environment_variable_does_not_override(
+    write_topic: WriteTopic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KSPOUT_BROKERS", "")
+    config = load_config(write_topic(MINIMAL + 'brokers = "file-kafka:9092"\n'))
+    assert config.brokers == "file-kafka:9092"
+
+
+# -- conversions -------------------------------------------------------------------------------
+
+
+# PartitionPolicy fields no topic key sets (each needs a reason).
+NOT_FROM_FILE = {
+    "defer_delay",  # wait before re-offering a DEFERRED offset: fixed, not yet a topic key
+}
+
+
+def test_partition_policy_maps_every_field(write_topic: WriteTopic) -> None:
+    path = write_topic(
+        MINIMAL
+        + """
+max_retries = 7
+on_retries_exhausted = "skip"
+max_offset_behind = 1234
+behind_policy = "dead_letter"
+message_timeout = 42.5
+max_uncommitted = 999
+out_of_range = "timestamp:1700000000000"
+[retry_backoff]
+initial = 0.25
+multiplier = 3.0
+max = 9.0
+"""
+    )
+    policy = load_config(path).partition_policy()
+    assert policy == PartitionPolicy(
+        max_retries=7,
+        backoff=Backoff(0.25, 3.0, 9.0),
+        on_exhausted=ExhaustedPolicy.SKIP,
+        max_offset_behind=1234,
+        behind_policy=BehindPolicy.DEAD_LETTER,
+        message_timeout=42.5,
+        max_uncommitted=999,
+        out_of_range=Position(PositionKind.TIMESTAMP, 1_700_000_000_000),
+    )
+    default = PartitionPolicy()
+    for f in fields(PartitionPolicy):
+        if f.name in NOT_FROM_FILE:
+            continue
+        assert getattr(policy, f.name) != getattr(default, f.name), f"{f.name} is not mapped"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("earliest", Position(PositionKind.EARLIEST)),
+        ("LATEST", Position(PositionKind.LATEST)),
+        ("fail", Position(PositionKind.FAIL)),
+        ("timestamp:0", Position(PositionKind.TIMESTAMP, 0)),
+    ],
+)
+def test_out_of_range_values_parse(write_topic: WriteTopic, text: str, expected: Position) -> None:
+    config = load_config(write_topic(MINIMAL + f'out_of_range = "{text}"\n'))
+    assert config.out_of_range_position == expected
+    assert config.partition_policy().out_of_range == expected
+
+
+def test_derived_paths_and_defaults(write_topic: WriteTopic) -> None:
+    config = load_config(write_topic(MINIMAL + 'zk_root = "/storm/kafka"\n'))
+    assert config.zk_spout_path == "/storm/kafka/orders-billing"
+    assert config.dlq_topic == "orders.dlq"
+    assert config.start_position == Position(PositionKind.EARLIEST)
+    assert config.partition_policy() == PartitionPolicy()
+
+
+# -- secrets -----------------------------------------------------------------------------------
+
+REDIS_PASSWORD = "redis-s3cret-pw"
+ZK_PASSWORD = "zk-s3cret-pw"
+SASL_PASSWORD = "sasl-s3cret-pw"
+
+
+def test_secrets_do_not_appear_in_repr(write_topic: WriteTopic) -> None:
+    path = write_topic(
+        MINIMAL
+        + f"""
+[redis]
+username = "kspout"
+password = "{REDIS_PASSWORD}"
+[zookeeper_auth]
+credential = "kspout:{ZK_PASSWORD}"
+"""
+    )
+    config = load_config(path)
+    for text in (repr(config), str(config), repr(config.redis), repr(config.zookeeper_auth)):
+        assert REDIS_PASSWORD not in text
+        assert ZK_PASSWORD not in text
+    # ... but the clients still get them.
+    assert config.redis_args()["password"] == REDIS_PASSWORD
+    assert config.redis_args()["username"] == "kspout"
+    assert config.kazoo_args()["auth_data"] == [("digest", f"kspout:{ZK_PASSWORD}")]
+
+
+def test_kafka_sasl_password_does_not_appear_in_repr(write_topic: WriteTopic) -> None:
+    """`[kafka] "sasl.password"` is a password too (style: secret types for passwords): it must
+    reach librdkafka but not a log line that prints the config."""
+    path = write_topic(MINIMAL + f'[kafka]\n"sasl.password" = "{SASL_PASSWORD}"\n')
+    config = load_config(path)
+    assert config.kafka_config()["sasl.password"] == SASL_PASSWORD
+    assert SASL_PASSWORD not in repr(config)
+
+
+def test_config_error_does_not_echo_kafka_secrets(write_topic: WriteTopic) -> None:
+    """A mistake elsewhere in `[kafka]` must not print the SASL password in the error."""
+    path = write_topic(
+        MINIMAL + f'[kafka]\n"group.id" = "mine"\n"sasl.password" = "{SASL_PASSWORD}"\n'
+    )
+    err = config_error(path)
+    assert "group.id" in str(err)
+    assert SASL_PASSWORD not in str(err)
