@@ -38,7 +38,7 @@ import logging
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final, TypeAlias
 
 from kspout.errors import PartitionStopped
@@ -76,7 +76,7 @@ class Waiting:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class DeadLetter:
+class DeadLetterPending:
     attempts: int
     reason: FailReason | None
     error: str | None
@@ -84,7 +84,7 @@ class DeadLetter:
     handed: bool  # handed to the driver by take_dead_letters, write not yet confirmed
 
 
-State: TypeAlias = _Done | InFlight | Waiting | DeadLetter
+State: TypeAlias = _Done | InFlight | Waiting | DeadLetterPending
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +191,6 @@ class _Counters:
     dead_lettered: int = 0
     lost: int = 0
     stale: int = 0
-    lost_ranges: list[tuple[int, int]] = field(default_factory=list)
 
 
 class PartitionManager:
@@ -219,6 +218,10 @@ class PartitionManager:
         self._map: SpanMap[State] = SpanMap(start_offset)
         self._epoch = 0
         self._c = _Counters()
+        # `max_offset_behind`, when a behind policy acts on it (`retry` never gives up).
+        self._max_behind = (
+            None if policy.behind_policy is BehindPolicy.RETRY else policy.max_offset_behind
+        )
         # Precomputed backoff before retry n for the first retries (a budget may be huge).
         self._delays = [policy.backoff.delay(n) for n in range(min(policy.max_retries, 64) + 1)]
 
@@ -253,7 +256,7 @@ class PartitionManager:
                 in_flight += hi - lo
             elif isinstance(value, Waiting):
                 failed += hi - lo
-            elif isinstance(value, DeadLetter):
+            elif isinstance(value, DeadLetterPending):
                 dead += hi - lo
         c = self._c
         return Stats(
@@ -273,11 +276,6 @@ class PartitionManager:
             stale=c.stale,
             spans=len(self._map),
         )
-
-    def take_lost_ranges(self) -> list[tuple[int, int]]:
-        """Ranges counted as lost since the last call (for logs and reports)."""
-        out, self._c.lost_ranges = self._c.lost_ranges, []
-        return out
 
     # -- planning ----------------------------------------------------------------------------
 
@@ -338,8 +336,12 @@ class PartitionManager:
 
     # -- outcomes ----------------------------------------------------------------------------
 
-    def ack(self, offset: int, attempt: int | None = None, *, epoch: int | None = None) -> None:
-        """The offset was fully processed. Applied to any unfinished offset, late or not."""
+    def ack(self, offset: int, *, epoch: int | None = None) -> None:
+        """The offset was fully processed: applied whichever attempt it came from, late or not.
+
+        A late ACK from an attempt that timed out still means the work is done (a retry in
+        flight will find it DUPLICATE in the dedup bolt), so ACKs need no attempt number.
+        """
         if epoch is not None and epoch != self._epoch:
             self._c.stale += 1
             return
@@ -368,7 +370,7 @@ class PartitionManager:
             m.drop_front(DONE)
         self._c.acked += 1
 
-    def duplicate(self, offset: int, attempt: int | None = None) -> None:
+    def duplicate(self, offset: int) -> None:
         """The dedup bolt found the offset already done elsewhere: counts as an ack."""
         self._ack_range(offset, offset + 1, duplicate=True)
 
@@ -391,15 +393,7 @@ class PartitionManager:
         if not isinstance(value, InFlight) or (attempt is not None and attempt != value.attempt):
             self._c.stale += 1
             return
-        spent = value.attempt - value.deferrals
-        if spent > self.policy.max_retries or self._behind_limit is not None:
-            self._fail_span(offset, offset + 1, value, reason, error, self._clock())
-            return
-        # The common case, inlined: schedule the retry in place.
-        due = self._clock() + self._delay(spent)
-        m.assign_within(
-            i, offset, offset + 1, Waiting(value.attempt, value.deferrals, due, reason, error)
-        )
+        self._fail_span(offset, offset + 1, value, reason, error, self._clock(), index=i)
 
     def defer(self, offset: int, attempt: int | None = None) -> None:
         """In flight elsewhere (a live dedup lease): offer it again later, no attempt spent."""
@@ -481,10 +475,12 @@ class PartitionManager:
         for lo, hi, value in self._map.spans():
             if limit is not None and len(out) >= limit:
                 break
-            if isinstance(value, DeadLetter) and not value.handed:
+            if isinstance(value, DeadLetterPending) and not value.handed:
                 if limit is not None:
                     hi = min(hi, lo + limit - len(out))
-                handed = DeadLetter(value.attempts, value.reason, value.error, value.cause, True)
+                handed = DeadLetterPending(
+                    value.attempts, value.reason, value.error, value.cause, True
+                )
                 self._map.assign(lo, hi, handed)
                 out.extend(
                     DeadLetterTicket(o, value.attempts, value.reason, value.error, value.cause)
@@ -496,7 +492,7 @@ class PartitionManager:
         """The dead-letter records for these offsets are durable: they are finished."""
         for lo, hi in _runs(offsets):
             for a, b, value in self._map.spans(lo, hi):
-                if isinstance(value, DeadLetter):
+                if isinstance(value, DeadLetterPending):
                     self._map.assign(a, b, DONE)
                     self._c.dead_lettered += b - a
         self._map.drop_front(DONE)
@@ -505,8 +501,8 @@ class PartitionManager:
         """Writing these dead letters failed: hand them out again later."""
         for lo, hi in _runs(offsets):
             for a, b, value in self._map.spans(lo, hi):
-                if isinstance(value, DeadLetter) and value.handed:
-                    again = DeadLetter(
+                if isinstance(value, DeadLetterPending) and value.handed:
+                    again = DeadLetterPending(
                         value.attempts, value.reason, value.error, value.cause, False
                     )
                     self._map.assign(a, b, again)
@@ -557,7 +553,6 @@ class PartitionManager:
             self._epoch += 1
         count = sum(b - a for a, b in lost)
         self._c.lost += count
-        self._c.lost_ranges.extend(lost)
         reset = OutOfRangeReset(low, high, cp, emitted, target, tuple(lost))
         log.warning(
             "%s[%s] out of range: needed [%d, %d), Kafka holds [%d, %d); policy %s moved to %d; "
@@ -627,17 +622,25 @@ class PartitionManager:
         reason: FailReason,
         error: str | None,
         now: float,
+        index: int | None = None,
     ) -> None:
+        """Schedule a retry of `[lo, hi)`, or give up once the budget is spent.
+
+        `index`, when the caller already found the span holding `[lo, hi)`, saves a lookup:
+        single `fail` calls are a hot path.
+        """
         spent = value.attempt - value.deferrals  # attempts that count against the budget
         if spent > self.policy.max_retries:
             self._give_up(
                 lo, hi, self.policy.on_exhausted, value.attempt, reason, error, "retries exhausted"
             )
             return
-        due = now + self._delay(spent)
-        self._map.assign(lo, hi, Waiting(value.attempt, value.deferrals, due, reason, error))
-        limit = self._behind_limit
-        if limit is not None and lo < limit:
+        waiting = Waiting(value.attempt, value.deferrals, now + self._delay(spent), reason, error)
+        if index is None:
+            self._map.assign(lo, hi, waiting)
+        else:
+            self._map.assign_within(index, lo, hi, waiting)
+        if self._max_behind is not None and lo < self.emitted_to - self._max_behind:
             self._enforce_behind()
 
     def _defer_range(self, lo: int, hi: int, attempt: int | None) -> None:
@@ -656,25 +659,25 @@ class PartitionManager:
         for a, b in lost:
             self._map.assign(a, b, DONE)
             self._c.lost += b - a
-            self._c.lost_ranges.append((a, b))
+            log.info(
+                "%s[%s] offsets [%d, %d) are gone from Kafka: counted lost",
+                self.topic,
+                self.partition,
+                a,
+                b,
+            )
         self._map.drop_front(DONE)
 
     def _delay(self, spent: int) -> float:
         delays = self._delays
         return delays[spent] if spent < len(delays) else self.policy.backoff.delay(spent)
 
-    @property
-    def _behind_limit(self) -> int | None:
-        """Offsets below this are too far behind (None: no limit, or the `retry` policy)."""
-        mob = self.policy.max_offset_behind
-        if mob is None or self.policy.behind_policy is BehindPolicy.RETRY:
-            return None
-        return self.emitted_to - mob
-
     def _enforce_behind(self) -> None:
         """Apply `behind_policy` to every waiting offset below `emitted_to - max_offset_behind`."""
-        limit = self._behind_limit
-        if limit is None or limit <= self.commit_point:
+        if self._max_behind is None:
+            return
+        limit = self.emitted_to - self._max_behind
+        if limit <= self.commit_point:
             return
         action = (
             ExhaustedPolicy.SKIP
@@ -712,7 +715,7 @@ class PartitionManager:
                 error,
             )
         else:
-            self._map.assign(lo, hi, DeadLetter(attempts, reason, error, cause, False))
+            self._map.assign(lo, hi, DeadLetterPending(attempts, reason, error, cause, False))
 
 
 def _runs(offsets: Iterable[int]) -> Iterator[tuple[int, int]]:

@@ -8,6 +8,7 @@ these tests pin down the concrete stories an operator would tell.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import fields, replace
@@ -18,7 +19,7 @@ from kspout.errors import PartitionStopped
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
 from kspout.partition_manager import (
     DONE,
-    DeadLetter,
+    DeadLetterPending,
     InFlight,
     PartitionManager,
     Stats,
@@ -158,7 +159,7 @@ def test_behind_retry_keeps_retrying_and_commit_waits(make_pm: MakePM) -> None:
     assert plan.attempt_of(10) == 2
     assert pm.commit_point == 10
 
-    pm.ack(10, attempt=2)
+    pm.ack(10)  # the outcome of attempt 2
     s = assert_drained(pm)
     assert s.commit_point == 1000
     assert (s.acked, s.retried, s.skipped, s.dead_lettered) == (1000, 1, 0, 0)
@@ -262,7 +263,7 @@ def test_retry_budget_ends_after_exactly_max_retries_plus_one_attempts(
     assert s.retried == 3
     if exhausted is ExhaustedPolicy.DEAD_LETTER:
         state = pm.state_of(5)
-        assert isinstance(state, DeadLetter) and state.attempts == 4
+        assert isinstance(state, DeadLetterPending) and state.attempts == 4
         assert pm.commit_point == 5
         (ticket,) = pm.take_dead_letters()
         assert (ticket.offset, ticket.attempts, ticket.cause) == (5, 4, "retries exhausted")
@@ -320,8 +321,6 @@ def test_out_of_range_below_low_earliest_loses_exactly_the_deleted_head(make_pm:
     assert merged(reset.lost) == [(20, 30), (40, 50)]
     assert reset.lost_count == 20
     assert pm.stats().lost == 20
-    assert merged(pm.take_lost_ranges()) == [(20, 30), (40, 50)]
-    assert pm.take_lost_ranges() == []
     assert (pm.commit_point, pm.emitted_to, pm.epoch) == (50, 100, 0)
     assert isinstance(pm.state_of(60), InFlight), "offsets Kafka still holds keep their state"
     assert pm.on_out_of_range(50, 200) is None, "in range now"
@@ -370,7 +369,6 @@ def test_out_of_range_fail_stops_partition_and_changes_nothing(make_pm: MakePM) 
     assert (err.topic, err.partition, err.offset, err.low, err.high) == ("orders", 3, 20, 50, 200)
     assert "kspout offsets set" in str(err)
     assert (pm.stats(), pm.commit_point, pm.emitted_to, pm.epoch) == before
-    assert pm.take_lost_ranges() == []
     assert isinstance(pm.state_of(20), InFlight)
 
 
@@ -398,7 +396,7 @@ def test_out_of_range_above_high_earliest_moves_back_and_ignores_old_epoch(
     plan = pm.plan(500, 500)
     assert plan.epoch == 1 and plan.ranges() == [(0, 500)]
     stale_before = pm.stats().stale
-    pm.ack(0, 1, epoch=0)
+    pm.ack(0, epoch=0)
     pm.fail(1, EXC, "old", 1, epoch=0)
     pm.apply([Outcome(2, OutcomeKind.ACK, 1), Outcome(3, OutcomeKind.ACK, 1)], epoch=0)
     assert pm.commit_point == 0
@@ -440,7 +438,7 @@ def test_timeout_fails_in_flight_offset_and_late_ack_still_counts(make_pm: MakeP
     assert isinstance(state, Waiting) and state.reason is FailReason.TIMEOUT
     assert pm.stats().timed_out == 1
 
-    pm.ack(3, attempt=1)
+    pm.ack(3)  # the outcome of attempt 1
     s = assert_drained(pm)
     assert (s.acked, s.commit_point) == (10, 10)
 
@@ -455,10 +453,10 @@ def test_timeout_late_ack_after_retry_planned_finishes_offset(make_pm: MakePM) -
     clock.advance(1.0)
     plan = pm.plan(1, 1)
     assert plan.attempt_of(0) == 2
-    pm.ack(0, attempt=1)
+    pm.ack(0)  # the outcome of attempt 1
     assert pm.commit_point == 1
     stale = pm.stats().stale
-    pm.duplicate(0, attempt=2)
+    pm.duplicate(0)  # the outcome of attempt 2
     s = pm.stats()
     assert (s.acked, s.duplicates, s.stale) == (1, 0, stale + 1)
 
@@ -483,7 +481,7 @@ def test_timeout_late_fail_of_old_attempt_is_ignored(make_pm: MakePM) -> None:
     state = pm.state_of(0)
     assert isinstance(state, InFlight) and state.attempt == 2
     assert pm.stats().stale == 2
-    pm.ack(0, attempt=2)
+    pm.ack(0)  # the outcome of attempt 2
     assert assert_drained(pm).timed_out == 1
 
 
@@ -530,9 +528,10 @@ def test_duplicate_counts_as_ack(make_pm: MakePM) -> None:
     assert (s.duplicates, s.acked, s.commit_point) == (5, 5, 10)
 
 
-def test_gone_counts_as_lost(make_pm: MakePM) -> None:
+def test_gone_counts_as_lost(make_pm: MakePM, caplog: pytest.LogCaptureFixture) -> None:
     """GONE (Kafka no longer has the offset: compaction, transaction markers) finishes it as
-    lost, counted and reported with its range, never retried."""
+    lost, counted and logged with its range, never retried."""
+    caplog.set_level(logging.INFO, logger="kspout.partition_manager")
     pm, clock = make_pm()
     pm.plan(10, 10)
     pm.gone(2)
@@ -540,7 +539,8 @@ def test_gone_counts_as_lost(make_pm: MakePM) -> None:
     pm.ack_many([0, 1, 3, 4, 7, 8, 9])
     s = assert_drained(pm)
     assert (s.lost, s.acked, s.commit_point) == (3, 7, 10)
-    assert merged(pm.take_lost_ranges()) == [(2, 3), (5, 7)]
+    logged = [r.getMessage() for r in caplog.records if "gone from Kafka" in r.getMessage()]
+    assert [m.split("offsets ")[1].split(" are")[0] for m in logged] == ["[2, 3)", "[5, 7)"]
     clock.advance(1000.0)
     assert pm.plan(10, 10).ranges() == []
 
@@ -567,7 +567,7 @@ def test_max_uncommitted_blocks_new_offsets_but_not_due_retries(make_pm: MakePM)
     assert pm.commit_point == 5
     assert pm.plan(HIGH, 60).ranges() == [(100, 105)], "95 uncommitted: room for 5"
     assert pm.plan(HIGH, 60).ranges() == []
-    pm.ack(5, attempt=2)
+    pm.ack(5)  # the outcome of attempt 2
     assert pm.commit_point == 100
     assert pm.plan(HIGH, 60).ranges() == [(105, 165)]
 
@@ -629,12 +629,12 @@ def _mixed_outcomes(rng: random.Random, n: int) -> list[Outcome]:
 
 def _apply_one(pm: PartitionManager, out: Outcome) -> None:
     if out.kind is OutcomeKind.ACK:
-        pm.ack(out.offset, out.attempt)
+        pm.ack(out.offset)
     elif out.kind is OutcomeKind.FAIL:
         assert out.reason is not None
         pm.fail(out.offset, out.reason, out.error, out.attempt)
     elif out.kind is OutcomeKind.DUPLICATE:
-        pm.duplicate(out.offset, out.attempt)
+        pm.duplicate(out.offset)
     elif out.kind is OutcomeKind.DEFERRED:
         pm.defer(out.offset, out.attempt)
     else:

@@ -89,7 +89,7 @@ class PartitionManagerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def ack(self, data: st.DataObject) -> None:
         o = self._offset(data)
-        self.pm.ack(o, self._attempt(data, o))
+        self.pm.ack(o)
         self.model.ack(o)
 
     @rule(data=st.data())
