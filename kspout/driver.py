@@ -16,9 +16,8 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from kspout.config import TopicConfig
@@ -85,12 +84,15 @@ class Driver:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         on_progress: Callable[[Progress], None] | None = None,
+        progress_interval: float = 0.25,
     ) -> None:
         self.config = config
         self._executor = executor
         self._clock = clock
         self._sleep = sleep
         self._on_progress = on_progress
+        self._progress_interval = progress_interval
+        self._last_progress = float("-inf")
         self._metadata = KafkaMetadata(config)
         self._store = ZkOffsetStore(config)
         self._dlq = DeadLetterWriter(config)
@@ -157,11 +159,8 @@ class Driver:
     def close(self) -> None:
         """Wait for batches in flight, apply them, commit, and disconnect."""
         try:
-            while self._in_flight:
-                self._collect(block=True)
             if self._pms:
-                self._write_dead_letters()
-                self.commit()
+                self._drain()
         finally:
             self._disconnect()
 
@@ -197,10 +196,7 @@ class Driver:
                 break
             if not submitted and not self._in_flight:
                 self._sleep(IDLE_WAIT)
-        while self._in_flight:
-            self._collect(block=True)
-        self._write_dead_letters()
-        self.commit()
+        self._drain()
         return self.progress()
 
     def step(self) -> bool:
@@ -214,7 +210,9 @@ class Driver:
         self._write_dead_letters()
         if self._clock() - self._last_commit >= self.config.commit_interval:
             self.commit()
-        if self._on_progress is not None:
+        now = self._clock()
+        if self._on_progress is not None and now - self._last_progress >= self._progress_interval:
+            self._last_progress = now
             self._on_progress(self.progress())
         return bool(tasks)
 
@@ -257,6 +255,13 @@ class Driver:
 
     # -- internals ---------------------------------------------------------------------------
 
+    def _drain(self) -> None:
+        """Apply every batch still in flight, write pending dead letters, commit."""
+        while self._in_flight:
+            self._collect(block=True)
+        self._write_dead_letters()
+        self.commit()
+
     def _plan(self) -> list[PartitionTask]:
         tasks: list[PartitionTask] = []
         topic = self.config.topic
@@ -267,8 +272,7 @@ class Driver:
                 self._reset(p, pm, low, high)
             plan = pm.plan(high, self.config.batch_size)
             if plan:
-                spans = tuple((s.start, s.end, s.attempt) for s in plan.spans)
-                tasks.append(PartitionTask(topic, p, plan.epoch, spans))
+                tasks.append(PartitionTask(topic, p, plan))
         return tasks
 
     def _reset(self, p: int, pm: PartitionManager, low: int, high: int) -> None:
@@ -310,39 +314,37 @@ class Driver:
             tickets = pm.take_dead_letters()
             if not tickets:
                 continue
-            with self._handing_back(pm, [t.offset for t in tickets]):
-                spans = [(t.offset, t.offset + 1) for t in tickets]
-                fetched = self._payloads.fetch(self.config.topic, p, spans)
+            offsets = [t.offset for t in tickets]
+            try:
+                fetched = self._payloads.fetch(self.config.topic, p, [(o, o + 1) for o in offsets])
                 payloads = {r.offset: r for r in fetched.records}
-                letters = [
-                    DeadLetter(
-                        self.config.topic,
-                        p,
-                        t.offset,
-                        t.attempts,
-                        f"{t.reason.value if t.reason else 'deferred'} ({t.cause})",
-                        t.error,
-                        payloads.get(t.offset),
-                    )
-                    for t in tickets
-                ]
-                self._dlq.write(letters)
-                pm.dead_lettered([t.offset for t in tickets])
-                log.warning(
-                    "%s[%d] dead-lettered %d offsets to %s",
-                    self.config.topic,
-                    p,
-                    len(tickets),
-                    self.config.dlq_topic,
+                self._dlq.write(
+                    [
+                        DeadLetter(
+                            self.config.topic,
+                            p,
+                            t.offset,
+                            t.attempts,
+                            f"{t.reason.value if t.reason else 'deferred'} ({t.cause})",
+                            t.error,
+                            payloads.get(t.offset),
+                        )
+                        for t in tickets
+                    ]
                 )
-
-    @contextmanager
-    def _handing_back(self, pm: PartitionManager, offsets: list[int]) -> Iterator[None]:
-        """Give dead letters back to the PartitionManager when writing them fails."""
-        try:
-            yield
-        except Exception as exc:
-            pm.dead_letter_failed(offsets)
-            log.error(
-                "writing %d dead letters failed, will retry: %s", len(offsets), describe_error(exc)
+            except Exception as exc:
+                pm.dead_letter_failed(offsets)  # handed out again on the next step
+                log.error(
+                    "writing %d dead letters failed, will retry: %s",
+                    len(offsets),
+                    describe_error(exc),
+                )
+                continue
+            pm.dead_lettered(offsets)
+            log.warning(
+                "%s[%d] dead-lettered %d offsets to %s",
+                self.config.topic,
+                p,
+                len(offsets),
+                self.config.dlq_topic,
             )

@@ -125,8 +125,7 @@ class Plan:
 
     def attempt_of(self, offset: int) -> int:
         """The attempt number this plan gives `offset` (KeyError when not planned)."""
-        starts = [span.start for span in self.spans]
-        i = bisect_right(starts, offset) - 1
+        i = bisect_right(self.spans, offset, key=lambda span: span.start) - 1
         if i < 0 or offset >= self.spans[i].end:
             raise KeyError(offset)
         return self.spans[i].attempt

@@ -9,7 +9,6 @@ same function inside a Python worker.
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -17,40 +16,26 @@ from typing import Protocol
 
 from kspout.kafka import FetchResult, PartitionFetcher, Record
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
+from kspout.partition_manager import Plan
 
 Handler = Callable[[Record], object]
 
 
 @dataclass(frozen=True, slots=True)
 class PartitionTask:
-    """Offsets of one partition to process: `(start, end, attempt)` spans, ascending."""
+    """One partition's share of a micro-batch: the plan's offsets, with their attempts."""
 
     topic: str
     partition: int
-    epoch: int  # the PartitionManager epoch the plan belongs to
-    spans: tuple[tuple[int, int, int], ...]
-
-    def ranges(self) -> list[tuple[int, int]]:
-        """Half-open ranges to fetch, adjacent spans joined."""
-        out: list[tuple[int, int]] = []
-        for start, end, _ in self.spans:
-            if out and out[-1][1] == start:
-                out[-1] = (out[-1][0], end)
-            else:
-                out.append((start, end))
-        return out
+    plan: Plan
 
     def attempt_lookup(self) -> Callable[[int], int]:
-        """A fast offset -> attempt function for this task's spans."""
-        if len(self.spans) == 1:
-            only = self.spans[0][2]
+        """An offset -> attempt function for the hot loop (no search when all match)."""
+        attempts = {span.attempt for span in self.plan.spans}
+        if len(attempts) == 1:
+            only = attempts.pop()
             return lambda _offset: only
-        starts = [s for s, _, _ in self.spans]
-        attempts = [a for _, _, a in self.spans]
-        return lambda offset: attempts[bisect_right(starts, offset) - 1]
-
-    def __len__(self) -> int:
-        return sum(end - start for start, end, _ in self.spans)
+        return self.plan.attempt_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,10 +91,10 @@ def settle(task: PartitionTask, fetched: FetchResult, handler: Handler) -> TaskR
             Outcome(o, gone, attempt_of(o)) for lo, hi in fetched.missing for o in range(lo, hi)
         )
         outcomes.sort(key=lambda o: o.offset)
-    return TaskResult(task.topic, task.partition, task.epoch, outcomes, fetched.out_of_range)
+    return TaskResult(task.topic, task.partition, task.plan.epoch, outcomes, fetched.out_of_range)
 
 
 def run_task(fetcher: PartitionFetcher, task: PartitionTask, handler: Handler) -> TaskResult:
     """Fetch a task's offsets from Kafka and settle them with `handler`."""
-    fetched = fetcher.fetch(task.topic, task.partition, task.ranges())
+    fetched = fetcher.fetch(task.topic, task.partition, task.plan.ranges())
     return settle(task, fetched, handler)

@@ -20,7 +20,7 @@ from rich.live import Live
 from kspout.cli import main
 from kspout.cli.options import kspout_errors
 from kspout.cli.report import progress_table
-from kspout.cli.run import throttled, use_dev_stack
+from kspout.cli.run import use_dev_stack
 from kspout.config import load_config
 from kspout.demo import count_dead_letters, flaky_handler, produce_demo_stream, stored_offsets
 from kspout.devstack import DevStack
@@ -67,9 +67,7 @@ def demo(config_path: str, messages: int, dev_stack: bool) -> None:
             def show(progress: Progress) -> None:
                 live.update(progress_table(progress), refresh=True)
 
-            with Driver(
-                config, LocalExecutor(config, handler), on_progress=throttled(show, 0.2)
-            ) as d:
+            with Driver(config, LocalExecutor(config, handler), on_progress=show) as d:
                 final = d.run(until_caught_up=True)
         out.print(progress_table(final, title=f"{config.topic}: final"))
         stored = stored_offsets(config)

@@ -13,7 +13,6 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
 from types import FrameType
 
 import click
@@ -70,18 +69,6 @@ def stop_on_interrupt(stop: threading.Event) -> None:
     signal.signal(signal.SIGINT, handle)
 
 
-def throttled(callback: Callable[[Progress], None], every: float) -> Callable[[Progress], None]:
-    """Call `callback` at most once per `every` seconds."""
-    last = [0.0]
-
-    def call(progress: Progress) -> None:
-        if progress.elapsed - last[0] >= every:
-            last[0] = progress.elapsed
-            callback(progress)
-
-    return call
-
-
 @main.command()
 @config_option
 @click.option("--handler", required=True, help="module:function called once per record.")
@@ -118,7 +105,7 @@ def run(
             driver = Driver(
                 config,
                 LocalExecutor(config, function),
-                on_progress=throttled(show, 0.25) if console.is_terminal else None,
+                on_progress=show if console.is_terminal else None,
             )
             with driver:
                 final = driver.run(
