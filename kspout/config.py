@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+from kazoo.security import make_digest_acl
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SecretStr,
@@ -31,6 +33,7 @@ from kspout.policy import (
     ExhaustedPolicy,
     PartitionPolicy,
     Position,
+    PositionKind,
 )
 
 ENV_OVERRIDES = {
@@ -38,6 +41,16 @@ ENV_OVERRIDES = {
     "KSPOUT_ZOOKEEPER": "zookeeper",
 }
 ENV_REDIS_URL = "KSPOUT_REDIS_URL"
+
+
+def _start_position(value: object) -> Position:
+    """`start` from the file: a Position, or its text form."""
+    return value if isinstance(value, Position) else Position.parse(str(value), allow_fail=False)
+
+
+def _out_of_range_position(value: object) -> Position:
+    """`out_of_range` from the file: a Position, or its text form (`fail` allowed)."""
+    return value if isinstance(value, Position) else Position.parse(str(value), allow_fail=True)
 
 
 class _Section(BaseModel):
@@ -94,8 +107,10 @@ class TopicConfig(_Section):
     brokers: str = "127.0.0.1:9092"
     zookeeper: str = "127.0.0.1:2181"
 
-    start: str = "earliest"
-    out_of_range: str = "earliest"
+    start: Annotated[Position, BeforeValidator(_start_position)] = Position(PositionKind.EARLIEST)
+    out_of_range: Annotated[Position, BeforeValidator(_out_of_range_position)] = Position(
+        PositionKind.EARLIEST
+    )
     max_offset_behind: int | None = Field(None, gt=0)
     behind_policy: Literal["retry", "dead_letter", "skip"] = "retry"
     max_retries: int = Field(5, ge=0)
@@ -114,16 +129,6 @@ class TopicConfig(_Section):
     zookeeper_auth: ZooKeeperAuth | None = None
     redis: RedisSettings = RedisSettings()
     dedup: DedupSettings = DedupSettings()
-
-    @field_validator("start")
-    @classmethod
-    def _start(cls, value: str) -> str:
-        return str(Position.parse(value, allow_fail=False))
-
-    @field_validator("out_of_range")
-    @classmethod
-    def _out_of_range(cls, value: str) -> str:
-        return str(Position.parse(value, allow_fail=True))
 
     @field_validator("kafka")
     @classmethod
@@ -151,14 +156,6 @@ class TopicConfig(_Section):
         return self.dead_letter_topic or f"{self.topic}.dlq"
 
     @property
-    def start_position(self) -> Position:
-        return Position.parse(self.start, allow_fail=False)
-
-    @property
-    def out_of_range_position(self) -> Position:
-        return Position.parse(self.out_of_range, allow_fail=True)
-
-    @property
     def zk_spout_path(self) -> str:
         """`<zk_root>/<spout_id>`: the parent of storm-kafka's `partition_<n>` records."""
         return f"{self.zk_root.rstrip('/')}/{self.spout_id}"
@@ -174,7 +171,7 @@ class TopicConfig(_Section):
             behind_policy=BehindPolicy(self.behind_policy),
             message_timeout=self.message_timeout,
             max_uncommitted=self.max_uncommitted,
-            out_of_range=self.out_of_range_position,
+            out_of_range=self.out_of_range,
         )
 
     def kafka_config(self, **extra: Any) -> dict[str, Any]:
@@ -189,16 +186,14 @@ class TopicConfig(_Section):
         args: dict[str, Any] = {"hosts": self.zookeeper}
         if self.zookeeper_auth is not None:
             cred = self.zookeeper_auth.credential.get_secret_value()
-            user = cred.split(":", 1)[0]
-            from kazoo.security import make_digest_acl  # kazoo is a hard dependency
-
+            user, _, password = cred.partition(":")
             args["auth_data"] = [(self.zookeeper_auth.scheme, cred)]
-            args["default_acl"] = [make_digest_acl(user, cred.split(":", 1)[-1], all=True)]
+            args["default_acl"] = [make_digest_acl(user, password, all=True)]
         return args
 
     def redis_args(self) -> dict[str, Any]:
         """Keyword arguments for `redis.Redis.from_url`."""
-        args: dict[str, Any] = {"url": os.environ.get(ENV_REDIS_URL, self.redis.url)}
+        args: dict[str, Any] = {"url": self.redis.url}
         if self.redis.username:
             args["username"] = self.redis.username
         if self.redis.password is not None:
@@ -235,6 +230,8 @@ def parse_config(data: dict[str, Any], path: str = "<config>") -> TopicConfig:
     for env, key in ENV_OVERRIDES.items():
         if os.environ.get(env):
             data[key] = os.environ[env]
+    if os.environ.get(ENV_REDIS_URL) and isinstance(data.get("redis", {}), dict):
+        data["redis"] = {**data.get("redis", {}), "url": os.environ[ENV_REDIS_URL]}
     try:
         return TopicConfig.model_validate(data)
     except ValidationError as exc:

@@ -139,7 +139,7 @@ class Driver:
                 start, version = stored.offset, stored.version
                 log.info("%s[%d] resumes at stored offset %d", self.config.topic, p, start)
             else:
-                start = self._metadata.resolve(self.config.start_position, self.config.topic, p)
+                start = self._metadata.resolve(self.config.start, self.config.topic, p)
                 version = None
                 log.info(
                     "%s[%d] has no stored offset; starts at %s = %d",

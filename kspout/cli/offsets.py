@@ -93,10 +93,8 @@ def _collect(config: TopicConfig) -> tuple[list[PartitionView], list[str]]:
             marks = kafka.watermarks(config.topic, partition) if partition in in_kafka else None
             start_offset = None
             if record is None and partition in in_kafka:
-                start_offset = kafka.resolve(config.start_position, config.topic, partition)
-            views.append(
-                _view(partition, record, marks, config.start_position, start_offset, set(live))
-            )
+                start_offset = kafka.resolve(config.start, config.topic, partition)
+            views.append(_view(partition, record, marks, config.start, start_offset, set(live)))
     return views, live
 
 

@@ -339,7 +339,7 @@ max = 9.0
 )
 def test_out_of_range_values_parse(write_topic: WriteTopic, text: str, expected: Position) -> None:
     config = load_config(write_topic(MINIMAL + f'out_of_range = "{text}"\n'))
-    assert config.out_of_range_position == expected
+    assert config.out_of_range == expected
     assert config.partition_policy().out_of_range == expected
 
 
@@ -347,7 +347,7 @@ def test_derived_paths_and_defaults(write_topic: WriteTopic) -> None:
     config = load_config(write_topic(MINIMAL + 'zk_root = "/storm/kafka"\n'))
     assert config.zk_spout_path == "/storm/kafka/orders-billing"
     assert config.dlq_topic == "orders.dlq"
-    assert config.start_position == Position(PositionKind.EARLIEST)
+    assert config.start == Position(PositionKind.EARLIEST)
     assert config.partition_policy() == PartitionPolicy()
 
 
