@@ -23,10 +23,12 @@ class OutcomeKind(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """The outcome of one attempt at one offset.
+    """The outcome of one attempt at offsets `[offset, offset + count)`.
 
     `attempt` names the attempt the outcome belongs to (as planned); `None` means "whatever
-    attempt is current", for callers that do not track attempts.
+    attempt is current", for callers that do not track attempts. `count` lets an executor
+    report a run of alike outcomes (typically a whole span acked) as one small record instead
+    of one object per message.
     """
 
     offset: int
@@ -34,7 +36,10 @@ class Outcome:
     attempt: int | None = None
     reason: FailReason | None = None
     error: str | None = None
+    count: int = 1
 
     def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ValueError(f"an outcome covers at least one offset, got count={self.count}")
         if (self.kind is OutcomeKind.FAIL) != (self.reason is not None):
             raise ValueError("a FAIL outcome needs a reason, and only a FAIL outcome has one")

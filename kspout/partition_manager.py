@@ -430,26 +430,28 @@ class PartitionManager:
             self._fail_range(lo, hi, reason, error, None)
 
     def apply(self, outcomes: Sequence[Outcome], *, epoch: int | None = None) -> None:
-        """Apply one batch's outcomes; consecutive offsets with the same outcome go as a range."""
+        """Apply one batch's outcomes; contiguous alike outcomes are applied as one range."""
         if epoch is not None and epoch != self._epoch:
-            self._c.stale += len(outcomes)
+            self._c.stale += sum(o.count for o in outcomes)
             return
         i, n = 0, len(outcomes)
         while i < n:
             first = outcomes[i]
+            hi = first.offset + first.count
             j = i + 1
             while j < n:
                 o = outcomes[j]
                 if (
-                    o.offset != first.offset + (j - i)
+                    o.offset != hi
                     or o.kind is not first.kind
                     or o.attempt != first.attempt
                     or o.reason is not first.reason
                     or o.error != first.error
                 ):
                     break
+                hi += o.count
                 j += 1
-            self._apply_run(first, first.offset + (j - i))
+            self._apply_run(first, hi)
             i = j
 
     def _apply_run(self, o: Outcome, hi: int) -> None:

@@ -62,35 +62,43 @@ class Executor(Protocol):
 
 def describe_error(exc: BaseException) -> str:
     """A one-line error for outcomes and dead-letter headers."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
 def settle(task: PartitionTask, fetched: FetchResult, handler: Handler) -> TaskResult:
-    """Run `handler` on every fetched record; one outcome per record plus GONE for holes.
+    """Run `handler` on every fetched record and report what happened, compactly.
 
-    A handler that returns normally acks its record; one that raises fails it with
-    EXCEPTION and the error text. Offsets Kafka does not have become GONE.
+    A handler that returns normally acks its record; one that raises fails it with EXCEPTION
+    and the error text. Consecutive acks at one attempt travel as one counted outcome, so a
+    clean span costs one small record, not one per message. Offsets Kafka does not have
+    become GONE.
     """
     attempt_of = task.attempt_lookup()
     outcomes: list[Outcome] = []
     ack, fail = OutcomeKind.ACK, OutcomeKind.FAIL
+    run_start = run_end = run_attempt = -1  # the run of acks not yet reported
     for record in fetched.records:
         offset = record.offset
         try:
             handler(record)
         except Exception as exc:
-            outcomes.append(
-                Outcome(offset, fail, attempt_of(offset), FailReason.EXCEPTION, describe_error(exc))
-            )
-        else:
-            outcomes.append(Outcome(offset, ack, attempt_of(offset)))
-    if fetched.missing:
-        gone = OutcomeKind.GONE
-        outcomes.extend(
-            Outcome(o, gone, attempt_of(o)) for lo, hi in fetched.missing for o in range(lo, hi)
-        )
-        outcomes.sort(key=lambda o: o.offset)
+            error = describe_error(exc)
+            attempt = attempt_of(offset)
+            outcomes.append(Outcome(offset, fail, attempt, FailReason.EXCEPTION, error))
+            continue
+        attempt = attempt_of(offset)
+        if offset == run_end and attempt == run_attempt:
+            run_end += 1
+            continue
+        if run_end > run_start:
+            outcomes.append(Outcome(run_start, ack, run_attempt, count=run_end - run_start))
+        run_start, run_end, run_attempt = offset, offset + 1, attempt
+    if run_end > run_start:
+        outcomes.append(Outcome(run_start, ack, run_attempt, count=run_end - run_start))
+    gone = OutcomeKind.GONE
+    outcomes.extend(Outcome(lo, gone, count=hi - lo) for lo, hi in fetched.missing)
+    outcomes.sort(key=lambda o: o.offset)
     return TaskResult(task.topic, task.partition, task.plan.epoch, outcomes, fetched.out_of_range)
 
 

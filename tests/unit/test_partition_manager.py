@@ -627,6 +627,23 @@ def _mixed_outcomes(rng: random.Random, n: int) -> list[Outcome]:
     return out
 
 
+def _run_length(outcomes: list[Outcome]) -> list[Outcome]:
+    """Merge contiguous alike outcomes into counted ones."""
+    out: list[Outcome] = []
+    for o in outcomes:
+        last = out[-1] if out else None
+        if (
+            last is not None
+            and last.offset + last.count == o.offset
+            and (last.kind, last.attempt, last.reason, last.error)
+            == (o.kind, o.attempt, o.reason, o.error)
+        ):
+            out[-1] = replace(last, count=last.count + 1)
+        else:
+            out.append(o)
+    return out
+
+
 def _apply_one(pm: PartitionManager, out: Outcome) -> None:
     if out.kind is OutcomeKind.ACK:
         pm.ack(out.offset)
@@ -651,19 +668,29 @@ def _state_key(value: object) -> object:
 @pytest.mark.parametrize("seed", range(5))
 def test_apply_batch_equals_outcomes_one_by_one(make_pm: MakePM, seed: int) -> None:
     """`apply` groups consecutive outcomes into ranges; the result must equal applying the same
-    outcomes one call at a time, including stale attempts and a second round after retries."""
+    outcomes one call at a time, including stale attempts and a second round after retries,
+    and equal applying them run-length encoded (counted outcomes, as executors send them)."""
     rng = random.Random(seed)
     policy = {"max_retries": 1, "backoff": Backoff(1.0, 1.0, 1.0), "max_offset_behind": 150}
     policy["behind_policy"] = rng.choice(list(BehindPolicy))
     batch_pm, batch_clock = make_pm(**policy)
     single_pm, single_clock = make_pm(**policy)
+    counted_pm, counted_clock = make_pm(**policy)
     for _ in range(3):
-        plans = [pm.plan(HIGH, 400) for pm in (batch_pm, single_pm)]
-        assert plans[0] == plans[1]
+        plans = [pm.plan(HIGH, 400) for pm in (batch_pm, single_pm, counted_pm)]
+        assert plans[0] == plans[1] == plans[2]
         outcomes = _mixed_outcomes(rng, batch_pm.emitted_to)
         batch_pm.apply(outcomes)
         for out in outcomes:
             _apply_one(single_pm, out)
+        encoded = _run_length(outcomes)
+        assert len(encoded) < len(outcomes)
+        counted_pm.apply(encoded)
+        assert counted_pm.stats() == batch_pm.stats()
+        assert all(
+            _state_key(counted_pm.state_of(o)) == _state_key(batch_pm.state_of(o))
+            for o in range(batch_pm.emitted_to)
+        )
         # Equal in everything but memory: single `fail` calls give each offset its own state
         # object, so neighbours failed one call at a time do not merge; a batch run does.
         batch_stats, single_stats = batch_pm.stats(), single_pm.stats()
@@ -672,9 +699,11 @@ def test_apply_batch_equals_outcomes_one_by_one(make_pm: MakePM, seed: int) -> N
         assert batch_pm.commit_point == single_pm.commit_point
         for o in range(batch_pm.emitted_to):
             assert _state_key(batch_pm.state_of(o)) == _state_key(single_pm.state_of(o)), o
-        assert batch_pm.take_dead_letters() == single_pm.take_dead_letters()
+        tickets = batch_pm.take_dead_letters()
+        assert tickets == single_pm.take_dead_letters() == counted_pm.take_dead_letters()
         batch_clock.advance(1.0)
         single_clock.advance(1.0)
+        counted_clock.advance(1.0)
     assert batch_pm.stats().acked > 0 and batch_pm.stats().retried > 0
 
 

@@ -1,0 +1,55 @@
+"""The executor-side task body: handler outcomes, run-length encoded acks, GONE holes."""
+
+from __future__ import annotations
+
+from kspout.kafka import FetchResult, Record
+from kspout.outcomes import FailReason, Outcome, OutcomeKind
+from kspout.partition_manager import Plan, Span
+from kspout.tasks import PartitionTask, describe_error, settle
+
+ACK, FAIL, GONE = OutcomeKind.ACK, OutcomeKind.FAIL, OutcomeKind.GONE
+
+
+def record(offset: int, value: bytes = b"v") -> Record:
+    return Record("t", 0, offset, None, value, -1, ())
+
+
+def test_clean_spans_travel_as_one_counted_ack_per_attempt() -> None:
+    plan = Plan((Span(0, 5, 2), Span(5, 10, 1)), epoch=3)
+    fetched = FetchResult([record(o) for o in range(10)], [])
+    result = settle(PartitionTask("t", 0, plan), fetched, lambda r: None)
+    assert result.outcomes == [Outcome(0, ACK, 2, count=5), Outcome(5, ACK, 1, count=5)]
+    assert result.epoch == 3
+
+
+def test_an_exception_fails_only_its_record_and_splits_the_run() -> None:
+    plan = Plan((Span(0, 8, 1),), epoch=0)
+    fetched = FetchResult([record(o) for o in range(8)], [])
+
+    def handler(r: Record) -> None:
+        if r.offset == 3:
+            raise ValueError("bad payload\nsecond line")
+
+    result = settle(PartitionTask("t", 0, plan), fetched, handler)
+    assert result.outcomes == [
+        Outcome(0, ACK, 1, count=3),
+        Outcome(3, FAIL, 1, FailReason.EXCEPTION, "ValueError: bad payload"),
+        Outcome(4, ACK, 1, count=4),
+    ]
+
+
+def test_holes_become_gone_and_out_of_range_is_passed_on() -> None:
+    plan = Plan((Span(0, 10, 1),), epoch=0)
+    fetched = FetchResult([record(0), record(1), record(4)], [(2, 4)], out_of_range=(0, 5))
+    result = settle(PartitionTask("t", 0, plan), fetched, lambda r: None)
+    assert result.outcomes == [
+        Outcome(0, ACK, 1, count=2),
+        Outcome(2, GONE, None, count=2),
+        Outcome(4, ACK, 1),
+    ]
+    assert result.out_of_range == (0, 5)
+
+
+def test_describe_error_is_one_line_with_the_type() -> None:
+    assert describe_error(KeyError("id")) == "KeyError: 'id'"
+    assert describe_error(RuntimeError()) == "RuntimeError"
