@@ -213,7 +213,7 @@ def pm_apply(n: int) -> Work:
     pm, outcomes = planned_pm(n), _outcomes(n)
 
     def work() -> None:
-        pm.apply(outcomes)
+        pm.apply(outcomes, epoch=pm.epoch)
         assert pm.stats().failed == n // FAIL_EVERY
 
     return work

@@ -429,9 +429,13 @@ class PartitionManager:
         for lo, hi in _runs(offsets):
             self._fail_range(lo, hi, reason, error, None)
 
-    def apply(self, outcomes: Sequence[Outcome], *, epoch: int | None = None) -> None:
-        """Apply one batch's outcomes; contiguous alike outcomes are applied as one range."""
-        if epoch is not None and epoch != self._epoch:
+    def apply(self, outcomes: Sequence[Outcome], *, epoch: int) -> None:
+        """Apply one batch's outcomes; contiguous alike outcomes are applied as one range.
+
+        `epoch` is the epoch of the plan the outcomes answer (required, so no caller can
+        forget it): outcomes planned before an out-of-range reset are ignored.
+        """
+        if epoch != self._epoch:
             self._c.stale += sum(o.count for o in outcomes)
             return
         i, n = 0, len(outcomes)

@@ -22,8 +22,6 @@ from kspout.kafka import (
 )
 from kspout.policy import Position
 
-# A child process that keeps a mock cluster alive and prints its bootstrap address.
-
 Produce = Callable[..., None]
 
 

@@ -522,7 +522,7 @@ def test_duplicate_counts_as_ack(make_pm: MakePM) -> None:
     pm, _ = make_pm()
     pm.plan(10, 10)
     pm.duplicate(0)
-    pm.apply([Outcome(o, OutcomeKind.DUPLICATE, 1) for o in range(1, 5)])
+    pm.apply([Outcome(o, OutcomeKind.DUPLICATE, 1) for o in range(1, 5)], epoch=pm.epoch)
     pm.ack_range(5, 10)
     s = assert_drained(pm)
     assert (s.duplicates, s.acked, s.commit_point) == (5, 5, 10)
@@ -535,7 +535,7 @@ def test_gone_counts_as_lost(make_pm: MakePM, caplog: pytest.LogCaptureFixture) 
     pm, clock = make_pm()
     pm.plan(10, 10)
     pm.gone(2)
-    pm.apply([Outcome(o, OutcomeKind.GONE, 1) for o in (5, 6)])
+    pm.apply([Outcome(o, OutcomeKind.GONE, 1) for o in (5, 6)], epoch=pm.epoch)
     pm.ack_many([0, 1, 3, 4, 7, 8, 9])
     s = assert_drained(pm)
     assert (s.lost, s.acked, s.commit_point) == (3, 7, 10)
@@ -680,12 +680,12 @@ def test_apply_batch_equals_outcomes_one_by_one(make_pm: MakePM, seed: int) -> N
         plans = [pm.plan(HIGH, 400) for pm in (batch_pm, single_pm, counted_pm)]
         assert plans[0] == plans[1] == plans[2]
         outcomes = _mixed_outcomes(rng, batch_pm.emitted_to)
-        batch_pm.apply(outcomes)
+        batch_pm.apply(outcomes, epoch=batch_pm.epoch)
         for out in outcomes:
             _apply_one(single_pm, out)
         encoded = _run_length(outcomes)
         assert len(encoded) < len(outcomes)
-        counted_pm.apply(encoded)
+        counted_pm.apply(encoded, epoch=counted_pm.epoch)
         assert counted_pm.stats() == batch_pm.stats()
         assert all(
             _state_key(counted_pm.state_of(o)) == _state_key(batch_pm.state_of(o))
@@ -758,3 +758,22 @@ def test_acking_separately_planned_offsets_in_reverse_reaches_the_end(make_pm: M
     pm.ack(0)
     s = assert_drained(pm)
     assert (s.acked, s.commit_point) == (3, 3)
+
+
+def test_failed_dead_letter_write_hands_the_offset_out_again(make_pm: MakePM) -> None:
+    """A dead letter whose write failed is not lost: it is handed out again, and the commit
+    point passes it only once a write is confirmed."""
+    pm, _ = make_pm(max_retries=0)
+    pm.plan(10, 10)
+    pm.fail(4, EXC, "boom")
+    pm.ack_many(o for o in range(10) if o != 4)
+    first = pm.take_dead_letters()
+    assert [t.offset for t in first] == [4]
+    assert pm.take_dead_letters() == [], "handed out once until the write settles"
+    pm.dead_letter_failed([4])
+    assert pm.commit_point == 4
+    again = pm.take_dead_letters()
+    assert again == first
+    pm.dead_lettered([4])
+    s = assert_drained(pm)
+    assert (s.commit_point, s.dead_lettered) == (10, 1)

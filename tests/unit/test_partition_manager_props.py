@@ -144,7 +144,7 @@ class PartitionManagerMachine(RuleBasedStateMachine):
             attempt = self.model.offsets[o].attempt
             reason = data.draw(reasons) if kind is OutcomeKind.FAIL else None
             outcomes.append(Outcome(o, kind, attempt, reason, "e" if reason else None))
-        self.pm.apply(outcomes)
+        self.pm.apply(outcomes, epoch=self.pm.epoch)
         for out in outcomes:
             o = out.offset
             if out.kind is OutcomeKind.ACK:
