@@ -21,7 +21,7 @@ class Off:
     due: float = 0.0
     failed: bool = False  # waiting after a failure (not a deferral)
     handed: bool = False
-    how: str = ""  # for done: acked | duplicate | skipped | dead_lettered | lost
+    how: str = ""  # for done: acked | duplicates | skipped | dead_lettered | lost
 
 
 @dataclass
@@ -40,7 +40,7 @@ class Model:
             k: 0
             for k in (
                 "acked",
-                "duplicate",
+                "duplicates",
                 "skipped",
                 "dead_lettered",
                 "lost",
@@ -145,7 +145,7 @@ class Model:
 
     def ack(self, o: int, duplicate: bool = False) -> None:
         if self._live(o) is not None:
-            self._finish(o, "duplicate" if duplicate else "acked")
+            self._finish(o, "duplicates" if duplicate else "acked")
 
     def fail(self, o: int, now: float, attempt: int | None) -> None:
         s = self._live(o)
