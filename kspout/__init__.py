@@ -2,15 +2,23 @@
 
 from kspout.config import TopicConfig, load_config
 from kspout.errors import KspoutError
+from kspout.outcomes import FailReason, Outcome, OutcomeKind
+from kspout.partition_manager import PartitionManager, Plan, Stats
 from kspout.policy import Backoff, BehindPolicy, ExhaustedPolicy, PartitionPolicy, Position
 
 __all__ = [
     "Backoff",
     "BehindPolicy",
     "ExhaustedPolicy",
+    "FailReason",
     "KspoutError",
+    "Outcome",
+    "OutcomeKind",
+    "PartitionManager",
     "PartitionPolicy",
+    "Plan",
     "Position",
+    "Stats",
     "TopicConfig",
     "load_config",
 ]
