@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoAuthError
+from kazoo.exceptions import ConnectionLoss, NoAuthError
 
 from kspout.config import TopicConfig, parse_config
 from kspout.devstack import DevStack, ZooKeeperServer
@@ -151,6 +151,33 @@ def test_create_when_record_exists_conflicts(make_config: Callable[..., TopicCon
             second.commit(2, 99, version=None)
         stored = second.read(2)
         assert stored is not None and stored.offset == 10
+
+
+@pytest.mark.parametrize("create", [False, True], ids=["update", "create"])
+def test_commit_whose_reply_was_lost_recognises_its_own_write(
+    make_config: Callable[..., TopicConfig], monkeypatch: pytest.MonkeyPatch, create: bool
+) -> None:
+    """ZooKeeper applied the first attempt but the connection dropped before the reply: the
+    retry's compare-and-set then fails against our own write, which is not a conflict."""
+    with ZkOffsetStore(make_config()) as store:
+        version = None if create else store.commit(0, 10, version=None)
+        real_write = store._write
+        calls = 0
+
+        def write_then_lose_the_reply(zk: Any, path: str, payload: bytes, expected: Any) -> int:
+            nonlocal calls
+            calls += 1
+            written = real_write(zk, path, payload, expected)
+            if calls == 1:
+                raise ConnectionLoss("connection lost before the reply")
+            return written
+
+        monkeypatch.setattr(store, "_write", write_then_lose_the_reply)
+        new_version = store.commit(0, 20, version=version)
+        assert calls == 2  # retried; the retry found the record already written
+        assert new_version == (0 if version is None else version + 1)
+        stored = store.read(0)
+        assert stored is not None and (stored.offset, stored.version) == (20, new_version)
 
 
 def test_move_retries_past_a_concurrent_writer(

@@ -13,24 +13,29 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
-from collections import Counter
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections import Counter, deque
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
 from kazoo.client import KazooClient
 
+from kspout.cli import main
 from kspout.config import TopicConfig, parse_config
 from kspout.devstack import DevStack
 from kspout.driver import Driver, Progress
-from kspout.errors import PartitionStopped, TopicMismatch
-from kspout.kafka import KafkaMetadata, Record
+from kspout.errors import DeadLetterWriteFailed, PartitionStopped, TopicMismatch
+from kspout.kafka import DeadLetter, KafkaMetadata, Record
 from kspout.local_executor import LocalExecutor
 from kspout.offsets import ZkOffsetStore
+from kspout.tasks import PartitionTask, TaskResult
 
 ZK_ROOT = "/run-test"
 PARTITIONS = (0, 1, 2, 3)  # the mock cluster auto-creates topics with 4 partitions
@@ -516,18 +521,15 @@ def handled_lines(log: Path) -> list[At]:
     return [(int(p), int(o)) for p, o in (line.split() for line in complete)]
 
 
-def test_kspout_run_stops_on_sigint_and_commits_what_was_handled(
-    stack: DevStack, make_config: Callable[..., TopicConfig], producer: Producer, tmp_path: Path
-) -> None:
-    config = make_config()
-    produce(producer, config.topic, {p: range(250) for p in PARTITIONS})
-    (tmp_path / "slow_handler.py").write_text(HANDLER_MODULE)
-    toml = tmp_path / "topic.toml"
-    toml.write_text(
+def topic_file(path: Path, stack: DevStack, config: TopicConfig) -> Path:
+    """A config file for `config`'s topic and spout id, with small batches and a 0.5 s commit
+    interval, written to `path`."""
+    path.write_text(
         textwrap.dedent(
             f"""\
             topic = "{config.topic}"
             spout_id = "{config.spout_id}"
+            topology_name = "{config.topology_name}"
             zk_root = "{ZK_ROOT}"
             brokers = "{stack.info.brokers}"
             zookeeper = "{stack.info.zookeeper}"
@@ -536,20 +538,44 @@ def test_kspout_run_stops_on_sigint_and_commits_what_was_handled(
             """
         )
     )
+    return path
+
+
+def prepare_kspout_run(
+    stack: DevStack, config: TopicConfig, tmp_path: Path, *, pause: float
+) -> tuple[list[str], dict[str, str], Path]:
+    """argv, environment and handled-log path for `kspout run` with HANDLER_MODULE, which
+    sleeps `pause` seconds per record; run it with `cwd=tmp_path`."""
+    (tmp_path / "slow_handler.py").write_text(HANDLER_MODULE)
+    toml = topic_file(tmp_path / "topic.toml", stack, config)
     log = tmp_path / "handled.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("KSPOUT_")}
-    env |= {"HANDLED_LOG": str(log), "HANDLER_PAUSE": "0.005"}
+    env |= {"HANDLED_LOG": str(log), "HANDLER_PAUSE": str(pause)}
     argv = [str(kspout_command()), "run", "--config", str(toml), "--handler", "slow_handler:handle"]
+    return argv, env, log
+
+
+def wait_until_handled(proc: subprocess.Popen[bytes], log: Path, count: int) -> None:
+    """Wait (at most 30 s) until the handler logged more than `count` records."""
+    deadline = time.monotonic() + 30
+    while len(handled_lines(log)) <= count:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no progress within 30 s"
+        time.sleep(0.05)
+
+
+def test_kspout_run_stops_on_sigint_and_commits_what_was_handled(
+    stack: DevStack, make_config: Callable[..., TopicConfig], producer: Producer, tmp_path: Path
+) -> None:
+    config = make_config()
+    produce(producer, config.topic, {p: range(250) for p in PARTITIONS})
+    argv, env, log = prepare_kspout_run(stack, config, tmp_path, pause=0.005)
 
     proc = subprocess.Popen(
         argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     try:
-        deadline = time.monotonic() + 30
-        while len(handled_lines(log)) < 150:
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "no progress within 30 s"
-            time.sleep(0.05)
+        wait_until_handled(proc, log, 150)
         proc.send_signal(signal.SIGINT)
         interrupted = time.monotonic()
         _out, err = proc.communicate(timeout=10)
@@ -590,6 +616,39 @@ def test_kspout_run_stops_on_sigint_and_commits_what_was_handled(
     assert stored(config) == dict.fromkeys(PARTITIONS, 250)
     # The second run resumed at the commit points: each offset was handled exactly once.
     assert sorted(handled_lines(log)) == sorted(every_offset(dict.fromkeys(PARTITIONS, 250)))
+
+
+def test_kspout_run_commits_every_commit_interval_while_it_runs(
+    stack: DevStack, make_config: Callable[..., TopicConfig], producer: Producer, tmp_path: Path
+) -> None:
+    """A spout killed outright (no chance to commit on exit) loses at most one commit interval
+    of progress: what it stored is what its periodic commits wrote while it ran."""
+    config = make_config()
+    produce(producer, config.topic, {p: range(250) for p in PARTITIONS})
+    argv, env, log = prepare_kspout_run(stack, config, tmp_path, pause=0.005)
+
+    proc = subprocess.Popen(
+        argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        wait_until_handled(proc, log, 150)
+        time.sleep(1.5)  # three commit intervals of work (not synchronisation)
+        assert proc.poll() is None, proc.communicate()  # still running: it never exited cleanly
+        proc.kill()
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+
+    handled = handled_lines(log)
+    committed = stored(config)
+    assert sorted(committed) == list(PARTITIONS), f"nothing committed while running: {committed}"
+    for p in PARTITIONS:
+        mine = {o for q, o in handled if q == p}
+        assert committed[p] > 0
+        assert set(range(committed[p])) <= mine  # nothing committed that was not handled
 
 
 # -- 7. records without a key ---------------------------------------------------------------------
@@ -633,3 +692,192 @@ def test_records_without_a_key_fail_and_end_on_the_dlq(
         assert headers["reason"] == b"exception (retries exhausted)"
         assert headers["attempts"] == str(config.max_retries + 1).encode()
     assert len(letters) == len(keyless) and sources == keyless
+
+
+# -- 8. the driver's lifecycle and loop -----------------------------------------------------------
+
+
+def commit_points(progress: Progress) -> dict[int, int]:
+    return {view.partition: view.stats.commit_point for view in progress.partitions}
+
+
+def test_close_commits_what_the_steps_finished(
+    make_config: Callable[..., TopicConfig], producer: Producer
+) -> None:
+    config = make_config(batch_size=100, commit_interval=3600)  # no periodic commit
+    produce(producer, config.topic, {p: range(500) for p in PARTITIONS})
+
+    with Driver(config, LocalExecutor(config, Recorder())) as driver:
+        for _ in range(3):
+            driver.step()
+        points = commit_points(driver.progress())
+        assert stored(config) == {}  # nothing written yet: only close() can
+
+    assert sorted(points) == list(PARTITIONS)
+    assert all(0 < point < 500 for point in points.values()), points
+    assert stored(config) == points
+
+
+def test_a_failed_dead_letter_write_is_written_again(
+    stack: DevStack,
+    make_config: Callable[..., TopicConfig],
+    producer: Producer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = make_config(max_retries=1)
+    produce(producer, config.topic, {0: range(20)})
+    poison = (0, 7)
+    handler = Recorder(poison={poison})
+    driver = Driver(config, LocalExecutor(config, handler))
+    real_write = driver._dlq.write
+    writes: list[list[int]] = []
+
+    def fail_once(letters: Sequence[DeadLetter]) -> None:
+        writes.append([letter.offset for letter in letters])
+        if len(writes) == 1:
+            failures = [(config.topic, d.partition, d.offset, "broker down") for d in letters]
+            raise DeadLetterWriteFailed(config.dlq_topic, failures)
+        real_write(letters)
+
+    monkeypatch.setattr(driver._dlq, "write", fail_once)
+    stop = threading.Event()
+    deadline = threading.Timer(10, stop.set)  # a stalled partition would never catch up
+    deadline.start()
+    try:
+        with driver:
+            progress = driver.run(until_caught_up=True, stop=stop)
+    finally:
+        deadline.cancel()
+
+    assert not stop.is_set(), "did not catch up within 10 s"
+    assert writes == [[7], [7]]  # failed, then written again
+    assert handler.calls[poison] == config.max_retries + 1  # the handler did not run again
+    assert progress.total("dead_lettered") == 1
+    assert stored(config)[0] == 20
+    letters = read_topic(stack.info.brokers, config.dlq_topic)
+    assert [letter_headers(msg)[0] for msg in letters] == [poison]  # exactly once
+    assert letters[0].value() == value_of(*poison)
+
+
+def test_a_running_driver_is_registered_and_offsets_set_refuses(
+    stack: DevStack, make_config: Callable[..., TopicConfig], producer: Producer, tmp_path: Path
+) -> None:
+    config = make_config(commit_interval=3600)
+    produce(producer, config.topic, {0: range(10)})
+    toml = topic_file(tmp_path / "topic.toml", stack, config)
+
+    def set_all_to_earliest() -> Any:
+        args = ["offsets", "set", "--config", str(toml), "--all", "--to", "earliest"]
+        return CliRunner().invoke(main, args)
+
+    with ZkOffsetStore(config) as observer:
+        with Driver(config, LocalExecutor(config, Recorder())) as driver:
+            driver.step()
+            live = observer.live_instances()
+            assert len(live) == 1 and live[0].startswith("run-test-"), live
+            driver.step()
+            assert observer.live_instances() == live
+
+            refused = set_all_to_earliest()
+            assert refused.exit_code == 1, refused.output
+            assert "is running" in refused.stderr and live[0] in refused.stderr
+            assert stored(config) == {}  # nothing moved
+
+        assert observer.live_instances() == []
+    assert stored(config) == {0: 10, 1: 0, 2: 0, 3: 0}
+    moved = set_all_to_earliest()  # stopped: the operator may move the offsets now
+    assert moved.exit_code == 0, moved.output
+    assert stored(config) == dict.fromkeys(PARTITIONS, 0)
+
+
+class HeldFuture(Future[list[TaskResult]]):
+    """A batch's future that notes when the driver starts waiting on it while it is not done."""
+
+    def __init__(self, on_wait: Callable[[], None]) -> None:
+        super().__init__()
+        self._on_wait = on_wait
+
+    def result(self, timeout: float | None = None) -> list[TaskResult]:
+        if not self.done():
+            self._on_wait()
+        return super().result(timeout)
+
+
+class HoldingExecutor:
+    """Runs each batch at once with a real `LocalExecutor` (real fetches, real handler), but
+    completes its future only when the test calls `release()`, oldest first.
+
+    `events` lists what the driver did, in order: "submit" per batch, "wait" when it blocked on
+    a batch not yet released.
+    """
+
+    def __init__(self, inner: LocalExecutor) -> None:
+        self._inner = inner
+        self._held: deque[tuple[Future[list[TaskResult]], HeldFuture]] = deque()
+        self._changed = threading.Condition()
+        self.events: list[str] = []
+
+    def _note(self, event: str) -> None:
+        with self._changed:
+            self.events.append(event)
+            self._changed.notify_all()
+
+    def submit(self, tasks: Sequence[PartitionTask]) -> Future[list[TaskResult]]:
+        ran = self._inner.submit(tasks)
+        held = HeldFuture(lambda: self._note("wait"))
+        with self._changed:
+            self._held.append((ran, held))
+        self._note("submit")
+        return held
+
+    def wait_for_events(self, count: int, timeout: float = 10.0) -> list[str]:
+        with self._changed:
+            self._changed.wait_for(lambda: len(self.events) >= count, timeout)
+            return list(self.events)
+
+    def release(self) -> None:
+        with self._changed:
+            ran, held = self._held.popleft()
+        exc = ran.exception()
+        if exc is None:
+            held.set_result(ran.result())
+        else:
+            held.set_exception(exc)
+
+    def release_all(self) -> None:
+        while self._held:
+            self.release()
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def test_max_batches_in_flight_bounds_the_batches_running(
+    make_config: Callable[..., TopicConfig], producer: Producer
+) -> None:
+    config = make_config(batch_size=50, max_batches_in_flight=2, commit_interval=3600)
+    produce(producer, config.topic, {p: range(500) for p in PARTITIONS})
+    handler = Recorder()
+    executor = HoldingExecutor(LocalExecutor(config, handler))
+
+    with Driver(config, executor) as driver:
+        third = threading.Thread(target=driver.step, daemon=True)
+        try:
+            assert driver.step() and driver.step()
+            assert executor.events == ["submit", "submit"]  # two batches running, none done
+
+            third.start()
+            # The third step waits for the oldest batch instead of submitting a third one.
+            assert executor.wait_for_events(3) == ["submit", "submit", "wait"]
+            assert third.is_alive()
+
+            executor.release()
+            third.join(timeout=10)
+            assert not third.is_alive(), "the step did not go on once a batch finished"
+            assert executor.events == ["submit", "submit", "wait", "submit"]
+        finally:
+            executor.release_all()
+            third.join(timeout=10)
+
+    assert handler.calls.total() == 3 * 50 * len(PARTITIONS)  # the batches ran for real
+    assert stored(config) == dict.fromkeys(PARTITIONS, 150)
