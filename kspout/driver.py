@@ -15,18 +15,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 
 from kspout.config import TopicConfig
 from kspout.errors import TopicNotFound
 from kspout.kafka import DeadLetter, DeadLetterWriter, KafkaMetadata, PartitionFetcher
 from kspout.offsets import ZkOffsetStore
+from kspout.outcomes import describe_error
 from kspout.partition_manager import OutOfRangeReset, PartitionManager, Stats
 from kspout.policy import PositionKind
-from kspout.tasks import Executor, PartitionTask, TaskResult, describe_error
+from kspout.tasks import Executor, PartitionTask, TaskResult
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class Driver:
         self._committed: dict[int, int | None] = {}
         self._watermarks: dict[int, tuple[int, int]] = {}
         self._leaders: dict[int, tuple[str, int]] = {}
-        self._in_flight: deque[Future[list[TaskResult]]] = deque()
+        self._in_flight: list[Future[list[TaskResult]]] = []
         self._resets: list[tuple[int, OutOfRangeReset]] = []
         self._batches = 0
         self._batch_errors = 0
@@ -194,19 +194,31 @@ class Driver:
             submitted = self.step()
             if until_caught_up and self.caught_up():
                 break
-            if not submitted and not self._in_flight:
-                self._sleep(IDLE_WAIT)
+            if not submitted:
+                self._wait(IDLE_WAIT)
         self._drain()
         return self.progress()
 
     def step(self) -> bool:
-        """Plan and submit one micro-batch if possible, collect finished ones; True if submitted."""
-        self._collect(block=len(self._in_flight) >= self.config.max_batches_in_flight)
-        tasks = self._plan()
+        """Plan and submit one micro-batch if possible, collect finished ones; True if submitted.
+
+        With `max_batches_in_flight` batches running, it waits briefly for one to finish; if
+        none does, it only expires offsets past `message_timeout` (a batch may run for longer
+        than that: its roots time out and are retried while it still runs, as in Storm).
+        """
+        if self._full():
+            self._wait(IDLE_WAIT)
+        self._collect()
+        tasks: list[PartitionTask] = []
+        if self._full():
+            for pm in self._pms.values():
+                pm.expire()
+        else:
+            tasks = self._plan()
         if tasks:
             self._in_flight.append(self._executor.submit(tasks))
             self._batches += 1
-        self._collect(block=False)
+        self._collect()
         self._write_dead_letters()
         if self._clock() - self._last_commit >= self.config.commit_interval:
             self.commit()
@@ -255,10 +267,21 @@ class Driver:
 
     # -- internals ---------------------------------------------------------------------------
 
+    def _full(self) -> bool:
+        return len(self._in_flight) >= self.config.max_batches_in_flight
+
+    def _wait(self, timeout: float) -> None:
+        """Until a batch in flight finishes, or `timeout` seconds (sleeps when none runs)."""
+        if self._in_flight:
+            wait(self._in_flight, timeout=timeout, return_when=FIRST_COMPLETED)
+        else:
+            self._sleep(timeout)
+
     def _drain(self) -> None:
         """Apply every batch still in flight, write pending dead letters, commit."""
         while self._in_flight:
-            self._collect(block=True)
+            wait(self._in_flight, return_when=FIRST_COMPLETED)
+            self._collect()
         self._write_dead_letters()
         self.commit()
 
@@ -286,10 +309,11 @@ class Driver:
         if reset is not None:
             self._resets.append((p, reset))
 
-    def _collect(self, *, block: bool) -> None:
-        while self._in_flight and (block or self._in_flight[0].done()):
-            future = self._in_flight.popleft()
-            block = False
+    def _collect(self) -> None:
+        """Apply the results of every finished batch, in whatever order they finished."""
+        finished = [f for f in self._in_flight if f.done()]
+        for future in finished:
+            self._in_flight.remove(future)
             try:
                 results = future.result()
             except Exception as exc:

@@ -29,6 +29,10 @@ class ConfigError(KspoutError):
         super().__init__(f"{where}: {message}")
 
 
+class ChainError(KspoutError, ValueError):
+    """A bolt chain passed to `KafkaSpout.run` cannot be built (order, fields, item types)."""
+
+
 class OffsetOutOfRange(KspoutError):
     """The offset a partition needs is outside Kafka's `[low, high)` for that partition."""
 

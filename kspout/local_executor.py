@@ -1,7 +1,8 @@
-"""The in-process executor: runs partition tasks in the driver's own process, one at a time.
+"""The in-process executor: runs micro-batches in the driver's own process, one at a time.
 
 What `kspout run` uses without Spark. It keeps one `PartitionFetcher` for its lifetime, as a
-Spark Python worker keeps one cached consumer.
+Spark Python worker keeps one cached consumer. A chain with groupings runs its stages one after
+another over the whole batch: with a single task per stage, every grouping holds trivially.
 """
 
 from __future__ import annotations
@@ -9,18 +10,33 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import Future
 
+from kspout.acker import Acker
+from kspout.bolts import RootKey, TaskContext
 from kspout.config import TopicConfig
 from kspout.kafka import PartitionFetcher
-from kspout.tasks import Handler, PartitionTask, TaskResult, run_task
+from kspout.tasks import PartitionTask, TaskResult, run_task
+from kspout.topology import (
+    ChainItem,
+    FetchReport,
+    StageRunner,
+    Topology,
+    run_first_stage,
+    run_stage,
+    task_results,
+)
 
 
 class LocalExecutor:
     """Runs each submitted batch to completion before `submit` returns."""
 
-    def __init__(self, config: TopicConfig, handler: Handler) -> None:
-        self._handler = handler
+    def __init__(
+        self, config: TopicConfig, chain: Topology | ChainItem | Sequence[ChainItem]
+    ) -> None:
+        self._config = config
+        self._topology = chain if isinstance(chain, Topology) else Topology.of(chain)
         self._fetcher = PartitionFetcher(config)
         self._started = False
+        self._batches = 0
 
     def submit(self, tasks: Sequence[PartitionTask]) -> Future[list[TaskResult]]:
         """Run the batch now; the returned future is already done."""
@@ -29,11 +45,43 @@ class LocalExecutor:
             self._started = True
         future: Future[list[TaskResult]] = Future()
         try:
-            future.set_result([run_task(self._fetcher, t, self._handler) for t in tasks])
+            future.set_result(self._run(tasks))
         except Exception as exc:  # a fetch failure fails the batch, not the driver
             future.set_exception(exc)
+        self._batches += 1
         return future
 
     def close(self) -> None:
         self._fetcher.close()
         self._started = False
+
+    def _run(self, tasks: Sequence[PartitionTask]) -> list[TaskResult]:
+        handler = self._topology.handler
+        if handler is not None:
+            return [run_task(self._fetcher, task, handler) for task in tasks]
+        stages = self._topology.stages
+        acker: Acker[RootKey] = Acker()
+        reports = []
+        runner = self._runner(0, acker)
+        try:
+            for task in tasks:
+                fetched = self._fetcher.fetch(task.topic, task.partition, task.plan.ranges())
+                run_first_stage(fetched, runner, acker)
+                reports.append(
+                    FetchReport(task.partition, tuple(fetched.missing), fetched.out_of_range)
+                )
+        finally:
+            runner.close()
+        for stage in range(1, len(stages)):
+            upstream = runner.output
+            runner = self._runner(stage, acker)
+            try:
+                run_stage(upstream, runner)
+            finally:
+                runner.close()
+        return task_results(tasks, acker, reports)
+
+    def _runner(self, stage: int, acker: Acker[RootKey]) -> StageRunner:
+        context = TaskContext(self._config.topic, stage, 0, self._batches)
+        last = stage == len(self._topology.stages) - 1
+        return StageRunner(self._topology.stages[stage], acker, context, last=last)

@@ -43,3 +43,9 @@ class Outcome:
             raise ValueError(f"an outcome covers at least one offset, got count={self.count}")
         if (self.kind is OutcomeKind.FAIL) != (self.reason is not None):
             raise ValueError("a FAIL outcome needs a reason, and only a FAIL outcome has one")
+
+
+def describe_error(exc: BaseException) -> str:
+    """A one-line error for outcomes and dead-letter headers."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__

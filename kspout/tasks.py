@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kspout.kafka import FetchResult, PartitionFetcher, Record
-from kspout.outcomes import FailReason, Outcome, OutcomeKind
+from kspout.outcomes import FailReason, Outcome, OutcomeKind, describe_error
 from kspout.partition_manager import Plan
 
 Handler = Callable[[Record], object]
@@ -60,45 +60,67 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
-def describe_error(exc: BaseException) -> str:
-    """A one-line error for outcomes and dead-letter headers."""
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+class OutcomeLog:
+    """One task's outcomes, with consecutive acks at one attempt folded into counted runs.
+
+    A clean span then costs one small record on its way to the driver, not one per message.
+    Offsets must be reported in ascending order.
+    """
+
+    __slots__ = ("_attempt", "_attempt_of", "_end", "_outcomes", "_start")
+
+    def __init__(self, task: PartitionTask) -> None:
+        self._attempt_of = task.attempt_lookup()
+        self._outcomes: list[Outcome] = []
+        self._start = self._end = self._attempt = -1  # the run of acks not yet written
+
+    def ack(self, offset: int) -> None:
+        attempt = self._attempt_of(offset)
+        if offset == self._end and attempt == self._attempt:
+            self._end += 1
+            return
+        self._flush()
+        self._start, self._end, self._attempt = offset, offset + 1, attempt
+
+    def fail(self, offset: int, error: str) -> None:
+        """A failure with EXCEPTION (user code raised or failed the tuple)."""
+        attempt = self._attempt_of(offset)
+        self._outcomes.append(Outcome(offset, _FAIL, attempt, FailReason.EXCEPTION, error))
+
+    def finish(self, missing: Sequence[tuple[int, int]]) -> list[Outcome]:
+        """Every outcome, ascending, with `missing` ranges reported GONE."""
+        self._flush()
+        outcomes = self._outcomes
+        outcomes.extend(Outcome(lo, _GONE, count=hi - lo) for lo, hi in missing)
+        outcomes.sort(key=lambda o: o.offset)
+        return outcomes
+
+    def _flush(self) -> None:
+        if self._end > self._start:
+            count = self._end - self._start
+            self._outcomes.append(Outcome(self._start, _ACK, self._attempt, count=count))
+            self._start = self._end
+
+
+_ACK, _FAIL, _GONE = OutcomeKind.ACK, OutcomeKind.FAIL, OutcomeKind.GONE
 
 
 def settle(task: PartitionTask, fetched: FetchResult, handler: Handler) -> TaskResult:
     """Run `handler` on every fetched record and report what happened, compactly.
 
     A handler that returns normally acks its record; one that raises fails it with EXCEPTION
-    and the error text. Consecutive acks at one attempt travel as one counted outcome, so a
-    clean span costs one small record, not one per message. Offsets Kafka does not have
-    become GONE.
+    and the error text. Offsets Kafka does not have become GONE.
     """
-    attempt_of = task.attempt_lookup()
-    outcomes: list[Outcome] = []
-    ack, fail = OutcomeKind.ACK, OutcomeKind.FAIL
-    run_start = run_end = run_attempt = -1  # the run of acks not yet reported
+    log = OutcomeLog(task)
+    ack, fail = log.ack, log.fail
     for record in fetched.records:
-        offset = record.offset
         try:
             handler(record)
         except Exception as exc:
-            error = describe_error(exc)
-            attempt = attempt_of(offset)
-            outcomes.append(Outcome(offset, fail, attempt, FailReason.EXCEPTION, error))
+            fail(record.offset, describe_error(exc))
             continue
-        attempt = attempt_of(offset)
-        if offset == run_end and attempt == run_attempt:
-            run_end += 1
-            continue
-        if run_end > run_start:
-            outcomes.append(Outcome(run_start, ack, run_attempt, count=run_end - run_start))
-        run_start, run_end, run_attempt = offset, offset + 1, attempt
-    if run_end > run_start:
-        outcomes.append(Outcome(run_start, ack, run_attempt, count=run_end - run_start))
-    gone = OutcomeKind.GONE
-    outcomes.extend(Outcome(lo, gone, count=hi - lo) for lo, hi in fetched.missing)
-    outcomes.sort(key=lambda o: o.offset)
+        ack(record.offset)
+    outcomes = log.finish(fetched.missing)
     return TaskResult(task.topic, task.partition, task.plan.epoch, outcomes, fetched.out_of_range)
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from kspout.kafka import FetchResult, Record
-from kspout.outcomes import FailReason, Outcome, OutcomeKind
+from kspout.outcomes import FailReason, Outcome, OutcomeKind, describe_error
 from kspout.partition_manager import Plan, Span
-from kspout.tasks import PartitionTask, describe_error, settle
+from kspout.tasks import PartitionTask, settle
 
 ACK, FAIL, GONE = OutcomeKind.ACK, OutcomeKind.FAIL, OutcomeKind.GONE
 

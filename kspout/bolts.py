@@ -1,0 +1,241 @@
+"""The bolt API, in Storm's spirit: tuples, collectors, bolts and groupings.
+
+A job is a chain: bolts, optionally separated by groupings. Each Kafka record enters the chain
+as a root tuple with one field, `record`. A bolt's `execute(tuple, collector)` may emit new
+tuples anchored to one or more inputs (`collector.emit(anchors, values)`), and must ack or fail
+each input; a `BasicBolt` anchors its emits to the input and acks it when `execute` returns.
+An exception fails the input with EXCEPTION. An unanchored emit (`anchors=None`) leaves the
+tree: its fate no longer affects the root. Emits of the last bolt go nowhere, as in Storm when a
+stream has no subscribers.
+
+A grouping between two bolts says which task of the next bolt receives a tuple: `Shuffle()`
+(any), `Fields(names)` (equal values of those fields go to the same task, so a counting bolt
+sees every tuple of its key), `Global()` (one task sees everything). On Spark each grouping is
+a repartition. Consecutive bolts with no grouping between them run in the same task.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kspout.acker import Acker, new_tuple_id
+from kspout.kafka import Record
+from kspout.outcomes import describe_error
+
+RootKey = tuple[int, int]  # (partition, offset) of the root record
+Values = Sequence[Any]
+
+
+class Tuple:
+    """Values with field names, and the tuple's ids in the trees of the roots it descends from.
+
+    `roots` maps each root to the id this tuple contributes when acked; a tuple anchored to
+    nothing has no roots.
+    """
+
+    __slots__ = ("fields", "roots", "values")
+
+    def __init__(self, values: Values, fields: tuple[str, ...], roots: dict[RootKey, int]) -> None:
+        self.values = tuple(values)
+        self.fields = fields
+        self.roots = roots
+
+    def __getitem__(self, key: int | str) -> Any:
+        """A value by position or by field name."""
+        if isinstance(key, str):
+            try:
+                return self.values[self.fields.index(key)]
+            except ValueError:
+                raise KeyError(f"no field {key!r}; this tuple has {self.fields}") from None
+        return self.values[key]
+
+    @property
+    def record(self) -> Record:
+        """The Kafka record of a root tuple (the first bolt's input)."""
+        value = self["record"]
+        assert isinstance(value, Record)
+        return value
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{f}={v!r}" for f, v in zip(self.fields, self.values, strict=False))
+        return f"Tuple({shown})"
+
+    def __reduce__(self) -> tuple[type[Tuple], tuple[tuple[Any, ...], tuple[str, ...], dict]]:  # type: ignore[type-arg]
+        return (Tuple, (self.values, self.fields, self.roots))
+
+
+ROOT_FIELDS = ("record",)
+
+
+def root_tuple(record: Record, acker: Acker[RootKey]) -> Tuple:
+    """The tuple a record enters the chain as, registered with the acker."""
+    key = (record.partition, record.offset)
+    tuple_id = new_tuple_id()
+    acker.xor(key, tuple_id)
+    return Tuple((record,), ROOT_FIELDS, {key: tuple_id})
+
+
+class Collector:
+    """What a bolt emits, acks and fails through; every call updates the ack ledger."""
+
+    __slots__ = ("_acker", "_fields", "_out")
+
+    def __init__(
+        self, acker: Acker[RootKey], fields: tuple[str, ...], out: list[Tuple] | None
+    ) -> None:
+        self._acker = acker
+        self._fields = fields
+        self._out = out  # None: the last bolt, whose emits go nowhere
+
+    def emit(self, anchors: Tuple | Sequence[Tuple] | None, values: Values) -> None:
+        """Emit `values`, anchored to `anchors` (one tuple, several, or None for unanchored)."""
+        if self._out is None:
+            return
+        if self._fields and len(values) != len(self._fields):
+            raise ValueError(f"emitted {len(values)} values for fields {self._fields}")
+        roots: dict[RootKey, int] = {}
+        if anchors is not None:
+            acker = self._acker
+            for anchor in (anchors,) if isinstance(anchors, Tuple) else anchors:
+                for root in anchor.roots:
+                    edge = new_tuple_id()
+                    acker.xor(root, edge)
+                    roots[root] = roots.get(root, 0) ^ edge
+        self._out.append(Tuple(values, self._fields, roots))
+
+    def ack(self, tuple_: Tuple) -> None:
+        """This input is done with."""
+        acker = self._acker
+        for root, tuple_id in tuple_.roots.items():
+            acker.xor(root, tuple_id)
+
+    def fail(self, tuple_: Tuple, error: str | BaseException = "failed by the bolt") -> None:
+        """This input failed: its roots fail at once with EXCEPTION."""
+        text = error if isinstance(error, str) else describe_error(error)
+        for root in tuple_.roots:
+            self._acker.fail(root, text)
+
+
+class BasicCollector:
+    """A `BasicBolt`'s collector: emits are anchored to the current input."""
+
+    __slots__ = ("_collector", "_input")
+
+    def __init__(self, collector: Collector, input_: Tuple) -> None:
+        self._collector = collector
+        self._input = input_
+
+    def emit(self, values: Values) -> None:
+        """Emit `values` anchored to the tuple being executed."""
+        self._collector.emit(self._input, values)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskContext:
+    """Where a bolt instance runs: handed to `prepare`."""
+
+    topic: str
+    stage: int  # index of the bolt's stage in the chain (stages are split by groupings)
+    task: int  # index of the Spark partition (or 0 in-process)
+    batch: int  # the micro-batch number
+
+
+class Bolt:
+    """Storm's rich bolt: `execute` must ack or fail every input itself.
+
+    `outputs` names the fields of emitted tuples (what `Fields` groupings refer to). `prepare`
+    runs once per task before the first tuple; open connections there (they do not travel
+    from the driver).
+    """
+
+    outputs: tuple[str, ...] = ()
+
+    def prepare(self, context: TaskContext) -> None:
+        """Called once per task before the first `execute`."""
+
+    def execute(self, tuple_: Tuple, collector: Collector) -> None:
+        raise NotImplementedError
+
+    def cleanup(self) -> None:
+        """Called once per task after the last `execute`."""
+
+
+class BasicBolt(Bolt):
+    """A bolt whose emits anchor to the input and whose input is acked when `process` returns."""
+
+    def process(self, tuple_: Tuple, collector: BasicCollector) -> None:
+        raise NotImplementedError
+
+    def execute(self, tuple_: Tuple, collector: Collector) -> None:
+        self.process(tuple_, BasicCollector(collector, tuple_))
+        collector.ack(tuple_)
+
+
+class FunctionBolt(BasicBolt):
+    """A plain function: `f(record)` for the first bolt, `f(tuple)` further down the chain."""
+
+    def __init__(self, function: Callable[[Any], object], *, on_record: bool = True) -> None:
+        self.function = function
+        self.on_record = on_record
+
+    def process(self, tuple_: Tuple, collector: BasicCollector) -> None:
+        self.function(tuple_.record if self.on_record else tuple_)
+
+    def __repr__(self) -> str:
+        return f"FunctionBolt({getattr(self.function, '__qualname__', self.function)!r})"
+
+
+class Grouping:
+    """How tuples are routed to the next bolt's tasks (a Spark repartition)."""
+
+    def route(self, tuple_: Tuple, tasks: int) -> int:
+        """The index of the task that receives `tuple_`."""
+        raise NotImplementedError
+
+
+class Shuffle(Grouping):
+    """Any task; tuples are spread evenly."""
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def route(self, tuple_: Tuple, tasks: int) -> int:
+        self._next = (self._next + 1) % tasks
+        return self._next
+
+    def __repr__(self) -> str:
+        return "Shuffle()"
+
+
+class Fields(Grouping):
+    """Tuples with equal values in `names` go to the same task."""
+
+    def __init__(self, *names: str) -> None:
+        if not names:
+            raise ValueError("Fields() needs at least one field name")
+        self.names = names
+
+    def route(self, tuple_: Tuple, tasks: int) -> int:
+        key = tuple(tuple_[name] for name in self.names)
+        return stable_hash(key) % tasks
+
+    def __repr__(self) -> str:
+        return f"Fields({', '.join(map(repr, self.names))})"
+
+
+class Global(Grouping):
+    """Every tuple goes to the first task."""
+
+    def route(self, tuple_: Tuple, tasks: int) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return "Global()"
+
+
+def stable_hash(value: object) -> int:
+    """A hash equal in every Python worker (`hash()` of a str is salted per process)."""
+    return zlib.crc32(repr(value).encode())

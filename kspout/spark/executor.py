@@ -1,0 +1,77 @@
+"""`SparkExecutor`: each micro-batch is one Spark job over the batch's partition tasks.
+
+The driver loop submits batches; each runs in its own thread (Spark accepts concurrent jobs
+from several threads), so up to `max_batches_in_flight` jobs run at once. A task carries only
+its plan (offset spans); executors fetch the payloads from Kafka themselves. What comes back
+to the driver is one `TaskResult` per Kafka partition: counted acks, failures, GONE ranges.
+
+A chain without groupings runs in one Spark stage. Each grouping adds a shuffle that routes
+tuples to the next stage's tasks; the ack ledgers travel the same shuffles and a last one
+brings each Kafka partition's ledgers together to be settled.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
+
+from pyspark import RDD
+from pyspark.sql import SparkSession
+
+from kspout.config import TopicConfig
+from kspout.spark.worker import (
+    BatchSpec,
+    Item,
+    combine,
+    first_stage,
+    handler_tasks,
+    later_stage,
+    single_stage_tasks,
+)
+from kspout.tasks import PartitionTask, TaskResult
+from kspout.topology import Topology
+
+
+def _identity(target: int) -> int:
+    return target
+
+
+class SparkExecutor:
+    """Runs micro-batches of a bolt chain as Spark jobs."""
+
+    def __init__(self, spark: SparkSession, config: TopicConfig, topology: Topology) -> None:
+        self._spark = spark
+        self._config = config
+        self._topology = topology
+        self._pool = ThreadPoolExecutor(
+            max_workers=config.max_batches_in_flight, thread_name_prefix="kspout-batch"
+        )
+        self._batches = itertools.count()
+
+    def submit(self, tasks: Sequence[PartitionTask]) -> Future[list[TaskResult]]:
+        """Start the batch's Spark job in the background; the future holds its results."""
+        return self._pool.submit(self._run, list(tasks), next(self._batches))
+
+    def close(self) -> None:
+        """Wait for running jobs; the SparkSession stays up (it may be the user's)."""
+        self._pool.shutdown(wait=True)
+
+    def _run(self, tasks: list[PartitionTask], batch: int) -> list[TaskResult]:
+        sc = self._spark.sparkContext
+        sc.setJobDescription(f"kspout {self._config.topic} batch {batch}")
+        spec = BatchSpec(self._config, self._topology, batch, tuple(t.partition for t in tasks))
+        planned: RDD[PartitionTask] = sc.parallelize(tasks, len(tasks))
+        stages = self._topology.stages
+        if self._topology.handler is not None:
+            return planned.mapPartitions(partial(handler_tasks, spec)).collect()
+        if len(stages) == 1:
+            return planned.mapPartitionsWithIndex(partial(single_stage_tasks, spec)).collect()
+        width = len(tasks)
+        items: RDD[Item] = planned.mapPartitionsWithIndex(partial(first_stage, spec))
+        for stage in range(1, len(stages)):
+            routed = items.partitionBy(width, _identity)
+            items = routed.mapPartitionsWithIndex(partial(later_stage, spec, stage))
+        merged = items.partitionBy(width, _identity)
+        return merged.mapPartitions(partial(combine, spec, tasks)).collect()

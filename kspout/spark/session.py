@@ -1,0 +1,33 @@
+"""Creating (or reusing) the SparkSession kspout runs its jobs on."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pyspark.sql import SparkSession
+
+
+def spark_session(master: str | None = None, app_name: str = "kspout") -> SparkSession:
+    """The active SparkSession, or a new one whose Python workers run this interpreter.
+
+    `master` defaults to spark-submit's `--master`, or `local[*]` outside spark-submit.
+    Workers start `python3` from PATH unless told otherwise, and that interpreter may lack
+    confluent-kafka or kspout; so unless the environment already names one, the workers use
+    the driver's own interpreter.
+    """
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    python = os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .config("spark.pyspark.python", python)
+        .config("spark.ui.showConsoleProgress", "false")  # kspout shows its own progress
+    )
+    if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
+        master = "local[*]"  # not under spark-submit, which passes its own --master
+    if master is not None:
+        builder = builder.master(master)
+    return builder.getOrCreate()

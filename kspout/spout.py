@@ -1,0 +1,91 @@
+"""`KafkaSpout`: the drop-in entry point for Spark jobs.
+
+    spout = kspout.KafkaSpout.from_config("orders.toml")
+    spout.run(handle)                          # a function per record
+    spout.run([Split(), Fields("word"), Count()])   # a bolt chain with a grouping
+    spout.foreach_batch(lambda df, batch_id: df.write.parquet(...))
+
+Each call runs the driver loop (planning, retries, dead letters, ZooKeeper commits) with
+micro-batches executed on Spark, until stopped, after `max_batches`, or once caught up.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kspout.config import TopicConfig, load_config
+from kspout.driver import Driver, Progress
+from kspout.tasks import Executor
+from kspout.topology import ChainItem, Topology
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from kspout.spark.frames import BatchFunction
+
+
+class KafkaSpout:
+    """One topic consumed on Spark with Storm's guarantees."""
+
+    def __init__(self, config: TopicConfig, spark: SparkSession | None = None) -> None:
+        self.config = config
+        self._spark = spark
+
+    @classmethod
+    def from_config(cls, path: str | Path, spark: SparkSession | None = None) -> KafkaSpout:
+        """Load a topic's TOML file; use `spark`, or the active session, or a new one."""
+        return cls(load_config(path), spark)
+
+    @property
+    def spark(self) -> SparkSession:
+        """The SparkSession batches run on (created on first use when none was given)."""
+        if self._spark is None:
+            from kspout.spark import spark_session
+
+            self._spark = spark_session()
+        return self._spark
+
+    def run(
+        self,
+        chain: ChainItem | Sequence[ChainItem] | Topology,
+        *,
+        max_batches: int | None = None,
+        until_caught_up: bool = False,
+        stop: threading.Event | None = None,
+        on_progress: Callable[[Progress], None] | None = None,
+    ) -> Progress:
+        """Run a handler `f(record)`, a bolt, or a chain of bolts and groupings."""
+        from kspout.spark import SparkExecutor
+
+        topology = chain if isinstance(chain, Topology) else Topology.of(chain)
+        executor = SparkExecutor(self.spark, self.config, topology)
+        return self._drive(executor, max_batches, until_caught_up, stop, on_progress)
+
+    def foreach_batch(
+        self,
+        function: BatchFunction,
+        *,
+        max_batches: int | None = None,
+        until_caught_up: bool = False,
+        stop: threading.Event | None = None,
+        on_progress: Callable[[Progress], None] | None = None,
+    ) -> Progress:
+        """Call `function(df, batch_id)` per micro-batch; returning acks it, raising fails it."""
+        from kspout.spark import FrameExecutor
+
+        executor = FrameExecutor(self.spark, self.config, function)
+        return self._drive(executor, max_batches, until_caught_up, stop, on_progress)
+
+    def _drive(
+        self,
+        executor: Executor,
+        max_batches: int | None,
+        until_caught_up: bool,
+        stop: threading.Event | None,
+        on_progress: Callable[[Progress], None] | None,
+    ) -> Progress:
+        with Driver(self.config, executor, on_progress=on_progress) as driver:
+            return driver.run(max_batches=max_batches, until_caught_up=until_caught_up, stop=stop)

@@ -1,0 +1,209 @@
+"""A bolt chain split into stages, and the code that runs a stage inside one task.
+
+`Topology.of(...)` accepts what users pass to `KafkaSpout.run`: a plain function, a bolt, or a
+list of bolts (and functions) separated by groupings. Groupings cut the chain into stages; each
+stage runs in one task per Spark partition, and the tuples it emits are repartitioned by the
+next stage's grouping. Backends (in-process, Spark) only move tuples and ledgers between
+stages; everything here is pure logic.
+
+Every stage's task keeps an `Acker` ledger. Ledgers travel beside the tuples and are merged per
+root after the last stage; `task_results` turns the merged ledger into each partition's
+outcomes: complete roots are acked, failed ones fail with EXCEPTION, and pending ones (some
+tuple never acked) are left in flight for the PartitionManager's `message_timeout`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kspout.acker import Acker, RootState, reseed
+from kspout.bolts import (
+    ROOT_FIELDS,
+    Bolt,
+    Collector,
+    Fields,
+    FunctionBolt,
+    Grouping,
+    RootKey,
+    TaskContext,
+    Tuple,
+    root_tuple,
+)
+from kspout.errors import ChainError
+from kspout.kafka import FetchResult
+from kspout.tasks import Handler, OutcomeLog, PartitionTask, TaskResult
+
+ChainItem = Bolt | Grouping | Callable[[Any], object]
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """Bolts that run one after another in the same task, and how their input is routed."""
+
+    bolts: tuple[Bolt, ...]
+    grouping: Grouping | None  # None for the first stage, whose input is the fetched records
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """The stages of a bolt chain."""
+
+    stages: tuple[Stage, ...]
+
+    @classmethod
+    def of(cls, spec: ChainItem | Sequence[ChainItem]) -> Topology:
+        """Build from a function, a bolt, or a list of bolts/functions and groupings.
+
+        Functions become `FunctionBolt`s: the first receives each record, later ones a tuple.
+        """
+        items = list(spec) if isinstance(spec, Sequence) else [spec]
+        if not items:
+            raise ChainError("the bolt chain is empty: pass a function, a bolt or a list")
+        stages: list[Stage] = []
+        bolts: list[Bolt] = []
+        grouping: Grouping | None = None
+        for position, item in enumerate(items):
+            if isinstance(item, Grouping):
+                if not bolts:
+                    where = "start" if position == 0 else "follow another grouping"
+                    raise ChainError(f"a grouping cannot {where}: {item!r} at position {position}")
+                stages.append(Stage(tuple(bolts), grouping))
+                bolts, grouping = [], item
+            elif isinstance(item, Bolt):
+                bolts.append(item)
+            elif callable(item):
+                bolts.append(FunctionBolt(item, on_record=position == 0))
+            else:
+                raise ChainError(
+                    f"chain item {position} is {item!r}: expected a Bolt, a function or a grouping"
+                )
+        if not bolts:
+            raise ChainError(f"the chain ends with a grouping ({grouping!r}): add a bolt after it")
+        stages.append(Stage(tuple(bolts), grouping))
+        topology = cls(tuple(stages))
+        topology._check_fields()
+        return topology
+
+    def _check_fields(self) -> None:
+        upstream: tuple[str, ...] = ROOT_FIELDS
+        for stage in self.stages:
+            grouping = stage.grouping
+            if isinstance(grouping, Fields):
+                unknown = [n for n in grouping.names if n not in upstream]
+                if unknown:
+                    raise ChainError(
+                        f"{grouping!r} names {unknown}, but the bolt before it declares "
+                        f"outputs {upstream}; set `outputs = (...)` on that bolt"
+                    )
+            upstream = stage.bolts[-1].outputs
+
+    @property
+    def handler(self) -> Handler | None:
+        """The plain function when the chain is just one, for the tracker-free fast path."""
+        if len(self.stages) == 1 and len(self.stages[0].bolts) == 1:
+            bolt = self.stages[0].bolts[0]
+            if type(bolt) is FunctionBolt and bolt.on_record:
+                return bolt.function
+        return None
+
+
+class StageRunner:
+    """Runs one stage's bolts over input tuples inside one task, depth first.
+
+    Tuples the stage's last bolt emits are collected in `output` for the next stage's
+    grouping; in the chain's last stage they go nowhere.
+    """
+
+    def __init__(
+        self, stage: Stage, acker: Acker[RootKey], context: TaskContext, *, last: bool
+    ) -> None:
+        self._bolts = stage.bolts
+        self.output: list[Tuple] = []
+        self._buffers: list[list[Tuple]] = [[] for _ in stage.bolts[:-1]]
+        final_out = None if last else self.output
+        self._collectors = [
+            Collector(acker, bolt.outputs, buffer)
+            for bolt, buffer in zip(stage.bolts, [*self._buffers, final_out], strict=True)
+        ]
+        for bolt in self._bolts:
+            bolt.prepare(context)
+
+    def feed(self, tuple_: Tuple, index: int = 0) -> None:
+        """Execute `tuple_` in bolt `index`, then whatever it emitted in the next bolts."""
+        collector = self._collectors[index]
+        try:
+            self._bolts[index].execute(tuple_, collector)
+        except Exception as exc:
+            collector.fail(tuple_, exc)
+        if index < len(self._buffers):
+            buffer = self._buffers[index]
+            emitted = buffer[:]
+            buffer.clear()
+            for child in emitted:
+                self.feed(child, index + 1)
+
+    def close(self) -> None:
+        """Let every bolt clean up."""
+        for bolt in self._bolts:
+            bolt.cleanup()
+
+
+def run_first_stage(fetched: FetchResult, runner: StageRunner, acker: Acker[RootKey]) -> None:
+    """Feed each fetched record into the chain as a root tuple."""
+    reseed()
+    for record in fetched.records:
+        runner.feed(root_tuple(record, acker))
+
+
+def run_stage(tuples: Iterable[Tuple], runner: StageRunner) -> None:
+    """Feed tuples routed here by a grouping into a later stage."""
+    reseed()
+    for tuple_ in tuples:
+        runner.feed(tuple_)
+
+
+@dataclass(frozen=True, slots=True)
+class FetchReport:
+    """What a first-stage task learnt from Kafka besides the records: for the final results."""
+
+    partition: int
+    missing: tuple[tuple[int, int], ...]
+    out_of_range: tuple[int, int] | None
+
+
+def task_results(
+    tasks: Sequence[PartitionTask], acker: Acker[RootKey], reports: Iterable[FetchReport]
+) -> list[TaskResult]:
+    """One `TaskResult` per task from the merged ledger of every root in the batch."""
+    by_partition: dict[int, list[tuple[int, RootState, str | None]]] = {}
+    for root in acker.roots():
+        partition, offset = root
+        by_partition.setdefault(partition, []).append(
+            (offset, acker.state(root), acker.error(root))
+        )
+    missing: dict[int, list[tuple[int, int]]] = {}
+    out_of_range: dict[int, tuple[int, int]] = {}
+    for report in reports:
+        missing.setdefault(report.partition, []).extend(report.missing)
+        if report.out_of_range is not None:
+            out_of_range[report.partition] = report.out_of_range
+    results = []
+    for task in tasks:
+        log = OutcomeLog(task)
+        for offset, state, error in sorted(by_partition.get(task.partition, ())):
+            if state is RootState.COMPLETE:
+                log.ack(offset)
+            elif state is RootState.FAILED:
+                log.fail(offset, error or "failed")
+        results.append(
+            TaskResult(
+                task.topic,
+                task.partition,
+                task.plan.epoch,
+                log.finish(missing.get(task.partition, [])),
+                out_of_range.get(task.partition),
+            )
+        )
+    return results
