@@ -1,6 +1,16 @@
 """kspout: a Kafka consumer framework for PySpark jobs with Storm's guaranteed processing."""
 
-from kspout.bolts import BasicBolt, Bolt, Collector, Fields, Global, Shuffle, TaskContext, Tuple
+from kspout.bolts import (
+    BasicBolt,
+    BasicCollector,
+    Bolt,
+    Collector,
+    Fields,
+    Global,
+    Shuffle,
+    TaskContext,
+    Tuple,
+)
 from kspout.config import TopicConfig, load_config
 from kspout.errors import KspoutError
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
@@ -11,6 +21,7 @@ from kspout.spout import KafkaSpout
 __all__ = [
     "Backoff",
     "BasicBolt",
+    "BasicCollector",
     "BehindPolicy",
     "Bolt",
     "Collector",

@@ -1,51 +1,76 @@
-"""The demo job: a stream with injected failures, consumed by the driver on the embedded stack.
+"""The demo job: a Storm-style word count on Spark over a stream with injected failures.
 
-Each demo message is JSON `{"id": n, "fail_times": k}`: the handler raises on its first `k`
-attempts, so `k=1..2` messages succeed on a retry and poison messages (`k` beyond the retry
-budget) end on the dead-letter topic. The report checks what the stream promised against what
-Kafka and ZooKeeper hold afterwards.
+Each message is JSON `{"id": n, "text": "...", "inject": kind}` keyed by its id. The kinds:
+
+* `flaky`: the split bolt raises on the message's first attempt; the retry succeeds.
+* `late`: the count bolt raises on the last word of the first attempt, after the other words
+  were counted: at-least-once processing counts those words again on the retry.
+* `slow`: the split bolt sleeps past `message_timeout` on the first attempt: the message times
+  out while the original still runs, and is replayed.
+* `poison`: the split bolt always raises: the message ends on the dead-letter topic.
+
+The chain is `SplitSentence -> Fields("word") -> CountWord`, counting into a Redis hash. The
+report compares those counts with the true counts of the stream.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cache
 
+import redis
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from kspout.bolts import BasicBolt, BasicCollector, Fields, TaskContext, Tuple
 from kspout.config import TopicConfig
-from kspout.kafka import Record
 from kspout.offsets import ZkOffsetStore
+from kspout.topology import ChainItem
 
-POISON = 1_000  # fail_times beyond any retry budget
+WORDS = (
+    "storm", "spark", "kafka", "stream", "bolt", "spout", "tuple", "offset", "partition",
+    "replay", "acker", "ledger", "commit", "retry", "lease", "token", "epoch", "redis",
+    "zookeeper", "driver", "executor", "batch", "window",
+)  # fmt: skip
+INJECTED = {"flaky": 0.03, "late": 0.02, "poison": 0.002}
+SLOW_MESSAGES = 2  # few: each one holds its Spark task for longer than message_timeout
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DemoStream:
-    """What was produced: counts the report compares against."""
+    """What was produced, for the report to compare against."""
 
     messages: int
-    flaky: int  # messages that fail a few times and then succeed
-    poison: int  # messages that always fail
+    injected: Counter[str] = field(default_factory=Counter)
+    true_counts: Counter[str] = field(default_factory=Counter)  # poison messages excluded
+
+    @property
+    def expected_effects(self) -> int:
+        """Messages whose words should be counted: all but the poison ones."""
+        return self.messages - self.injected["poison"]
 
 
-def produce_demo_stream(config: TopicConfig, messages: int, seed: int = 7) -> DemoStream:
-    """Write `messages` JSON messages with injected failures to the demo topic."""
+def produce_sentences(config: TopicConfig, messages: int, seed: int = 7) -> DemoStream:
+    """Write `messages` sentences with injected failures to the demo topic."""
     rng = random.Random(seed)
+    stream = DemoStream(messages)
+    slow_at = set(rng.sample(range(messages), min(SLOW_MESSAGES, messages)))
     producer = Producer(config.kafka_config(**{"linger.ms": 20}))
-    flaky = poison = 0
     for n in range(messages):
+        inject = "slow" if n in slow_at else "none"
         roll = rng.random()
-        if roll < 0.002:
-            fail_times, poison = POISON, poison + 1
-        elif roll < 0.05:
-            fail_times, flaky = rng.randint(1, 2), flaky + 1
-        else:
-            fail_times = 0
-        value = json.dumps({"id": n, "fail_times": fail_times}).encode()
+        for kind, share in INJECTED.items():
+            if inject == "none" and roll < share:
+                inject = kind
+            roll -= share
+        words = rng.choices(WORDS, k=rng.randint(3, 8))
+        stream.injected[inject] += 1
+        if inject != "poison":
+            stream.true_counts.update(words)
+        value = json.dumps({"id": n, "text": " ".join(words), "inject": inject}).encode()
         while True:
             try:
                 producer.produce(config.topic, key=str(n).encode(), value=value)
@@ -54,23 +79,83 @@ def produce_demo_stream(config: TopicConfig, messages: int, seed: int = 7) -> De
                 producer.poll(0.1)
         producer.poll(0)
     producer.flush(30)
-    return DemoStream(messages, flaky, poison)
+    return stream
 
 
-def flaky_handler() -> tuple[Callable[[Record], None], Counter[int]]:
-    """A handler that fails each message `fail_times` times, and the Counter of its effects."""
-    attempts: Counter[tuple[int, int]] = Counter()
-    effects: Counter[int] = Counter()
+@cache
+def _redis(url: str) -> redis.Redis:
+    """One client per Python worker and URL (clients do not travel from the driver)."""
+    return redis.Redis.from_url(url)
 
-    def handle(record: Record) -> None:
-        body = json.loads(record.value or b"{}")
-        where = (record.partition, record.offset)
-        attempts[where] += 1
-        if attempts[where] <= body["fail_times"]:
-            raise RuntimeError(f"injected failure {attempts[where]} of {body['fail_times']}")
-        effects[body["id"]] += 1
 
-    return handle, effects
+class SplitSentence(BasicBolt):
+    """Sentence -> one `(word, fail)` tuple per word, with the injected failures applied."""
+
+    outputs = ("word", "fail")
+
+    def __init__(self, redis_url: str, job: str, slow_seconds: float) -> None:
+        self.redis_url = redis_url
+        self.job = job
+        self.slow_seconds = slow_seconds
+
+    def prepare(self, context: TaskContext) -> None:
+        self.redis = _redis(self.redis_url)
+
+    def process(self, tuple_: Tuple, collector: BasicCollector) -> None:
+        message = json.loads(tuple_.record.value or b"{}")
+        inject = message["inject"]
+        first = inject != "none" and self.redis.incr(f"{self.job}:attempt:{message['id']}") == 1
+        if inject == "poison":
+            raise ValueError(f"poison message {message['id']}")
+        if inject == "flaky" and first:
+            raise RuntimeError(f"injected failure of message {message['id']}, first attempt")
+        if inject == "slow" and first:
+            time.sleep(self.slow_seconds)
+        words = message["text"].split()
+        for i, word in enumerate(words):
+            collector.emit((word, inject == "late" and first and i == len(words) - 1))
+
+
+class CountWord(BasicBolt):
+    """Adds one to the word's count in a Redis hash (at least once: replays count again).
+
+    Counts are summed in the task and written in one round trip when it ends: a task's acks
+    reach the driver only after `cleanup` returned, so a failed write acks nothing.
+    """
+
+    def __init__(self, redis_url: str, key: str) -> None:
+        self.redis_url = redis_url
+        self.key = key
+
+    def prepare(self, context: TaskContext) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def process(self, tuple_: Tuple, collector: BasicCollector) -> None:
+        if tuple_["fail"]:
+            raise RuntimeError(f"injected failure counting {tuple_['word']!r}, first attempt")
+        self.counts[tuple_["word"]] += 1
+
+    def cleanup(self) -> None:
+        with _redis(self.redis_url).pipeline(transaction=True) as pipe:
+            for word, n in self.counts.items():
+                pipe.hincrby(self.key, word, n)
+            pipe.execute()
+
+
+def word_count_chain(config: TopicConfig, job: str, slow_seconds: float) -> list[ChainItem]:
+    """The Storm-style topology: split, group by word, count."""
+    url = config.redis.url
+    return [SplitSentence(url, job, slow_seconds), Fields("word"), CountWord(url, f"{job}:counts")]
+
+
+def read_counts(config: TopicConfig, key: str) -> Counter[str]:
+    """The counts a job left in Redis."""
+    raw = _redis(config.redis.url).hgetall(key)
+    return Counter({_text(k): int(v) for k, v in raw.items()})
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def count_dead_letters(config: TopicConfig, timeout: float = 10.0) -> int:

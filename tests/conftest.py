@@ -13,6 +13,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import redis
@@ -20,10 +21,16 @@ from kazoo.client import KazooClient
 
 from kspout.devstack import DevStack
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 # Spark's Python workers must run this interpreter (it has confluent-kafka and kspout), not the
 # `python3` on PATH; set before any test starts a SparkSession.
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+# ... and import test modules (bolts in tests/integration/spark_jobs.py travel by reference).
+REPO = str(Path(__file__).resolve().parent.parent)
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
 
 INTEGRATION_DIR = Path(__file__).parent / "integration"
 
@@ -77,3 +84,27 @@ def redis_client(stack: DevStack) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(stack.info.redis_url)
     yield client
     client.close()
+
+
+@pytest.fixture
+def spark() -> Iterator[SparkSession]:
+    """A Spark `local[2]` session, shared by the tests that use it (it takes ~10 s to start).
+
+    Function-scoped on purpose: it returns the active session, so a test that needs another
+    master (the standalone cluster test) can stop this one and the next test starts it again.
+    """
+    from kspout.spark import spark_session
+
+    session = spark_session("local[2]", conf={"spark.ui.enabled": "false"})
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_spark_at_exit() -> Iterator[None]:
+    yield
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.stop()

@@ -1,31 +1,41 @@
 """`kspout demo`: the main job on the embedded stack, end to end, with a verdict.
 
 Starts Kafka (mock cluster), ZooKeeper and Redis (or uses `kspout dev up`'s with `--dev`),
-produces a stream with injected failures, consumes it with the driver and the in-process
-executor while showing progress, then prints what was acked, retried and dead-lettered and the
-commit points ZooKeeper holds, and checks them against what was produced.
+produces a sentence stream with injected failures, and runs a Storm-style word count on Spark
+`local[2]` (split bolt, fields grouping by word, count bolt) while showing progress. It then
+prints the counts beside the true ones, what was acked, retried, timed out and dead-lettered,
+and the commit points ZooKeeper holds, and checks them against what was produced.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
 
 import click
 from rich.console import Console
 from rich.live import Live
+from rich.table import Table
 
 from kspout.cli import main
 from kspout.cli.options import kspout_errors
 from kspout.cli.report import progress_table
 from kspout.cli.run import use_dev_stack
-from kspout.config import load_config
-from kspout.demo import count_dead_letters, flaky_handler, produce_demo_stream, stored_offsets
+from kspout.config import TopicConfig, load_config
+from kspout.demo import (
+    DemoStream,
+    count_dead_letters,
+    produce_sentences,
+    read_counts,
+    stored_offsets,
+    word_count_chain,
+)
 from kspout.devstack import DevStack
-from kspout.driver import Driver, Progress
-from kspout.local_executor import LocalExecutor
+from kspout.driver import Progress
+from kspout.spout import KafkaSpout
 
 
 @main.command()
@@ -38,9 +48,10 @@ from kspout.local_executor import LocalExecutor
     help="The demo topic's TOML file.",
 )
 @click.option("--messages", default=20_000, show_default=True, type=click.IntRange(min=1))
+@click.option("--spark", "master", default="local[2]", show_default=True, help="Spark master.")
 @click.option("--dev", "dev_stack", is_flag=True, help="Use the running `kspout dev up` stack.")
-def demo(config_path: str, messages: int, dev_stack: bool) -> None:
-    """Produce a stream with injected failures and consume it with Storm's guarantees."""
+def demo(config_path: str, messages: int, master: str, dev_stack: bool) -> None:
+    """Produce sentences with injected failures and count their words on Spark."""
     console = Console(stderr=True)
     out = Console()
     if not out.is_terminal:
@@ -55,41 +66,72 @@ def demo(config_path: str, messages: int, dev_stack: bool) -> None:
             os.environ.update(dev.info.env())
             console.print(f"stack up: Kafka {dev.info.brokers}, ZooKeeper {dev.info.zookeeper}")
         config = load_config(config_path)
-        with console.status(f"producing {messages} messages to {config.topic}..."):
-            stream = produce_demo_stream(config, messages)
-        console.print(
-            f"produced {stream.messages} messages: {stream.flaky} fail 1-2 times then succeed, "
-            f"{stream.poison} always fail (poison)"
-        )
-        handler, effects = flaky_handler()
+        with console.status(f"producing {messages} sentences to {config.topic}..."):
+            stream = produce_sentences(config, messages)
+        injected = ", ".join(f"{n} {kind}" for kind, n in sorted(stream.injected.items()))
+        console.print(f"produced {stream.messages} sentences: {injected}")
+        with console.status(f"starting Spark {master}..."):
+            from kspout.spark import spark_session
+
+            spark = spark_session(master, app_name="kspout demo")
+            spark.sparkContext.setLogLevel("ERROR")
+        stack.callback(spark.stop)
+
+        job = "demo-storm"
+        storm = config.model_copy(update={"spout_id": job, "dead_letter_topic": f"{job}.dlq"})
+        chain = word_count_chain(storm, job, slow_seconds=config.message_timeout + 1)
+        console.print(f"running {job}: split -> fields(word) -> count, at least once")
         with Live(console=console, transient=True, auto_refresh=False) as live:
 
             def show(progress: Progress) -> None:
-                live.update(progress_table(progress), refresh=True)
+                live.update(progress_table(progress, title=job), refresh=True)
 
-            with Driver(config, LocalExecutor(config, handler), on_progress=show) as d:
-                final = d.run(until_caught_up=True)
-        out.print(progress_table(final, title=f"{config.topic}: final"))
-        stored = stored_offsets(config)
-        dead = count_dead_letters(config)
-        highs = {v.partition: v.high for v in final.partitions}
-        checks = {
-            "every message's effect applied once (poison excepted)": (
-                len(effects) == stream.messages - stream.poison
-                and all(n == 1 for n in effects.values())
-            ),
-            f"dead-letter topic {config.dlq_topic} holds the {stream.poison} poison messages": (
-                dead == stream.poison == final.total("dead_lettered")
-            ),
-            "ZooKeeper commit points equal the high watermarks": stored == highs,
-        }
-        out.print(
-            f"acked {final.total('acked')}, retried {final.total('retried')}, "
-            f"dead-lettered {final.total('dead_lettered')}, lost {final.total('lost')}, "
-            f"in {final.elapsed:.1f}s over {final.batches} batches"
-        )
-        out.print("committed offsets: " + ", ".join(f"p{p}={o}" for p, o in sorted(stored.items())))
-        for name, ok in checks.items():
-            out.print(f"[{'green' if ok else 'red'}]{'OK  ' if ok else 'FAIL'}[/] {name}")
-        if not all(checks.values()):
+            final = KafkaSpout(storm, spark).run(chain, until_caught_up=True, on_progress=show)
+        ok = report_word_count(out, storm, stream, final, read_counts(storm, f"{job}:counts"))
+        if not ok:
             raise SystemExit(1)
+
+
+def report_word_count(
+    out: Console, config: TopicConfig, stream: DemoStream, final: Progress, counts: Counter[str]
+) -> bool:
+    """Print the job's figures and checks; True when every check passed."""
+    out.print(progress_table(final, title=f"{config.spout_id}: final"))
+    table = Table(title="word counts (top 8)")
+    for column in ("word", "counted", "true", "extra from replays"):
+        table.add_column(column, justify="right" if column != "word" else "left")
+    for word, true in stream.true_counts.most_common(8):
+        table.add_row(word, str(counts[word]), str(true), str(counts[word] - true))
+    out.print(table)
+    stored = stored_offsets(config)
+    highs = {v.partition: v.high for v in final.partitions}
+    dead = count_dead_letters(config)
+    extra = sum(counts.values()) - sum(stream.true_counts.values())
+    out.print(
+        f"acked {final.total('acked')}, failed and retried {final.total('retried')}, "
+        f"timed out {final.total('timed_out')}, dead-lettered {final.total('dead_lettered')}, "
+        f"lost {final.total('lost')}, in {final.elapsed:.1f}s over {final.batches} batches"
+    )
+    out.print("committed offsets: " + ", ".join(f"p{p}={o}" for p, o in sorted(stored.items())))
+    if final.total("timed_out"):
+        out.print(
+            f"{final.total('timed_out')} messages timed out: a slow message held its whole "
+            f"micro-batch past message_timeout ({config.message_timeout:g}s), so the batch was "
+            "replayed while the original still ran"
+        )
+    out.print(
+        f"replays counted {extra} extra words: at-least-once processing applies an effect "
+        "again when a message is replayed after some or all of its words were counted"
+    )
+    checks = {
+        "no word lost: every count is at least the true count": all(
+            counts[w] >= n for w, n in stream.true_counts.items()
+        ),
+        f"{config.dlq_topic} holds the {stream.injected['poison']} poison messages": (
+            dead == stream.injected["poison"] == final.total("dead_lettered")
+        ),
+        "ZooKeeper commit points equal the high watermarks": stored == highs,
+    }
+    for name, ok in checks.items():
+        out.print(f"[{'green' if ok else 'red'}]{'OK  ' if ok else 'FAIL'}[/] {name}")
+    return all(checks.values())

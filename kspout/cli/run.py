@@ -22,30 +22,48 @@ from rich.live import Live
 from kspout.cli import main
 from kspout.cli.options import config_option, json_option, kspout_errors
 from kspout.cli.report import progress_json, progress_table
-from kspout.config import load_config
+from kspout.config import TopicConfig, load_config
 from kspout.devstack import load_stack_info
 from kspout.driver import Driver, Progress
-from kspout.errors import StackError
+from kspout.errors import ChainError, StackError
 from kspout.local_executor import LocalExecutor
-from kspout.tasks import Handler
+from kspout.tasks import Executor
+from kspout.topology import Topology
 
 
-def load_handler(spec: str) -> Handler:
-    """Import `module:function` (the current directory is importable)."""
+def load_chain(spec: str) -> Topology:
+    """Import `module:attr`: a function, a bolt, or a list of bolts and groupings.
+
+    The current directory is importable (and is made importable for Spark's workers too).
+    """
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise click.BadParameter(f"expected module:function, got {spec!r}", param_hint="--handler")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+        paths = [os.getcwd(), os.environ.get("PYTHONPATH")]
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
     try:
         target: object = importlib.import_module(module_name)
         for part in attr.split("."):
             target = getattr(target, part)
     except (ImportError, AttributeError) as exc:
         raise click.BadParameter(f"cannot load {spec!r}: {exc}", param_hint="--handler") from None
-    if not callable(target):
-        raise click.BadParameter(f"{spec!r} is not callable", param_hint="--handler")
-    return target
+    try:
+        return Topology.of(target)  # type: ignore[arg-type]
+    except ChainError as exc:
+        raise click.BadParameter(f"{spec!r}: {exc}", param_hint="--handler") from None
+
+
+def make_executor(config: TopicConfig, chain: Topology, master: str | None) -> Executor:
+    """The in-process executor, or Spark's when a master is given."""
+    if master is None:
+        return LocalExecutor(config, chain)
+    from kspout.spark import SparkExecutor, spark_session
+
+    spark = spark_session(master, app_name=f"kspout {config.topic}")
+    spark.sparkContext.setLogLevel("ERROR")
+    return SparkExecutor(spark, config, chain)
 
 
 def use_dev_stack() -> None:
@@ -71,7 +89,17 @@ def stop_on_interrupt(stop: threading.Event) -> None:
 
 @main.command()
 @config_option
-@click.option("--handler", required=True, help="module:function called once per record.")
+@click.option(
+    "--handler",
+    required=True,
+    help="module:attr: a function called per record, a bolt, or a list of bolts and groupings.",
+)
+@click.option(
+    "--spark",
+    "master",
+    metavar="MASTER",
+    help="Run batches on Spark (local[2], spark://host:port, ...); default: in-process.",
+)
 @click.option("--max-batches", type=click.IntRange(min=1), help="Stop after this many batches.")
 @click.option("--until-caught-up", is_flag=True, help="Stop once every offset is finished.")
 @click.option("--dev", "dev_stack", is_flag=True, help="Use the running `kspout dev up` stack.")
@@ -79,12 +107,13 @@ def stop_on_interrupt(stop: threading.Event) -> None:
 def run(
     config_path: str,
     handler: str,
+    master: str | None,
     max_batches: int | None,
     until_caught_up: bool,
     dev_stack: bool,
     as_json: bool,
 ) -> None:
-    """Consume a topic, calling HANDLER(record) per record; raising fails the record.
+    """Consume a topic through a handler or bolt chain; an exception fails the record.
 
     Failed records are retried with backoff up to `max_retries`, then dead-lettered or skipped
     per the config; the commit point goes to ZooKeeper every `commit_interval` and on exit.
@@ -93,7 +122,8 @@ def run(
         if dev_stack:
             use_dev_stack()
         config = load_config(config_path)
-        function = load_handler(handler)
+        chain = load_chain(handler)
+        executor = make_executor(config, chain, master)
         stop = threading.Event()
         stop_on_interrupt(stop)
         console = Console(stderr=True)
@@ -104,7 +134,7 @@ def run(
 
             driver = Driver(
                 config,
-                LocalExecutor(config, function),
+                executor,
                 on_progress=show if console.is_terminal else None,
             )
             with driver:

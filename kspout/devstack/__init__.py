@@ -1,7 +1,9 @@
 """The embedded development stack: Kafka (librdkafka's mock cluster), ZooKeeper and Redis as
-real processes on loopback ports, for the demo, `kspout dev` and the integration tests."""
+real processes on loopback ports, for the demo, `kspout dev` and the integration tests; and a
+Spark standalone master and worker for the cluster test."""
 
 from kspout.devstack.components import Component, KafkaMock, RedisServer, ZooKeeperServer
+from kspout.devstack.spark_cluster import SparkStandalone
 from kspout.devstack.stack import DevStack
 from kspout.devstack.state import (
     ComponentState,
@@ -17,6 +19,7 @@ __all__ = [
     "DevStack",
     "KafkaMock",
     "RedisServer",
+    "SparkStandalone",
     "StackInfo",
     "StackState",
     "ZooKeeperServer",

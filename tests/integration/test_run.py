@@ -11,13 +11,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import textwrap
 import threading
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -28,100 +26,27 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, Topic
 from kazoo.client import KazooClient
 
 from kspout.cli import main
-from kspout.config import TopicConfig, parse_config
+from kspout.config import TopicConfig
 from kspout.devstack import DevStack
 from kspout.driver import Driver, Progress
 from kspout.errors import DeadLetterWriteFailed, PartitionStopped, TopicMismatch
-from kspout.kafka import DeadLetter, KafkaMetadata, Record
+from kspout.kafka import DeadLetter, Record
 from kspout.local_executor import LocalExecutor
 from kspout.offsets import ZkOffsetStore
 from kspout.tasks import PartitionTask, TaskResult
+from tests.integration.helpers import (
+    PARTITIONS,
+    kspout_command,
+    produce,
+    stored,
+    topic_file,
+    value_of,
+    watermarks,
+)
 
-ZK_ROOT = "/run-test"
-PARTITIONS = (0, 1, 2, 3)  # the mock cluster auto-creates topics with 4 partitions
-FAST_BACKOFF = {"initial": 0.01, "multiplier": 1.0, "max": 0.01}
 STORM_FIELDS = {"topology", "offset", "partition", "broker", "topic"}
 
 At = tuple[int, int]  # (partition, offset)
-
-
-# -- fixtures and helpers ---------------------------------------------------------------------
-
-
-@pytest.fixture
-def make_config(stack: DevStack, topic_name: str) -> Callable[..., TopicConfig]:
-    """Factory: this test's topic with its own spout id, small batches and fast retries."""
-    spout_id = f"spout-{uuid.uuid4().hex[:8]}"
-
-    def make(**overrides: Any) -> TopicConfig:
-        data: dict[str, Any] = {
-            "topic": topic_name,
-            "spout_id": spout_id,
-            "topology_name": "run-test",
-            "zk_root": ZK_ROOT,
-            "brokers": stack.info.brokers,
-            "zookeeper": stack.info.zookeeper,
-            "batch_size": 200,
-            "max_retries": 3,
-            "retry_backoff": FAST_BACKOFF,
-            "commit_interval": 0.2,
-            # A stuck fetch or a lost outcome shows up in seconds, not minutes.
-            "fetch_timeout": 5.0,
-            "message_timeout": 10.0,
-        }
-        data.update(overrides)
-        return parse_config(data)
-
-    return make
-
-
-@pytest.fixture
-def producer(stack: DevStack) -> Iterator[Producer]:
-    client = Producer({"bootstrap.servers": stack.info.brokers, "linger.ms": 5})
-    yield client
-    client.flush(10)
-
-
-def value_of(partition: int, offset: int) -> bytes:
-    return b"p%d-o%d" % (partition, offset)
-
-
-def produce(
-    producer: Producer,
-    topic: str,
-    per_partition: Mapping[int, range],
-    *,
-    key: Callable[[int, int], bytes | None] = lambda p, o: b"k%d" % o,
-    value: Callable[[int, int], bytes] = value_of,
-) -> None:
-    """Produce offsets `per_partition[p]` (which must continue the partition) to each partition."""
-    for partition, offsets in per_partition.items():
-        for offset in offsets:
-            while True:
-                try:
-                    producer.produce(
-                        topic, value(partition, offset), key(partition, offset), partition=partition
-                    )
-                    break
-                except BufferError:  # local queue full: let deliveries drain
-                    producer.poll(0.1)
-            producer.poll(0)
-    assert producer.flush(30) == 0
-
-
-def watermarks(config: TopicConfig) -> dict[int, tuple[int, int]]:
-    with KafkaMetadata(config) as metadata:
-        return {p: metadata.watermarks(config.topic, p) for p in PARTITIONS}
-
-
-def highs(config: TopicConfig) -> dict[int, int]:
-    return {p: high for p, (_, high) in watermarks(config).items()}
-
-
-def stored(config: TopicConfig) -> dict[int, int]:
-    """The commit points in ZooKeeper, by partition."""
-    with ZkOffsetStore(config) as store:
-        return {p: s.offset for p, s in store.read_all().items()}
 
 
 def storm_record(
@@ -507,38 +432,12 @@ def handle(record):
 """
 
 
-def kspout_command() -> Path:
-    command = Path(sys.executable).with_name("kspout")
-    assert command.exists(), f"the kspout console script is not installed next to {sys.executable}"
-    return command
-
-
 def handled_lines(log: Path) -> list[At]:
     """(partition, offset) per line the handler wrote; a line still being written is left out."""
     if not log.exists():
         return []
     *complete, _partial = log.read_text().split("\n")
     return [(int(p), int(o)) for p, o in (line.split() for line in complete)]
-
-
-def topic_file(path: Path, stack: DevStack, config: TopicConfig) -> Path:
-    """A config file for `config`'s topic and spout id, with small batches and a 0.5 s commit
-    interval, written to `path`."""
-    path.write_text(
-        textwrap.dedent(
-            f"""\
-            topic = "{config.topic}"
-            spout_id = "{config.spout_id}"
-            topology_name = "{config.topology_name}"
-            zk_root = "{ZK_ROOT}"
-            brokers = "{stack.info.brokers}"
-            zookeeper = "{stack.info.zookeeper}"
-            batch_size = 25
-            commit_interval = 0.5
-            """
-        )
-    )
-    return path
 
 
 def prepare_kspout_run(

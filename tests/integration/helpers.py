@@ -1,0 +1,88 @@
+"""Helpers shared by the integration tests: producing numbered messages, reading back
+watermarks and the commit points stored in ZooKeeper."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+from kspout.config import TopicConfig
+from kspout.devstack import DevStack
+from kspout.kafka import KafkaMetadata
+from kspout.offsets import ZkOffsetStore
+
+ZK_ROOT = "/run-test"
+PARTITIONS = (0, 1, 2, 3)  # the mock cluster auto-creates topics with 4 partitions
+FAST_BACKOFF = {"initial": 0.01, "multiplier": 1.0, "max": 0.01}
+
+
+def value_of(partition: int, offset: int) -> bytes:
+    return b"p%d-o%d" % (partition, offset)
+
+
+def produce(
+    producer: Producer,
+    topic: str,
+    per_partition: Mapping[int, range],
+    *,
+    key: Callable[[int, int], bytes | None] = lambda p, o: b"k%d" % o,
+    value: Callable[[int, int], bytes] = value_of,
+) -> None:
+    """Produce offsets `per_partition[p]` (which must continue the partition) to each partition."""
+    for partition, offsets in per_partition.items():
+        for offset in offsets:
+            while True:
+                try:
+                    producer.produce(
+                        topic, value(partition, offset), key(partition, offset), partition=partition
+                    )
+                    break
+                except BufferError:  # local queue full: let deliveries drain
+                    producer.poll(0.1)
+            producer.poll(0)
+    assert producer.flush(30) == 0
+
+
+def watermarks(config: TopicConfig) -> dict[int, tuple[int, int]]:
+    with KafkaMetadata(config) as metadata:
+        return {p: metadata.watermarks(config.topic, p) for p in PARTITIONS}
+
+
+def highs(config: TopicConfig) -> dict[int, int]:
+    return {p: high for p, (_, high) in watermarks(config).items()}
+
+
+def stored(config: TopicConfig) -> dict[int, int]:
+    """The commit points in ZooKeeper, by partition."""
+    with ZkOffsetStore(config) as store:
+        return {p: s.offset for p, s in store.read_all().items()}
+
+
+def kspout_command() -> Path:
+    command = Path(sys.executable).with_name("kspout")
+    assert command.exists(), f"the kspout console script is not installed next to {sys.executable}"
+    return command
+
+
+def topic_file(path: Path, stack: DevStack, config: TopicConfig) -> Path:
+    """A config file for `config`'s topic and spout id, with small batches and a 0.5 s commit
+    interval, written to `path`."""
+    path.write_text(
+        textwrap.dedent(
+            f"""\
+            topic = "{config.topic}"
+            spout_id = "{config.spout_id}"
+            topology_name = "{config.topology_name}"
+            zk_root = "{ZK_ROOT}"
+            brokers = "{stack.info.brokers}"
+            zookeeper = "{stack.info.zookeeper}"
+            batch_size = 25
+            commit_interval = 0.5
+            """
+        )
+    )
+    return path

@@ -1,0 +1,86 @@
+"""Handlers and bolts that Spark tests run inside executors' Python workers.
+
+They live in an importable module (not in a test file) because Spark ships them by reference.
+Each records what it did in Redis, under keys named after the test's topic, so the test can
+check effects across worker processes and driver restarts.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from functools import cache
+
+import redis
+
+from kspout import BasicBolt, BasicCollector, Bolt, Collector, TaskContext, Tuple
+from kspout.kafka import Record
+
+
+@cache
+def client(url: str) -> redis.Redis:
+    """One Redis client per worker process and URL."""
+    return redis.Redis.from_url(url)
+
+
+def attempt(url: str, record: Record) -> int:
+    """How many times this record has been handled so far, this call included."""
+    return int(client(url).incr(f"{record.topic}:attempt:{record.partition}:{record.offset}"))
+
+
+class Split(BasicBolt):
+    """Sentence -> words; raises on the word `poison` and on a `flaky` sentence's first try."""
+
+    outputs = ("word",)
+
+    def __init__(self, redis_url: str) -> None:
+        self.redis_url = redis_url
+
+    def process(self, tuple_: Tuple, collector: BasicCollector) -> None:
+        record = tuple_.record
+        words = (record.value or b"").decode().split()
+        if "flaky" in words and attempt(self.redis_url, record) == 1:
+            raise RuntimeError("injected: first attempt of a flaky sentence")
+        for word in words:
+            collector.emit((word,))
+
+
+class Count(BasicBolt):
+    """Adds one to the word's count in Redis; raises on `poison` (after the grouping)."""
+
+    def __init__(self, redis_url: str, key: str) -> None:
+        self.redis_url = redis_url
+        self.key = key
+
+    def process(self, tuple_: Tuple, collector: BasicCollector) -> None:
+        word = tuple_["word"]
+        if word == "poison":
+            raise ValueError("poison word")
+        redis = client(self.redis_url)
+        redis.hincrby(self.key, word, 1)
+        redis.sadd(f"{self.key}:pids", os.getpid())
+
+
+class SlowOnce(Bolt):
+    """Sleeps `seconds` on the first attempt of each record of partition 0, then acks."""
+
+    def __init__(self, redis_url: str, seconds: float) -> None:
+        self.redis_url = redis_url
+        self.seconds = seconds
+
+    def prepare(self, context: TaskContext) -> None:
+        self.redis = client(self.redis_url)
+
+    def execute(self, tuple_: Tuple, collector: Collector) -> None:
+        record = tuple_.record
+        if record.partition == 0 and attempt(self.redis_url, record) == 1:
+            time.sleep(self.seconds)
+        self.redis.sadd(f"{record.topic}:done", f"{record.partition}:{record.offset}")
+        collector.ack(tuple_)
+
+
+def record_effect(record: Record) -> None:
+    """The CLI test's handler: remember each (partition, offset) seen, in Redis."""
+    url = os.environ["KSPOUT_REDIS_URL"]
+    client(url).sadd(f"{record.topic}:done", f"{record.partition}:{record.offset}")
+    time.sleep(0.001)  # slow enough that a kill lands mid-run

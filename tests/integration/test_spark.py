@@ -1,0 +1,143 @@
+"""kspout on Spark `local[2]` against the session's mock Kafka, ZooKeeper and Redis.
+
+Bolts run in Spark's Python workers (separate processes) and record their effects in Redis;
+each test checks those effects, the outcome counts and the commit points in ZooKeeper.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import redis
+from confluent_kafka import Producer
+from pyspark.sql import DataFrame, SparkSession
+
+from kspout import Fields, KafkaSpout
+from kspout.config import TopicConfig
+from kspout.devstack import DevStack
+from kspout.topology import ChainItem
+from tests.integration.helpers import PARTITIONS, highs, kspout_command, produce, stored, topic_file
+from tests.integration.spark_jobs import Count, SlowOnce, Split
+from tests.integration.word_count import check_word_count, sentence
+
+
+def test_word_count_with_fields_grouping_retries_failures_and_commits_the_high_watermark(
+    spark: SparkSession,
+    stack: DevStack,
+    make_config: Callable[..., TopicConfig],
+    producer: Producer,
+    redis_client: redis.Redis,
+) -> None:
+    per_partition = 750  # 3,000 sentences
+    config = make_config(batch_size=400, max_retries=2, message_timeout=120.0)
+    produce(producer, config.topic, {p: range(per_partition) for p in PARTITIONS}, value=sentence)
+    url, key = stack.info.redis_url, f"{config.topic}:counts"
+    chain: list[ChainItem] = [Split(url), Fields("word"), Count(url, key)]
+
+    progress = KafkaSpout(config, spark).run(chain, until_caught_up=True)
+
+    check_word_count(progress, config, stack, redis_client, per_partition)
+
+
+def test_a_bolt_sleeping_past_message_timeout_times_out_and_is_retried(
+    spark: SparkSession,
+    stack: DevStack,
+    make_config: Callable[..., TopicConfig],
+    producer: Producer,
+    redis_client: redis.Redis,
+) -> None:
+    config = make_config(batch_size=20, message_timeout=1.5, max_batches_in_flight=2)
+    produce(producer, config.topic, {p: range(20) for p in PARTITIONS})
+
+    progress = KafkaSpout(config, spark).run(
+        SlowOnce(stack.info.redis_url, seconds=0.2), until_caught_up=True
+    )
+
+    # 20 records of partition 0 sleep 0.2 s each on their first attempt: 4 s in one task, so
+    # the batch outlives its 1.5 s timeout while the job still runs.
+    assert progress.total("timed_out") >= 1
+    assert progress.total("acked") == 20 * len(PARTITIONS)
+    assert redis_client.scard(f"{config.topic}:done") == 20 * len(PARTITIONS)
+    assert stored(config) == highs(config)
+
+
+def test_foreach_batch_hands_a_dataframe_and_settles_the_batch_as_a_whole(
+    spark: SparkSession, make_config: Callable[..., TopicConfig], producer: Producer
+) -> None:
+    config = make_config(batch_size=100, max_retries=3)
+    produce(producer, config.topic, {p: range(250) for p in PARTITIONS})
+    seen: Counter[tuple[int, int]] = Counter()
+    calls: list[int] = []
+
+    def per_batch(df: DataFrame, batch_id: int) -> None:
+        calls.append(batch_id)
+        assert df.columns == [
+            "key", "value", "topic", "partition", "offset", "timestamp", "headers"
+        ]  # fmt: skip
+        rows = df.select("partition", "offset", "value").collect()
+        if len(calls) == 2:
+            raise RuntimeError("injected: the second batch fails once")
+        for row in rows:
+            assert row.value == b"p%d-o%d" % (row.partition, row.offset)
+            seen[(row.partition, row.offset)] += 1
+
+    progress = KafkaSpout(config, spark).foreach_batch(per_batch, until_caught_up=True)
+
+    assert set(seen) == {(p, o) for p in PARTITIONS for o in range(250)}
+    assert progress.total("acked") == 250 * len(PARTITIONS)
+    assert progress.total("retried") > 0  # the failed batch's offsets came again
+    assert stored(config) == highs(config)
+
+
+def test_a_killed_driver_restarts_and_loses_nothing(
+    spark: SparkSession,
+    stack: DevStack,
+    make_config: Callable[..., TopicConfig],
+    producer: Producer,
+    redis_client: redis.Redis,
+    tmp_path: Path,
+) -> None:
+    config = make_config()
+    produce(producer, config.topic, {p: range(3000) for p in PARTITIONS})
+    path = topic_file(tmp_path / "topic.toml", stack, config)
+    done = f"{config.topic}:done"
+    env = {**os.environ, **stack.info.env()}
+    command = [str(kspout_command()), "run", "--config", str(path), "--spark", "local[2]"]
+    command += ["--handler", "tests.integration.spark_jobs:record_effect"]
+    driver = subprocess.Popen(command, env=env, cwd=Path(__file__).parents[2])
+    try:
+        deadline = time.monotonic() + 120
+        while redis_client.scard(done) < 2000:  # well into the run, not finished
+            assert driver.poll() is None, "the driver exited before it was killed"
+            assert time.monotonic() < deadline, "the driver made no progress"
+            time.sleep(0.1)
+        driver.send_signal(signal.SIGKILL)
+    finally:
+        driver.kill()
+        driver.wait(30)
+    assert redis_client.scard(done) < 3000 * len(PARTITIONS)
+
+    progress = KafkaSpout(config, spark).run(_record_effect, until_caught_up=True)
+
+    assert redis_client.scard(done) == 3000 * len(PARTITIONS)  # every message, none lost
+    assert progress.total("acked") > 0
+    assert stored(config) == highs(config)
+
+
+def _record_effect(record: object) -> None:
+    from tests.integration.spark_jobs import record_effect
+
+    record_effect(record)  # type: ignore[arg-type]
+
+
+@pytest.fixture(autouse=True)
+def _redis_env(stack: DevStack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`record_effect` reads the Redis URL from the environment (as the CLI child does)."""
+    monkeypatch.setenv("KSPOUT_REDIS_URL", stack.info.redis_url)

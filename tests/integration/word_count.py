@@ -1,0 +1,101 @@
+"""The word-count job the Spark tests run locally and on the standalone cluster.
+
+Sentences carry injected failures: every 97th is `flaky` (the split bolt fails its first
+attempt), every 251st carries the word `poison` (the count bolt, after the grouping, always
+fails it). `check_word_count` verifies a finished run against what was produced.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import cast
+
+import redis
+from confluent_kafka import Consumer, TopicPartition
+
+from kspout.config import TopicConfig
+from kspout.devstack import DevStack
+from kspout.driver import Progress
+from tests.integration.helpers import PARTITIONS, highs, stored
+
+WORDS = ("alpha", "beta", "gamma", "delta", "epsilon")
+
+
+def sentence(partition: int, offset: int) -> bytes:
+    """A few words; every 97th sentence is flaky (fails once), every 251st carries poison."""
+    n = partition * 10_000 + offset
+    words = [WORDS[(n + i) % len(WORDS)] for i in range(1 + n % 4)]
+    if n % 97 == 5:
+        words.append("flaky")
+    if n % 251 == 7:
+        words.append("poison")
+    return " ".join(words).encode()
+
+
+def expected_counts(per_partition: int, attempts: int) -> tuple[Counter[str], int]:
+    """The word counts a run with `attempts` per message ends with, and the poison count.
+
+    At least once, exactly modelled: a clean sentence counts once (a flaky one fails before
+    emitting, then counts once); the other words of a poison sentence count on every attempt
+    that got past the split bolt, because only the `poison` tuple fails.
+    """
+    counts: Counter[str] = Counter()
+    poison = 0
+    for p in PARTITIONS:
+        for o in range(per_partition):
+            words = sentence(p, o).decode().split()
+            if "poison" in words:
+                poison += 1
+                emitted = attempts - 1 if "flaky" in words else attempts
+                words = [w for w in words if w != "poison"] * emitted
+            counts.update(words)
+    return counts, poison
+
+
+def dead_lettered_offsets(config: TopicConfig, brokers: str) -> set[tuple[int, int]]:
+    """(partition, offset) of every record on the topic's dead-letter topic."""
+    consumer = Consumer({"bootstrap.servers": brokers, "group.id": "dlq-reader"})
+    try:
+        metadata = consumer.list_topics(config.dlq_topic, timeout=10)
+        parts = metadata.topics[config.dlq_topic].partitions
+        consumer.assign([TopicPartition(config.dlq_topic, p, 0) for p in parts])
+        found: set[tuple[int, int]] = set()
+        idle = 0
+        while idle < 3:
+            messages = consumer.consume(1000, timeout=1.0)
+            idle = 0 if messages else idle + 1
+            for m in messages:
+                if m.error() is None:
+                    headers = dict(cast(list[tuple[str, bytes]], m.headers() or []))
+                    source = headers["kspout.source.partition"], headers["kspout.source.offset"]
+                    found.add((int(source[0]), int(source[1])))
+        return found
+    finally:
+        consumer.close()
+
+
+def check_word_count(
+    progress: Progress,
+    config: TopicConfig,
+    stack: DevStack,
+    redis_client: redis.Redis,
+    per_partition: int,
+) -> None:
+    """Every sentence acked or dead-lettered per policy, counts complete, commit at high."""
+    key = f"{config.topic}:counts"
+    expected, poison = expected_counts(per_partition, attempts=config.max_retries + 1)
+    total = per_partition * len(PARTITIONS)
+    assert progress.total("dead_lettered") == poison > 0
+    assert progress.total("acked") == total - poison
+    assert progress.total("timed_out") == 0  # else replays would count more than modelled
+    counted = Counter({_text(k): int(v) for k, v in redis_client.hgetall(key).items()})
+    assert counted == expected
+    poison_sentences = {
+        (p, o) for p in PARTITIONS for o in range(per_partition) if b"poison" in sentence(p, o)
+    }
+    assert dead_lettered_offsets(config, stack.info.brokers) == poison_sentences
+    assert stored(config) == highs(config)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
