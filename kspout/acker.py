@@ -3,9 +3,10 @@
 Every tuple gets a random 64-bit id. A root's ack value is the XOR of every id created under
 it and every id acked, so it returns to zero exactly when each tuple in the tree was both
 created and acked, whatever the order the two events arrived in. A failed tuple fails its
-roots at once. The ledger keeps one integer (and an error, once failed) per root, however
-large the tree grows, and two ledgers merge by XOR: partial ledgers from separate Spark tasks
-combine in any order.
+roots at once. Besides acks, bolts may mark a root (the dedup bolt marks duplicates and
+deferrals); marks merge by precedence. The ledger keeps one integer, and at most one mark and
+one error, per root however large the tree grows, and two ledgers merge by XOR: partial
+ledgers from separate Spark tasks combine in any order.
 
 Timeouts are not tracked here: a root with a non-zero value stays in flight in its
 `PartitionManager`, whose `message_timeout` turns it into a TIMEOUT failure. Pure logic, no I/O.
@@ -38,57 +39,87 @@ def new_tuple_id() -> int:
     return _rng.getrandbits(64) or 1
 
 
+class Mark(enum.IntEnum):
+    """What a bolt said about a root besides acks; the highest mark wins when ledgers merge."""
+
+    NONE = 0
+    DUPLICATE = 1  # the dedup bolt found it done before: complete, counted as a duplicate
+    DEFERRED = 2  # the dedup bolt found it in flight elsewhere: retry later, no attempt spent
+    FAILED = 3  # a tuple under it failed (EXCEPTION)
+    INVALID = 4  # the message cannot be processed at all (no id): dead-letter it, no retry
+
+
 class RootState(enum.Enum):
     COMPLETE = "complete"  # every tuple created under the root was acked
-    FAILED = "failed"  # some tuple under it failed
+    DUPLICATE = "duplicate"  # complete, and the dedup bolt found it done before
     PENDING = "pending"  # tuples still unacked: it completes later or times out
+    DEFERRED = "deferred"  # in flight elsewhere: offer it again later
+    FAILED = "failed"  # some tuple under it failed
+    INVALID = "invalid"  # cannot be processed: straight to the dead letters
+
+
+_MARKED = {
+    Mark.DEFERRED: RootState.DEFERRED,
+    Mark.FAILED: RootState.FAILED,
+    Mark.INVALID: RootState.INVALID,
+}
 
 
 class Acker(Generic[RootKey]):
     """The XOR ledger for a set of roots."""
 
-    __slots__ = ("_failed", "_values")
+    __slots__ = ("_errors", "_marks", "_values")
 
     def __init__(self) -> None:
         self._values: dict[RootKey, int] = {}
-        self._failed: dict[RootKey, str] = {}
+        self._marks: dict[RootKey, Mark] = {}
+        self._errors: dict[RootKey, str] = {}
 
     def xor(self, root: RootKey, value: int) -> None:
         """Fold a tuple id (created or acked) into `root`'s ack value."""
         values = self._values
         values[root] = values.get(root, 0) ^ value
 
-    def fail(self, root: RootKey, error: str) -> None:
-        """Mark `root` failed; the first error is kept."""
-        self._failed.setdefault(root, error)
+    def mark(self, root: RootKey, mark: Mark, error: str | None = None) -> None:
+        """Record what a bolt said about `root`; a higher mark overrides a lower one."""
         self._values.setdefault(root, 0)
+        if mark > self._marks.get(root, Mark.NONE):
+            self._marks[root] = mark
+            if error is not None:
+                self._errors[root] = error
+
+    def fail(self, root: RootKey, error: str) -> None:
+        """Mark `root` failed with EXCEPTION; the first error is kept."""
+        self.mark(root, Mark.FAILED, error)
 
     def merge(self, other: Acker[RootKey]) -> None:
         """Fold another (partial) ledger into this one."""
-        for root, value in other._values.items():
+        for root, value, mark, error in other.entries():
             self.xor(root, value)
-        for root, error in other._failed.items():
-            self._failed.setdefault(root, error)
+            self.mark(root, mark, error)
 
     def state(self, root: RootKey) -> RootState:
         """Where `root` stands now."""
-        if root in self._failed:
-            return RootState.FAILED
-        return RootState.PENDING if self._values.get(root, 0) else RootState.COMPLETE
+        mark = self._marks.get(root, Mark.NONE)
+        if mark >= Mark.DEFERRED:
+            return _MARKED[mark]
+        if self._values.get(root, 0):
+            return RootState.PENDING
+        return RootState.DUPLICATE if mark is Mark.DUPLICATE else RootState.COMPLETE
 
     def error(self, root: RootKey) -> str | None:
         """The error that failed `root`, if it failed."""
-        return self._failed.get(root)
+        return self._errors.get(root)
 
     def roots(self) -> Iterator[RootKey]:
         """Every root this ledger has seen."""
         return iter(self._values)
 
-    def entries(self) -> Iterator[tuple[RootKey, int, str | None]]:
-        """`(root, ack value, error or None)` per root: what ships between tasks."""
-        failed = self._failed
+    def entries(self) -> Iterator[tuple[RootKey, int, Mark, str | None]]:
+        """`(root, ack value, mark, error)` per root: what ships between tasks."""
+        marks, errors = self._marks, self._errors
         for root, value in self._values.items():
-            yield root, value, failed.get(root)
+            yield root, value, marks.get(root, Mark.NONE), errors.get(root)
 
     def __len__(self) -> int:
         return len(self._values)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kspout.acker import Acker, new_tuple_id
+from kspout.acker import Acker, Mark, new_tuple_id
 from kspout.kafka import Record
 from kspout.outcomes import describe_error
 
@@ -115,8 +115,27 @@ class Collector:
     def fail(self, tuple_: Tuple, error: str | BaseException = "failed by the bolt") -> None:
         """This input failed: its roots fail at once with EXCEPTION."""
         text = error if isinstance(error, str) else describe_error(error)
+        self._mark(tuple_, Mark.FAILED, text)
+
+    def duplicate(self, tuple_: Tuple) -> None:
+        """Ack a root tuple whose message was processed before (the dedup bolt's DUPLICATE)."""
+        self._mark(tuple_, Mark.DUPLICATE)
+        self.ack(tuple_)
+
+    def defer(self, tuple_: Tuple) -> None:
+        """Give a root back to be offered again later without spending an attempt (the dedup
+        bolt's DEFERRED: the message is in flight elsewhere)."""
+        self._mark(tuple_, Mark.DEFERRED)
+        self.ack(tuple_)
+
+    def invalid(self, tuple_: Tuple, reason: str) -> None:
+        """The root's message cannot be processed (no id, undecodable): dead-letter it now."""
+        self._mark(tuple_, Mark.INVALID, reason)
+        self.ack(tuple_)
+
+    def _mark(self, tuple_: Tuple, mark: Mark, error: str | None = None) -> None:
         for root in tuple_.roots:
-            self._acker.fail(root, text)
+            self._acker.mark(root, mark, error)
 
 
 class BasicCollector:

@@ -11,6 +11,7 @@ class FailReason(enum.Enum):
 
     EXCEPTION = "exception"  # user code raised: the attempt is over, retry within the budget
     TIMEOUT = "timeout"  # not completed within message_timeout: the original may still run
+    INVALID = "invalid"  # the message itself cannot be processed (no id, undecodable): no retry
 
 
 class OutcomeKind(enum.Enum):

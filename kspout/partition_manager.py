@@ -18,6 +18,7 @@ Transitions and why:
     IN_FLIGHT --ack/duplicate--> DONE                   the work is done
     IN_FLIGHT --fail(reason)--> WAITING(due=now+backoff)  within the retry budget
     IN_FLIGHT --fail, budget spent--> DEAD_LETTER | DONE(skipped)   `on_exhausted`
+    IN_FLIGHT --fail(INVALID)--> DEAD_LETTER             no id, undecodable: a retry cannot help
     IN_FLIGHT --deadline passes--> fail(TIMEOUT)         the original may still be running
     IN_FLIGHT --defer--> WAITING(due=now+defer_delay)    running elsewhere; no attempt spent
     WAITING --plan, due--> IN_FLIGHT(attempt+1)         retries interleave with new work
@@ -80,7 +81,7 @@ class DeadLetterPending:
     attempts: int
     reason: FailReason | None
     error: str | None
-    cause: str  # "retries exhausted" or "max_offset_behind"
+    cause: str  # "retries exhausted", "max_offset_behind" or "not retried" (INVALID)
     handed: bool  # handed to the driver by take_dead_letters, write not yet confirmed
 
 
@@ -175,6 +176,7 @@ class Stats:
     skipped: int
     dead_lettered: int
     lost: int
+    invalid: int  # failed as INVALID (no id, undecodable): dead-lettered without a retry
     stale: int  # outcomes ignored: late, duplicated, or from a finished attempt
     spans: int  # memory in use: number of spans
 
@@ -189,6 +191,7 @@ class _Counters:
     skipped: int = 0
     dead_lettered: int = 0
     lost: int = 0
+    invalid: int = 0
     stale: int = 0
 
 
@@ -272,6 +275,7 @@ class PartitionManager:
             skipped=c.skipped,
             dead_lettered=c.dead_lettered,
             lost=c.lost,
+            invalid=c.invalid,
             stale=c.stale,
             spans=len(self._map),
         )
@@ -634,6 +638,12 @@ class PartitionManager:
         `index`, when the caller already found the span holding `[lo, hi)`, saves a lookup:
         single `fail` calls are a hot path.
         """
+        if reason is FailReason.INVALID:  # retrying cannot help: straight to the dead letters
+            self._c.invalid += hi - lo
+            self._give_up(
+                lo, hi, ExhaustedPolicy.DEAD_LETTER, value.attempt, reason, error, "not retried"
+            )
+            return
         spent = value.attempt - value.deferrals  # attempts that count against the budget
         if spent > self.policy.max_retries:
             self._give_up(

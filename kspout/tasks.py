@@ -84,8 +84,13 @@ class OutcomeLog:
 
     def fail(self, offset: int, error: str) -> None:
         """A failure with EXCEPTION (user code raised or failed the tuple)."""
-        attempt = self._attempt_of(offset)
-        self._outcomes.append(Outcome(offset, _FAIL, attempt, FailReason.EXCEPTION, error))
+        self.add(offset, _FAIL, FailReason.EXCEPTION, error)
+
+    def add(
+        self, offset: int, kind: OutcomeKind, reason: FailReason | None, error: str | None
+    ) -> None:
+        """Any outcome but an ack, at the attempt the plan gave `offset`."""
+        self._outcomes.append(Outcome(offset, kind, self._attempt_of(offset), reason, error))
 
     def finish(self, missing: Sequence[tuple[int, int]]) -> list[Outcome]:
         """Every outcome, ascending, with `missing` ranges reported GONE."""

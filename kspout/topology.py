@@ -33,6 +33,7 @@ from kspout.bolts import (
 )
 from kspout.errors import ChainError
 from kspout.kafka import FetchResult
+from kspout.outcomes import FailReason, OutcomeKind
 from kspout.tasks import Handler, OutcomeLog, PartitionTask, TaskResult
 
 ChainItem = Bolt | Grouping | Callable[[Any], object]
@@ -164,6 +165,14 @@ def run_stage(tuples: Iterable[Tuple], runner: StageRunner) -> None:
         runner.feed(tuple_)
 
 
+_SETTLED = {
+    RootState.DUPLICATE: (OutcomeKind.DUPLICATE, None),
+    RootState.DEFERRED: (OutcomeKind.DEFERRED, None),
+    RootState.FAILED: (OutcomeKind.FAIL, FailReason.EXCEPTION),
+    RootState.INVALID: (OutcomeKind.FAIL, FailReason.INVALID),
+}
+
+
 @dataclass(frozen=True, slots=True)
 class FetchReport:
     """What a first-stage task learnt from Kafka besides the records: for the final results."""
@@ -195,8 +204,8 @@ def task_results(
         for offset, state, error in sorted(by_partition.get(task.partition, ())):
             if state is RootState.COMPLETE:
                 log.ack(offset)
-            elif state is RootState.FAILED:
-                log.fail(offset, error or "failed")
+            elif state is not RootState.PENDING:
+                log.add(offset, *_SETTLED[state], error)
         results.append(
             TaskResult(
                 task.topic,

@@ -8,7 +8,17 @@ from rich.table import Table
 
 from kspout.driver import Progress
 
-COUNTERS = ("acked", "duplicates", "retried", "timed_out", "skipped", "dead_lettered", "lost")
+COUNTERS = (
+    "acked",
+    "duplicates",
+    "retried",
+    "deferred",
+    "timed_out",
+    "skipped",
+    "invalid",
+    "dead_lettered",
+    "lost",
+)
 HEADERS = {
     "duplicates": "dup",
     "timed_out": "timeout",

@@ -15,7 +15,7 @@ import atexit
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from kspout.acker import Acker
+from kspout.acker import Acker, Mark
 from kspout.bolts import RootKey, TaskContext, Tuple
 from kspout.config import TopicConfig
 from kspout.kafka import PartitionFetcher
@@ -55,7 +55,7 @@ class Ledger:
     """Ack values and errors of some roots of one Kafka partition, plus what its fetch found."""
 
     partition: int
-    entries: list[tuple[int, int, str | None]]  # (offset, ack value, error)
+    entries: list[tuple[int, int, Mark, str | None]]  # (offset, ack value, mark, error)
     report: FetchReport | None = None
 
 
@@ -165,10 +165,9 @@ def combine(
         assert isinstance(ledger, Ledger)
         partitions.add(ledger.partition)
         p = ledger.partition
-        for offset, value, error in ledger.entries:
+        for offset, value, mark, error in ledger.entries:
             acker.xor((p, offset), value)
-            if error is not None:
-                acker.fail((p, offset), error)
+            acker.mark((p, offset), mark, error)
         if ledger.report is not None:
             reports.append(ledger.report)
     mine = [task for task in tasks if task.partition in partitions]
@@ -179,8 +178,8 @@ def _ledgers(
     spec: BatchSpec, acker: Acker[RootKey], reports: dict[int, FetchReport]
 ) -> Iterator[Item]:
     """Split a task's ledger by Kafka partition, each headed for its merge target."""
-    split: dict[int, list[tuple[int, int, str | None]]] = {p: [] for p in reports}
-    for (partition, offset), value, error in acker.entries():
-        split.setdefault(partition, []).append((offset, value, error))
+    split: dict[int, list[tuple[int, int, Mark, str | None]]] = {p: [] for p in reports}
+    for (partition, offset), value, mark, error in acker.entries():
+        split.setdefault(partition, []).append((offset, value, mark, error))
     for partition, entries in split.items():
         yield spec.target_of(partition), Ledger(partition, entries, reports.get(partition))

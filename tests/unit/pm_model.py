@@ -47,6 +47,7 @@ class Model:
                 "retried",
                 "deferred",
                 "timed_out",
+                "invalid",
             )
         }
 
@@ -147,10 +148,16 @@ class Model:
         if self._live(o) is not None:
             self._finish(o, "duplicates" if duplicate else "acked")
 
-    def fail(self, o: int, now: float, attempt: int | None) -> None:
+    def fail(
+        self, o: int, now: float, attempt: int | None, reason: FailReason = FailReason.EXCEPTION
+    ) -> None:
         s = self._live(o)
         if s is not None and s.state == "inflight" and attempt in (None, s.attempt):
-            self._fail_one(o, now)
+            if reason is FailReason.INVALID:
+                self.counts["invalid"] += 1
+                self._give_up(o, ExhaustedPolicy.DEAD_LETTER, s.attempt)
+            else:
+                self._fail_one(o, now)
 
     def defer(self, o: int, now: float, attempt: int | None) -> None:
         s = self._live(o)

@@ -103,7 +103,7 @@ class PartitionManagerMachine(RuleBasedStateMachine):
         o = self._offset(data)
         attempt = self._attempt(data, o)
         self.pm.fail(o, reason, "boom", attempt)
-        self.model.fail(o, self.now, attempt)
+        self.model.fail(o, self.now, attempt, reason)
 
     @rule(data=st.data())
     def defer(self, data: st.DataObject) -> None:
@@ -132,7 +132,7 @@ class PartitionManagerMachine(RuleBasedStateMachine):
         hi = data.draw(st.integers(lo, lo + 12))
         self.pm.fail_range(lo, hi, reason)
         for o in range(lo, hi):
-            self.model.fail(o, self.now, None)
+            self.model.fail(o, self.now, None, reason)
 
     @rule(data=st.data())
     def apply_batch(self, data: st.DataObject) -> None:
@@ -152,7 +152,8 @@ class PartitionManagerMachine(RuleBasedStateMachine):
             elif out.kind is OutcomeKind.DUPLICATE:
                 self.model.ack(o, duplicate=True)
             elif out.kind is OutcomeKind.FAIL:
-                self.model.fail(o, self.now, out.attempt)
+                assert out.reason is not None
+                self.model.fail(o, self.now, out.attempt, out.reason)
             elif out.kind is OutcomeKind.DEFERRED:
                 self.model.defer(o, self.now, out.attempt)
             else:
