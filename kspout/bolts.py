@@ -178,8 +178,23 @@ class Bolt:
     def execute(self, tuple_: Tuple, collector: Collector) -> None:
         raise NotImplementedError
 
+    def execute_batch(self, tuples: Sequence[Tuple], collector: Collector) -> None:
+        """Execute a task's whole input at once (the first bolt of each stage is called so).
+
+        The default runs `execute` per tuple, failing the tuple whose `execute` raised. Bolts
+        that pay a round trip per call (the dedup bolt) override it to make one per batch.
+        """
+        for tuple_ in tuples:
+            try:
+                self.execute(tuple_, collector)
+            except Exception as exc:
+                collector.fail(tuple_, exc)
+
     def cleanup(self) -> None:
         """Called once per task after the last `execute`."""
+
+    def start(self) -> None:
+        """Called once on the driver before the first batch (checks, warnings)."""
 
 
 class BasicBolt(Bolt):

@@ -8,9 +8,13 @@ Each message is JSON `{"id": n, "text": "...", "inject": kind}` keyed by its id.
 * `slow`: the split bolt sleeps past `message_timeout` on the first attempt: the message times
   out while the original still runs, and is replayed.
 * `poison`: the split bolt always raises: the message ends on the dead-letter topic.
+* `noid`: the message has no key, so the exactly-once job cannot deduplicate it: it goes to
+  the dead-letter topic there (the at-least-once job counts it like any other).
 
-The chain is `SplitSentence -> Fields("word") -> CountWord`, counting into a Redis hash. The
-report compares those counts with the true counts of the stream.
+Two jobs consume the stream. `demo-storm` is Storm's word count, `SplitSentence ->
+Fields("word") -> CountWord`, at least once. `demo-exactly-once` runs `count_once` behind the
+dedup bolt: a message's word counts are applied in Redis atomically with marking its id DONE.
+The report compares each job's counts with the true counts of the stream.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ from functools import cache
 import redis
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from dedup import Effects, IdempotencyBolt
 from kspout.bolts import BasicBolt, BasicCollector, Fields, TaskContext, Tuple
 from kspout.config import TopicConfig
+from kspout.kafka import Record
 from kspout.offsets import ZkOffsetStore
 from kspout.topology import ChainItem
 
@@ -35,7 +41,7 @@ WORDS = (
     "replay", "acker", "ledger", "commit", "retry", "lease", "token", "epoch", "redis",
     "zookeeper", "driver", "executor", "batch", "window",
 )  # fmt: skip
-INJECTED = {"flaky": 0.03, "late": 0.02, "poison": 0.002}
+INJECTED = {"flaky": 0.03, "late": 0.02, "poison": 0.002, "noid": 0.001}
 SLOW_MESSAGES = 2  # few: each one holds its Spark task for longer than message_timeout
 
 
@@ -46,11 +52,12 @@ class DemoStream:
     messages: int
     injected: Counter[str] = field(default_factory=Counter)
     true_counts: Counter[str] = field(default_factory=Counter)  # poison messages excluded
+    keyed_counts: Counter[str] = field(default_factory=Counter)  # ... and messages without id
 
     @property
-    def expected_effects(self) -> int:
-        """Messages whose words should be counted: all but the poison ones."""
-        return self.messages - self.injected["poison"]
+    def keyed_messages(self) -> int:
+        """Messages the exactly-once job should apply: all but the poison and unkeyed ones."""
+        return self.messages - self.injected["poison"] - self.injected["noid"]
 
 
 def produce_sentences(config: TopicConfig, messages: int, seed: int = 7) -> DemoStream:
@@ -70,10 +77,13 @@ def produce_sentences(config: TopicConfig, messages: int, seed: int = 7) -> Demo
         stream.injected[inject] += 1
         if inject != "poison":
             stream.true_counts.update(words)
+            if inject != "noid":
+                stream.keyed_counts.update(words)
         value = json.dumps({"id": n, "text": " ".join(words), "inject": inject}).encode()
+        key = None if inject == "noid" else str(n).encode()
         while True:
             try:
-                producer.produce(config.topic, key=str(n).encode(), value=value)
+                producer.produce(config.topic, key=key, value=value)
                 break
             except BufferError:
                 producer.poll(0.1)
@@ -146,6 +156,40 @@ def word_count_chain(config: TopicConfig, job: str, slow_seconds: float) -> list
     """The Storm-style topology: split, group by word, count."""
     url = config.redis.url
     return [SplitSentence(url, job, slow_seconds), Fields("word"), CountWord(url, f"{job}:counts")]
+
+
+@dataclass(frozen=True, slots=True)
+class CountOnce:
+    """The exactly-once job's handler: a message's word counts, plus one effect counter and
+    its id in a set, all applied with the dedup bolt's DONE in one atomic step."""
+
+    job: str
+    slow_seconds: float
+
+    def __call__(self, record: Record, effects: Effects) -> None:
+        message = json.loads(record.value or b"{}")
+        inject, first = message["inject"], effects.attempt == 1
+        if inject == "poison":
+            raise ValueError(f"poison message {message['id']}")
+        if inject in ("flaky", "late") and first:
+            raise RuntimeError(f"injected failure of message {message['id']}, first attempt")
+        if inject == "slow" and first:
+            time.sleep(self.slow_seconds)
+        for word in message["text"].split():
+            effects.hincrby(f"{self.job}:counts", word)
+        effects.incrby(f"{self.job}:effects")
+        effects.sadd(f"{self.job}:ids", effects.id)
+
+
+def exactly_once_chain(config: TopicConfig, job: str, slow_seconds: float) -> IdempotencyBolt:
+    """The dedup bolt wrapping `CountOnce`."""
+    return IdempotencyBolt(CountOnce(job, slow_seconds), config)
+
+
+def read_effects(config: TopicConfig, job: str) -> tuple[int, int]:
+    """(effects applied, distinct ids applied) of the exactly-once job."""
+    client = _redis(config.redis.url)
+    return int(client.get(f"{job}:effects") or 0), int(client.scard(f"{job}:ids"))
 
 
 def read_counts(config: TopicConfig, key: str) -> Counter[str]:

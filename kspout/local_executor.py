@@ -34,6 +34,7 @@ class LocalExecutor:
     ) -> None:
         self._config = config
         self._topology = chain if isinstance(chain, Topology) else Topology.of(chain)
+        self._topology.start()
         self._fetcher = PartitionFetcher(config)
         self._started = False
         self._batches = 0

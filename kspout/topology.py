@@ -100,6 +100,12 @@ class Topology:
                     )
             upstream = stage.bolts[-1].outputs
 
+    def start(self) -> None:
+        """Let every bolt check its surroundings on the driver before the first batch."""
+        for stage in self.stages:
+            for bolt in stage.bolts:
+                bolt.start()
+
     @property
     def handler(self) -> Handler | None:
         """The plain function when the chain is just one, for the tracker-free fast path."""
@@ -111,7 +117,7 @@ class Topology:
 
 
 class StageRunner:
-    """Runs one stage's bolts over input tuples inside one task, depth first.
+    """Runs one stage's bolts over a task's input tuples, the later bolts depth first.
 
     Tuples the stage's last bolt emits are collected in `output` for the next stage's
     grouping; in the chain's last stage they go nowhere.
@@ -131,19 +137,28 @@ class StageRunner:
         for bolt in self._bolts:
             bolt.prepare(context)
 
-    def feed(self, tuple_: Tuple, index: int = 0) -> None:
+    def run(self, tuples: Sequence[Tuple]) -> None:
+        """The stage's first bolt takes all the task's input in one batch; whatever it emits
+        then runs through the next bolts, tuple by tuple."""
+        self._bolts[0].execute_batch(tuples, self._collectors[0])
+        self._forward(0)
+
+    def _feed(self, tuple_: Tuple, index: int) -> None:
         """Execute `tuple_` in bolt `index`, then whatever it emitted in the next bolts."""
         collector = self._collectors[index]
         try:
             self._bolts[index].execute(tuple_, collector)
         except Exception as exc:
             collector.fail(tuple_, exc)
+        self._forward(index)
+
+    def _forward(self, index: int) -> None:
         if index < len(self._buffers):
             buffer = self._buffers[index]
             emitted = buffer[:]
             buffer.clear()
             for child in emitted:
-                self.feed(child, index + 1)
+                self._feed(child, index + 1)
 
     def close(self) -> None:
         """Let every bolt clean up."""
@@ -152,17 +167,15 @@ class StageRunner:
 
 
 def run_first_stage(fetched: FetchResult, runner: StageRunner, acker: Acker[RootKey]) -> None:
-    """Feed each fetched record into the chain as a root tuple."""
+    """Feed the fetched records into the chain as root tuples."""
     reseed()
-    for record in fetched.records:
-        runner.feed(root_tuple(record, acker))
+    runner.run([root_tuple(record, acker) for record in fetched.records])
 
 
 def run_stage(tuples: Iterable[Tuple], runner: StageRunner) -> None:
     """Feed tuples routed here by a grouping into a later stage."""
     reseed()
-    for tuple_ in tuples:
-        runner.feed(tuple_)
+    runner.run(list(tuples))
 
 
 _SETTLED = {

@@ -14,6 +14,7 @@ import tempfile
 from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -28,14 +29,20 @@ from kspout.config import TopicConfig, load_config
 from kspout.demo import (
     DemoStream,
     count_dead_letters,
+    exactly_once_chain,
     produce_sentences,
     read_counts,
+    read_effects,
     stored_offsets,
     word_count_chain,
 )
 from kspout.devstack import DevStack
 from kspout.driver import Progress
 from kspout.spout import KafkaSpout
+from kspout.topology import ChainItem
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 @main.command()
@@ -77,40 +84,55 @@ def demo(config_path: str, messages: int, master: str, dev_stack: bool) -> None:
             spark.sparkContext.setLogLevel("ERROR")
         stack.callback(spark.stop)
 
-        job = "demo-storm"
-        storm = config.model_copy(update={"spout_id": job, "dead_letter_topic": f"{job}.dlq"})
-        chain = word_count_chain(storm, job, slow_seconds=config.message_timeout + 1)
-        console.print(f"running {job}: split -> fields(word) -> count, at least once")
-        with Live(console=console, transient=True, auto_refresh=False) as live:
+        slow = config.message_timeout + 4  # replays find the original still running
+        storm = job_config(config, "demo-storm")
+        console.print("running demo-storm: split -> fields(word) -> count, at least once")
+        final = run_job(console, spark, storm, word_count_chain(storm, "demo-storm", slow))
+        ok = report_word_count(out, storm, stream, final, read_counts(storm, "demo-storm:counts"))
 
-            def show(progress: Progress) -> None:
-                live.update(progress_table(progress, title=job), refresh=True)
-
-            final = KafkaSpout(storm, spark).run(chain, until_caught_up=True, on_progress=show)
-        ok = report_word_count(out, storm, stream, final, read_counts(storm, f"{job}:counts"))
+        once = job_config(config, "demo-exactly-once")
+        bolt = exactly_once_chain(once, "demo-exactly-once", slow)
+        console.print("running demo-exactly-once: the dedup bolt around a counting handler")
+        final = run_job(console, spark, once, bolt)
+        ok = report_exactly_once(out, once, stream, final, bolt.warnings) and ok
         if not ok:
             raise SystemExit(1)
 
 
-def report_word_count(
-    out: Console, config: TopicConfig, stream: DemoStream, final: Progress, counts: Counter[str]
-) -> bool:
-    """Print the job's figures and checks; True when every check passed."""
+def job_config(config: TopicConfig, job: str) -> TopicConfig:
+    """The demo topic's settings under the job's own spout id and dead-letter topic."""
+    return config.model_copy(update={"spout_id": job, "dead_letter_topic": f"{job}.dlq"})
+
+
+def run_job(
+    console: Console, spark: SparkSession, config: TopicConfig, chain: ChainItem | list[ChainItem]
+) -> Progress:
+    """Run a job until caught up, with a live progress table."""
+    with Live(console=console, transient=True, auto_refresh=False) as live:
+
+        def show(progress: Progress) -> None:
+            live.update(progress_table(progress, title=config.spout_id), refresh=True)
+
+        return KafkaSpout(config, spark).run(chain, until_caught_up=True, on_progress=show)
+
+
+def print_checks(out: Console, checks: dict[str, bool]) -> bool:
+    """One OK/FAIL line per check; True when all passed."""
+    for name, ok in checks.items():
+        out.print(f"[{'green' if ok else 'red'}]{'OK  ' if ok else 'FAIL'}[/] {name}")
+    return all(checks.values())
+
+
+def print_figures(out: Console, config: TopicConfig, final: Progress) -> dict[int, int]:
+    """The final table, the totals and the commit points; returns the commit points."""
     out.print(progress_table(final, title=f"{config.spout_id}: final"))
-    table = Table(title="word counts (top 8)")
-    for column in ("word", "counted", "true", "extra from replays"):
-        table.add_column(column, justify="right" if column != "word" else "left")
-    for word, true in stream.true_counts.most_common(8):
-        table.add_row(word, str(counts[word]), str(true), str(counts[word] - true))
-    out.print(table)
     stored = stored_offsets(config)
-    highs = {v.partition: v.high for v in final.partitions}
-    dead = count_dead_letters(config)
-    extra = sum(counts.values()) - sum(stream.true_counts.values())
     out.print(
-        f"acked {final.total('acked')}, failed and retried {final.total('retried')}, "
-        f"timed out {final.total('timed_out')}, dead-lettered {final.total('dead_lettered')}, "
-        f"lost {final.total('lost')}, in {final.elapsed:.1f}s over {final.batches} batches"
+        f"acked {final.total('acked')}, duplicates {final.total('duplicates')}, "
+        f"failed and retried {final.total('retried')}, deferred {final.total('deferred')}, "
+        f"timed out {final.total('timed_out')}, dead-lettered {final.total('dead_lettered')} "
+        f"({final.total('invalid')} without an id), lost {final.total('lost')}, "
+        f"in {final.elapsed:.1f}s over {final.batches} batches"
     )
     out.print("committed offsets: " + ", ".join(f"p{p}={o}" for p, o in sorted(stored.items())))
     if final.total("timed_out"):
@@ -119,19 +141,72 @@ def report_word_count(
             f"micro-batch past message_timeout ({config.message_timeout:g}s), so the batch was "
             "replayed while the original still ran"
         )
+    return stored
+
+
+def report_word_count(
+    out: Console, config: TopicConfig, stream: DemoStream, final: Progress, counts: Counter[str]
+) -> bool:
+    """The at-least-once job's figures and checks; True when every check passed."""
+    stored = print_figures(out, config, final)
+    table = Table(title="word counts (top 8)")
+    for column in ("word", "counted", "true", "extra from replays"):
+        table.add_column(column, justify="right" if column != "word" else "left")
+    for word, true in stream.true_counts.most_common(8):
+        table.add_row(word, str(counts[word]), str(true), str(counts[word] - true))
+    out.print(table)
+    extra = sum(counts.values()) - sum(stream.true_counts.values())
     out.print(
         f"replays counted {extra} extra words: at-least-once processing applies an effect "
         "again when a message is replayed after some or all of its words were counted"
     )
-    checks = {
-        "no word lost: every count is at least the true count": all(
-            counts[w] >= n for w, n in stream.true_counts.items()
-        ),
-        f"{config.dlq_topic} holds the {stream.injected['poison']} poison messages": (
-            dead == stream.injected["poison"] == final.total("dead_lettered")
-        ),
-        "ZooKeeper commit points equal the high watermarks": stored == highs,
-    }
-    for name, ok in checks.items():
-        out.print(f"[{'green' if ok else 'red'}]{'OK  ' if ok else 'FAIL'}[/] {name}")
-    return all(checks.values())
+    poison = stream.injected["poison"]
+    return print_checks(
+        out,
+        {
+            "no word lost: every count is at least the true count": all(
+                counts[w] >= n for w, n in stream.true_counts.items()
+            ),
+            f"{config.dlq_topic} holds the {poison} poison messages": (
+                count_dead_letters(config) == poison == final.total("dead_lettered")
+            ),
+            "ZooKeeper commit points equal the high watermarks": stored == highs(final),
+        },
+    )
+
+
+def report_exactly_once(
+    out: Console, config: TopicConfig, stream: DemoStream, final: Progress, warnings: list[str]
+) -> bool:
+    """The exactly-once job's figures and checks; True when every check passed."""
+    stored = print_figures(out, config, final)
+    for warning in warnings:
+        out.print(f"[yellow]Redis durability warning:[/] {warning}")
+    effects, ids = read_effects(config, config.spout_id)
+    counts = read_counts(config, f"{config.spout_id}:counts")
+    expected = stream.keyed_messages
+    out.print(
+        f"effects applied {effects}, distinct message ids applied {ids}, "
+        f"messages with an id that should apply {expected}"
+    )
+    dead = stream.injected["poison"] + stream.injected["noid"]
+    return print_checks(
+        out,
+        {
+            "each message's effect applied exactly once: effects = distinct ids = expected": (
+                effects == ids == expected
+            ),
+            "word counts equal the true counts exactly": counts == stream.keyed_counts,
+            f"{config.dlq_topic} holds the {stream.injected['poison']} poison messages and the "
+            f"{stream.injected['noid']} without an id": (
+                count_dead_letters(config) == dead == final.total("dead_lettered")
+                and final.total("invalid") == stream.injected["noid"]
+            ),
+            "ZooKeeper commit points equal the high watermarks": stored == highs(final),
+        },
+    )
+
+
+def highs(final: Progress) -> dict[int, int]:
+    """Each partition's high watermark as the run last saw it."""
+    return {v.partition: v.high for v in final.partitions}

@@ -19,6 +19,8 @@ COUNTERS = (
     "dead_lettered",
     "lost",
 )
+# Shown in the table only when some partition has a count (JSON always has every counter).
+OCCASIONAL = {"duplicates", "deferred", "skipped", "invalid"}
 HEADERS = {
     "duplicates": "dup",
     "timed_out": "timeout",
@@ -33,7 +35,8 @@ def progress_table(progress: Progress, title: str | None = None) -> Table:
         title=title or f"{progress.topic}: batch {progress.batches}, {progress.elapsed:.1f}s",
         title_justify="left",
     )
-    for name in ("partition", "committed", "high", "lag", "in flight", "failed", *COUNTERS):
+    counters = [c for c in COUNTERS if c not in OCCASIONAL or progress.total(c)]
+    for name in ("partition", "committed", "high", "lag", "in flight", "failed", *counters):
         table.add_column(HEADERS.get(name, name), justify="right")
     for view in progress.partitions:
         s = view.stats
@@ -44,7 +47,7 @@ def progress_table(progress: Progress, title: str | None = None) -> Table:
             str(view.lag),
             str(s.in_flight),
             str(s.failed + s.dead_letter_pending),
-            *(str(getattr(s, name)) for name in COUNTERS),
+            *(str(getattr(s, name)) for name in counters),
         )
     table.add_section()
     table.add_row(
@@ -54,7 +57,7 @@ def progress_table(progress: Progress, title: str | None = None) -> Table:
         str(progress.lag),
         str(progress.total("in_flight")),
         str(progress.total("failed") + progress.total("dead_letter_pending")),
-        *(str(progress.total(name)) for name in COUNTERS),
+        *(str(progress.total(name)) for name in counters),
         style="bold",
     )
     return table

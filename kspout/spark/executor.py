@@ -45,6 +45,7 @@ class SparkExecutor:
         self._spark = spark
         self._config = config
         self._topology = topology
+        topology.start()
         self._pool = ThreadPoolExecutor(
             max_workers=config.max_batches_in_flight, thread_name_prefix="kspout-batch"
         )

@@ -1,0 +1,211 @@
+"""`IdempotencyBolt`: exactly-once effects for a handler, across replays, crashes and timeouts.
+
+It wraps the handler that applies a message's side effects and runs first in its stage. Per
+task it makes two Redis round trips: one claim for every message id of the batch, one
+settlement for all of them.
+
+* DONE before: the message is acked as a DUPLICATE; the handler does not run.
+* In flight in another task with a live lease (a timeout replay while the original still
+  runs): DEFERRED, offered again after `defer_delay` without spending an attempt.
+* Claimed: the handler runs with an `Effects` buffer. If it returns, its Redis effects are
+  applied and the record marked DONE in one Lua call, only if this claim's fencing token still
+  holds the record. If it raises, the record is marked FAILED and the message fails with
+  EXCEPTION, to be retried.
+* No id: the message goes to the dead-letter topic (INVALID), counted.
+
+So a task that dies without a word leaves a lease that expires and is claimed again (nothing
+lost); an original that times out and throws later settles FAILED, and the next replay claims
+and runs it (nothing stuck); a zombie whose lease was taken over finds its settlement refused
+(nothing applied twice).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Callable, Sequence
+from functools import cache
+
+import redis
+from kazoo.client import KazooClient
+
+from dedup.epoch import ZkEpoch
+from dedup.ids import IdReader, id_reader
+from dedup.store import (
+    ClaimStatus,
+    Effect,
+    IdempotencyStore,
+    Settlement,
+    SettleStatus,
+    check_effect,
+    server_durability_warnings,
+)
+from kspout.bolts import Bolt, Collector, TaskContext, Tuple
+from kspout.config import TopicConfig
+from kspout.kafka import Record
+from kspout.outcomes import describe_error
+
+log = logging.getLogger(__name__)
+
+
+class Effects:
+    """One claimed message's side effects, applied atomically with marking it DONE.
+
+    Add Redis writes (`hincrby`, `incrby`, `sadd`, `set`, `hset`); they happen only if the
+    handler returns and this claim still holds the message. For effects outside Redis, check
+    `still_owner()` (or pass `token` to a sink that keeps the highest token it has seen).
+    """
+
+    __slots__ = ("_store", "attempt", "commands", "id", "token")
+
+    def __init__(self, store: IdempotencyStore, id: str, token: int, attempt: int) -> None:
+        self._store = store
+        self.id = id
+        self.token = token  # the fencing token: strictly increasing per claim
+        self.attempt = attempt  # 1 for the first claim of this id
+        self.commands: list[Effect] = []
+
+    def add(self, *command: str | bytes | int | float) -> None:
+        """Any allowed write, e.g. `add("HINCRBY", key, field, 1)`; checked at once."""
+        check_effect(self.id, command)
+        self.commands.append(command)
+
+    def hincrby(self, key: str, field: str, amount: int = 1) -> None:
+        self.add("HINCRBY", key, field, amount)
+
+    def incrby(self, key: str, amount: int = 1) -> None:
+        self.add("INCRBY", key, amount)
+
+    def sadd(self, key: str, *members: str | bytes | int) -> None:
+        self.add("SADD", key, *members)
+
+    def set(self, key: str, value: str | bytes | int | float) -> None:
+        self.add("SET", key, value)
+
+    def hset(self, key: str, field: str, value: str | bytes | int | float) -> None:
+        self.add("HSET", key, field, value)
+
+    def still_owner(self) -> bool:
+        """True while this claim holds the message: check before an effect outside Redis."""
+        return self._store.fence_ok(self.id, self.token)
+
+
+EffectHandler = Callable[[Record, Effects], object]
+
+
+@cache
+def _redis(args: tuple[tuple[str, object], ...]) -> redis.Redis:
+    return redis.Redis.from_url(**dict(args))  # type: ignore[arg-type]
+
+
+@cache
+def _zookeeper(hosts: str) -> KazooClient:
+    client = KazooClient(hosts=hosts, timeout=10.0)
+    client.start(timeout=15.0)
+    return client
+
+
+_stores: dict[tuple[object, ...], IdempotencyStore] = {}
+
+
+def _store(config: TopicConfig, namespace: str) -> IdempotencyStore:
+    """This Python worker's store for the namespace (clients are made here, not shipped)."""
+    redis_args = tuple(sorted(config.redis_args().items()))
+    key = (redis_args, config.zookeeper, config.zk_root, namespace, config.dedup)
+    store = _stores.get(key)
+    if store is None:
+        path = f"{config.zk_root}/dedup/{namespace}/epoch"
+        store = _stores[key] = IdempotencyStore(
+            _redis(redis_args),
+            namespace=namespace,
+            lease_ms=int(config.dedup.lease * 1000),
+            done_ttl_ms=int(config.dedup.ttl * 1000),
+            epoch_source=ZkEpoch(_zookeeper(config.zookeeper), path),
+        )
+    return store
+
+
+class IdempotencyBolt(Bolt):
+    """Runs `handler(record, effects)` at most once to completion per message id."""
+
+    def __init__(
+        self, handler: EffectHandler, config: TopicConfig, *, namespace: str | None = None
+    ) -> None:
+        self.handler = handler
+        self.config = config
+        self.namespace = namespace or config.spout_id
+        self.warnings: list[str] = []
+        self._read_id: IdReader = id_reader(config.dedup.id_source)
+
+    def start(self) -> None:
+        """On the driver: warn when the Redis server could lose acknowledged records."""
+        client = _redis(tuple(sorted(self.config.redis_args().items())))
+        self.warnings = server_durability_warnings(client)
+        for warning in self.warnings:
+            log.warning("dedup Redis %s: %s", self.config.redis.url, warning)
+
+    def prepare(self, context: TaskContext) -> None:
+        self._store = _store(self.config, self.namespace)
+        host = socket.gethostname()
+        self._owner = f"{host}:{os.getpid()}:{context.batch}:{uuid.uuid4().hex[:12]}"
+
+    def execute(self, tuple_: Tuple, collector: Collector) -> None:
+        self.execute_batch([tuple_], collector)
+
+    def execute_batch(self, tuples: Sequence[Tuple], collector: Collector) -> None:
+        """Claim the batch's ids, run the handler on the claimed ones, settle them together."""
+        store = self._store
+        ids: list[str] = []
+        known: list[Tuple] = []
+        for tuple_ in tuples:
+            id_, why = self._read_id(tuple_.record)
+            if id_ is None:
+                collector.invalid(tuple_, why)
+            else:
+                ids.append(id_)
+                known.append(tuple_)
+        settlements: list[Settlement] = []
+        ran: list[Tuple] = []
+        for tuple_, id_, claim in zip(known, ids, store.claim(ids, self._owner), strict=True):
+            if claim.status is ClaimStatus.DUPLICATE:
+                collector.duplicate(tuple_)
+            elif claim.status is ClaimStatus.DEFERRED:
+                collector.defer(tuple_)
+            else:
+                settlements.append(self._run(tuple_.record, id_, claim.token, claim.attempts))
+                ran.append(tuple_)
+        for tuple_, item, status in zip(ran, settlements, store.settle(settlements), strict=True):
+            if status is SettleStatus.SETTLED:
+                if item.done:
+                    collector.ack(tuple_)
+                else:
+                    collector.fail(tuple_, item.error or "failed")
+            elif status is SettleStatus.STALE:
+                collector.defer(tuple_)  # another claim holds it now: it settles the message
+            elif status is SettleStatus.LOST:
+                collector.fail(tuple_, f"idempotency record of {item.id!r} vanished from Redis")
+            else:
+                collector.fail(tuple_, f"Redis rejected the effects of {item.id!r}")
+
+    def _run(self, record: Record, id_: str, token: int, attempt: int) -> Settlement:
+        effects = Effects(self._store, id_, token, attempt)
+        try:
+            self.handler(record, effects)
+        except Exception as exc:
+            return Settlement(id_, token, False, describe_error(exc))
+        return Settlement(id_, token, True, None, effects.commands)
+
+    def __getstate__(self) -> dict[str, object]:
+        """Only the settings travel to executors; clients are made there."""
+        return {
+            "handler": self.handler,
+            "config": self.config,
+            "namespace": self.namespace,
+            "warnings": self.warnings,
+        }
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._read_id = id_reader(self.config.dedup.id_source)
