@@ -1,0 +1,46 @@
+-- settle.lua: mark a batch of claimed ids DONE or FAILED, each only with its current token.
+--
+-- KEYS[1..n]  record keys `{ns}:r:<id>` (record layout: see claim.lua)
+-- ARGV[1]     how long DONE and FAILED records are kept, ms
+-- ARGV[2]     the n tokens (hex) the caller's claims got, space-separated, in KEYS order
+-- ARGV[3]     n characters, one per item: 'D' for DONE, 'F' for FAILED
+-- ARGV[4..]   the error text of each FAILED item, in order
+--
+-- An item settles only if its record is IN_FLIGHT with exactly that token (a lease that ran out
+-- still settles if nobody claimed the id since: the work is done and no newer token exists).
+-- DONE and FAILED keep the attempt count. A refused item changes nothing.
+-- Returns a string with one digit per item: 0 settled, 1 STALE (another token holds the record,
+-- or it is already settled), 2 LOST (no record: it expired or Redis lost it).
+
+local ttl = ARGV[1]
+local outcomes = ARGV[3]
+local errors = 3 -- ARGV index of the last error text used
+local out = {}
+local i = 0
+for token in string.gmatch(ARGV[2], '%x+') do
+  i = i + 1
+  local done = string.byte(outcomes, i) == 68 -- 'D'
+  if not done then
+    errors = errors + 1
+  end
+  local record = redis.call('GET', KEYS[i])
+  if not record then
+    out[i] = '2'
+  else
+    local prefix = 'I:' .. token .. ':'
+    if string.sub(record, 1, #prefix) ~= prefix then
+      out[i] = '1'
+    else
+      local attempts = string.match(record, '^%d+', #prefix + 1)
+      local settled
+      if done then
+        settled = 'D:' .. token .. ':' .. attempts
+      else
+        settled = 'F:' .. token .. ':' .. attempts .. ':' .. ARGV[errors]
+      end
+      redis.call('SET', KEYS[i], settled, 'PX', ttl)
+      out[i] = '0'
+    end
+  end
+end
+return table.concat(out)

@@ -1,0 +1,470 @@
+"""The Redis side of the dedup bolt: one idempotency record per message id, moved by Lua scripts.
+
+Each id has one record, a short string under `{<namespace>}:r:<id>` (the hash tag keeps a whole
+namespace on one Redis Cluster slot, so a batch is one script call). States and transitions:
+
+* absent -> IN_FLIGHT(owner, lease deadline, token, attempts=1): `claim` of a new id;
+* IN_FLIGHT -> IN_FLIGHT(attempts+1, new token): `claim` once the lease has ended (the holder
+  died or hangs; its token is now stale);
+* IN_FLIGHT -> IN_FLIGHT(same attempts, new token): `claim` by the lease's own owner, a renewal
+  (a second claim of the same id within one call is DEFERRED instead, so a batch never fences
+  itself);
+* IN_FLIGHT -> DONE / FAILED: `settle` with the record's current token; both keep the attempt
+  count and expire after `done_ttl_ms`, DONE atomically with the item's Redis effects, if any;
+* FAILED -> IN_FLIGHT(attempts+1, new token): `claim` (an exception-failed message runs again);
+* DONE: `claim` answers DUPLICATE (ack without running user code) until the key expires.
+
+A live lease held by another owner answers DEFERRED (retry later, no attempt spent). Lease
+deadlines come from Redis's clock (`TIME` inside the scripts), never from a client's. In-flight
+records have no key expiry (it would add about a quarter to the claim's server time): a claim
+nobody ever settles or claims again stays until deleted.
+
+Fencing tokens are `epoch * 2**40 + counter`: the counter lives in the namespace's fence hash
+`{<namespace>}:fence` beside the epoch it belongs to, and epochs come from an `EpochSource`
+(ZooKeeper: `dedup.epoch.ZkEpoch`). When the claim script finds the fence missing (Redis lost
+its data, or the namespace is new), or the counter used up, the store takes a fresh epoch from
+the source and moves the fence to it; the fence only ever moves to a higher epoch, so tokens stay
+strictly increasing across clients and across a Redis data loss. A store always installs an epoch
+it just took (never the source's current one): that one may have been installed before and lost
+with the data, and installing it again would restart its counter. A loss that keeps the fence
+but drops recent writes (the last second of an `appendfsync everysec` file on a machine crash, a
+failover to a lagging replica) is not detected: tokens from the lost window can be handed out
+again. `server_durability_warnings` names the settings that make losses likely.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib.resources import files
+from typing import NamedTuple, Protocol
+
+import redis
+
+COUNTER_BITS = 40  # the counter part of a token; the claim script asks for a new epoch at 2**40
+MAX_ERROR_CHARS = 1000  # error text kept in a FAILED record: enough to diagnose, bounded memory
+EPOCH_ROUNDS = 5  # epoch changes one claim may go through before it gives up (each moves forward)
+
+
+def _script(name: str) -> str:
+    return files("dedup").joinpath("lua", name).read_text(encoding="utf-8")
+
+
+CLAIM_LUA = _script("claim.lua")
+ADVANCE_EPOCH_LUA = _script("advance_epoch.lua")
+SETTLE_LUA = _script("settle.lua")
+SETTLE_EFFECTS_LUA = _script("settle_effects.lua")
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+class DedupError(Exception):
+    """Root of every error raised by the dedup package."""
+
+
+class EffectNotAllowed(DedupError, ValueError):
+    """A settle item carries an effect outside the allowlist or with malformed arguments: fix the
+    caller; nothing was sent to Redis."""
+
+    def __init__(self, id: str, effect: object, reason: str) -> None:
+        self.id = id
+        self.effect = effect
+        self.reason = reason
+        super().__init__(f"message {id!r}: effect {effect!r} is not allowed: {reason}")
+
+
+class EpochConflict(DedupError):
+    """The fencing epochs in Redis and in the epoch source disagree in a way that could repeat a
+    token: never retried. Either the source lost data or two stores share a namespace with
+    different epoch sources; move the source's epoch to at least `fence_epoch` and restart."""
+
+    def __init__(self, namespace: str, fence_epoch: int, source_epoch: int, detail: str) -> None:
+        self.namespace = namespace
+        self.fence_epoch = fence_epoch
+        self.source_epoch = source_epoch
+        super().__init__(
+            f"namespace {namespace!r}: Redis fence is at epoch {fence_epoch}, the epoch source "
+            f"at {source_epoch}: {detail}"
+        )
+
+
+# -- types -------------------------------------------------------------------------------------
+
+
+class EpochSource(Protocol):
+    """Where fencing epochs come from; `dedup.epoch.ZkEpoch` keeps them in ZooKeeper."""
+
+    def current(self) -> int:
+        """The latest epoch handed out (0 if none was)."""
+        ...
+
+    def bump(self, seen: int) -> int:
+        """A fresh epoch, greater than `seen` and than every epoch handed out before."""
+        ...
+
+
+class ClaimStatus(enum.Enum):
+    CLAIMED = "claimed"  # run the user code with `token`; settle it afterwards
+    DUPLICATE = "duplicate"  # already DONE: ack without running user code
+    DEFERRED = "deferred"  # a live lease elsewhere: retry after `retry_after_ms`, no attempt spent
+
+
+class Claim(NamedTuple):
+    """One id's answer to `claim`; `token` and `attempts` are 0 unless CLAIMED."""
+
+    status: ClaimStatus
+    token: int
+    attempts: int
+    retry_after_ms: int  # DEFERRED: when the other owner's lease ends, else 0
+
+
+class SettleStatus(enum.Enum):
+    SETTLED = "settled"  # the record is now DONE (effects applied) or FAILED
+    STALE = "stale"  # another claim holds the record, or it was already settled: nothing changed
+    LOST = "lost"  # no record (expired, or Redis lost it): nothing changed
+    REJECTED = "rejected"  # an effect would fail in Redis: none applied, record FAILED with why
+
+
+Effect = Sequence[str | bytes | int | float]
+"""A Redis write command, e.g. `("HINCRBY", key, field, 1)`; see `ALLOWED_EFFECTS`."""
+
+
+class Settlement(NamedTuple):
+    """How one claimed id ended: DONE (`done=True`, with optional `effects`) or FAILED (`error`)."""
+
+    id: str
+    token: int
+    done: bool
+    error: str | None = None
+    effects: Sequence[Effect] = ()
+
+
+class RecordState(enum.Enum):
+    IN_FLIGHT = "I"
+    DONE = "D"
+    FAILED = "F"
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A decoded idempotency record, for inspection; owner and lease only while IN_FLIGHT."""
+
+    state: RecordState
+    token: int
+    attempts: int
+    owner: str | None = None
+    lease_deadline_ms: int | None = None
+    error: str | None = None
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Record:
+        state = RecordState(raw[:1].decode())
+        if state is RecordState.IN_FLIGHT:
+            token, attempts, deadline, owner = raw[2:].split(b":", 3)
+            return cls(state, int(token, 16), int(attempts), owner.decode(), int(deadline))
+        if state is RecordState.DONE:
+            token, attempts = raw[2:].split(b":")
+            return cls(state, int(token, 16), int(attempts))
+        token, attempts, error = raw[2:].split(b":", 2)
+        return cls(state, int(token, 16), int(attempts), error=error.decode())
+
+
+class _EffectSpec(NamedTuple):
+    code: str  # the command's letter in settle_effects.lua's shapes
+    low: int  # fewest arguments after the key
+    high: int | None  # most arguments after the key (None: no limit)
+    integers: tuple[int, ...]  # positions of arguments that must be ints
+    pairs: bool  # arguments come in pairs
+
+
+ALLOWED_EFFECTS: dict[str, _EffectSpec] = {
+    "SET": _EffectSpec("S", 1, 1, (), False),  # SET key value
+    "INCRBY": _EffectSpec("I", 1, 1, (0,), False),  # INCRBY key increment
+    "HINCRBY": _EffectSpec("H", 2, 2, (1,), False),  # HINCRBY key field increment
+    "SADD": _EffectSpec("A", 1, None, (), False),  # SADD key member [member ...]
+    "HSET": _EffectSpec("T", 2, None, (), True),  # HSET key field value [field value ...]
+}
+_ALLOWED_TEXT = (
+    "SET key value, INCRBY key n, HINCRBY key field n, SADD key member..., HSET key field value..."
+)
+
+
+def check_effect(
+    id: str, effect: Effect
+) -> tuple[str, str | bytes, list[str | bytes | int | float]]:
+    """`(code, key, args)` of an allowed effect (code: its letter in settle_effects.lua), or
+    `EffectNotAllowed` saying what is wrong."""
+    if isinstance(effect, str | bytes) or len(effect) < 2:
+        raise EffectNotAllowed(
+            id, effect, f"give (command, key, args...); allowed: {_ALLOWED_TEXT}"
+        )
+    command, key, *args = effect
+    name = command.upper() if isinstance(command, str) else ""
+    spec = ALLOWED_EFFECTS.get(name)
+    if spec is None:
+        raise EffectNotAllowed(id, effect, f"allowed commands: {_ALLOWED_TEXT}")
+    code, low, high, integers, pairs = spec
+    if len(args) < low or (high is not None and len(args) > high) or (pairs and len(args) % 2):
+        raise EffectNotAllowed(id, effect, f"wrong number of arguments; allowed: {_ALLOWED_TEXT}")
+    if not isinstance(key, str | bytes):
+        raise EffectNotAllowed(id, effect, "the key must be str or bytes")
+    for position, arg in enumerate(args):
+        if isinstance(arg, bool) or not isinstance(arg, str | bytes | int | float):
+            raise EffectNotAllowed(id, effect, f"argument {arg!r} is not str, bytes, int or float")
+        if position in integers and not isinstance(arg, int):
+            raise EffectNotAllowed(id, effect, f"the increment {arg!r} must be an int")
+    return code, key, args
+
+
+_SETTLE_BY_DIGIT = {ord(str(i)): status for i, status in enumerate(SettleStatus)}
+_DUPLICATE = Claim(ClaimStatus.DUPLICATE, 0, 0, 0)
+_CLAIMED = ClaimStatus.CLAIMED
+_DEFERRED = ClaimStatus.DEFERRED
+
+
+# -- the store ---------------------------------------------------------------------------------
+
+
+class IdempotencyStore:
+    """Claims and settlements of message ids in one Redis namespace, one round trip per batch.
+
+    No I/O happens here before the first call; the scripts load on first use (EVALSHA, then
+    SCRIPT LOAD once if the server does not know them). Redis errors (connection, timeout)
+    propagate as redis-py raised them. Safe to share between threads.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        namespace: str,
+        lease_ms: int,
+        done_ttl_ms: int,
+        epoch_source: EpochSource,
+    ) -> None:
+        if not namespace or "{" in namespace or "}" in namespace:
+            raise ValueError(f"namespace {namespace!r} must be non-empty, without braces")
+        if lease_ms <= 0 or done_ttl_ms <= 0:
+            raise ValueError(f"lease_ms ({lease_ms}) and done_ttl_ms ({done_ttl_ms}) must be > 0")
+        self.namespace = namespace
+        self.lease_ms = lease_ms
+        self.done_ttl_ms = done_ttl_ms
+        self._client = client
+        self._source = epoch_source
+        self._prefix = f"{{{namespace}}}:r:"
+        self._fence = f"{{{namespace}}}:fence".encode()
+        self._claim = client.register_script(CLAIM_LUA)
+        self._advance = client.register_script(ADVANCE_EPOCH_LUA)
+        self._settle = client.register_script(SETTLE_LUA)
+        self._settle_effects = client.register_script(SETTLE_EFFECTS_LUA)
+        self._epoch: int | None = None  # the fence's epoch as this store last saw it
+
+    @property
+    def epoch(self) -> int | None:
+        """The epoch this store's tokens carry now (None before the first claim)."""
+        return self._epoch
+
+    def key(self, id: str) -> str:
+        """The Redis key of `id`'s record."""
+        return self._prefix + id
+
+    def claim(self, ids: Sequence[str], owner: str) -> list[Claim]:
+        """Claim `ids` for `owner` in one script call; one `Claim` per id, in the same order.
+
+        An epoch change (Redis lost data, or another client moved the fence) costs extra round
+        trips, once.
+        """
+        if not ids:
+            return []
+        prefix = self._prefix
+        # bytes keys: redis-py packs them without its per-argument encoding step
+        keys = [self._fence, *[(prefix + id).encode() for id in ids]]
+        for _ in range(EPOCH_ROUNDS):
+            epoch = self._epoch
+            if epoch is None:
+                epoch = self._epoch = self._source.current()
+            status, base, codes = self._claim(keys=keys, args=(epoch, owner, self.lease_ms))
+            if status == 0:
+                return self._claims((epoch << COUNTER_BITS) + base, codes)
+            if status == 2 and base > epoch:
+                self._adopt(base)  # another client moved the fence on: use its epoch
+            else:
+                self._move_fence(epoch)  # fence missing, older, or its counter used up
+        raise EpochConflict(
+            self.namespace,
+            self._epoch or 0,
+            self._source.current(),
+            f"the epoch changed {EPOCH_ROUNDS} times during one claim; is something resetting "
+            "the fence key?",
+        )
+
+    @staticmethod
+    def _claims(first: int, codes: bytes | str) -> list[Claim]:
+        """Decode the claim script's codes; CLAIMED ids got tokens first+1, first+2, ..."""
+        parts = codes.split(b"," if isinstance(codes, bytes) else ",")  # type: ignore[arg-type]
+        out: list[Claim] = []
+        append = out.append
+        token = first
+        for code in map(int, parts):
+            if code > 0:
+                token += 1
+                append(Claim(_CLAIMED, token, code, 0))
+            elif code == 0:
+                append(_DUPLICATE)
+            else:
+                append(Claim(_DEFERRED, 0, 0, -code))
+        return out
+
+    def _move_fence(self, seen: int) -> None:
+        """Take a fresh epoch from the source and move the fence to it; if another client moved
+        it higher meanwhile, use that one."""
+        fresh = self._source.bump(seen)
+        fence: int = self._advance(keys=[self._fence], args=[fresh])
+        if fence > fresh:
+            self._adopt(fence)
+        else:
+            self._epoch = fresh
+
+    def _adopt(self, fence: int) -> None:
+        """Use the fence's epoch, after checking the source has handed it out."""
+        source = self._source.current()
+        if source < fence:
+            raise EpochConflict(
+                self.namespace,
+                fence,
+                source,
+                "the source is behind Redis (it lost data, or another store of this namespace "
+                "uses another source)",
+            )
+        self._epoch = fence
+
+    def settle(self, items: Sequence[Settlement]) -> list[SettleStatus]:
+        """Settle claimed ids in one script call; one status per item, in the same order.
+
+        Items with effects (DONE only) run them in the same script, only if the token holds.
+        Effects are checked first: `EffectNotAllowed` before anything is sent. Effect keys are
+        the caller's own keys; on Redis Cluster they must carry the `{namespace}` hash tag, or
+        Redis refuses the call (CROSSSLOT).
+        """
+        if not items:
+            return []
+        if any(item.effects for item in items):
+            return self._settle_with_effects(items)
+        prefix = self._prefix
+        keys: list[bytes] = []
+        tokens: list[str] = []
+        outcomes: list[str] = []
+        errors: list[str] = []
+        for id, token, done, error, _ in items:
+            keys.append((prefix + id).encode())
+            tokens.append(f"{token:x}")
+            if done:
+                outcomes.append("D")
+            else:
+                outcomes.append("F")
+                errors.append((error or "")[:MAX_ERROR_CHARS])
+        args: list[str | int] = [self.done_ttl_ms, " ".join(tokens), "".join(outcomes), *errors]
+        return self._statuses(self._settle(keys=keys, args=args))
+
+    def _settle_with_effects(self, items: Sequence[Settlement]) -> list[SettleStatus]:
+        prefix = self._prefix
+        keys: list[str | bytes] = []
+        effect_keys: list[str | bytes] = []
+        tokens: list[str] = []
+        outcomes: list[str] = []
+        shapes: list[str] = []
+        stream: list[str | bytes | int | float] = []  # per item: error text or effect arguments
+        for id, token, done, error, effects in items:
+            keys.append((prefix + id).encode())
+            tokens.append(f"{token:x}")
+            if done:
+                outcomes.append("D")
+                for effect in effects:
+                    code, key, rest = check_effect(id, effect)
+                    shapes.append(f"{code}{len(rest)}")
+                    effect_keys.append(key)
+                    stream += rest
+            elif effects:
+                raise EffectNotAllowed(id, effects[0], "effects apply only to DONE items")
+            else:
+                outcomes.append("F")
+                stream.append((error or "")[:MAX_ERROR_CHARS])
+            shapes.append(",")
+        args = [self.done_ttl_ms, " ".join(tokens), "".join(outcomes), "".join(shapes), *stream]
+        return self._statuses(self._settle_effects(keys=keys + effect_keys, args=args))
+
+    @staticmethod
+    def _statuses(reply: bytes | str) -> list[SettleStatus]:
+        digits = reply.encode() if isinstance(reply, str) else reply
+        return [_SETTLE_BY_DIGIT[digit] for digit in digits]
+
+    def record(self, id: str) -> Record | None:
+        """`id`'s record as it is now, or None if there is none."""
+        raw = self._client.get(self._prefix + id)
+        if raw is None:
+            return None
+        return Record.decode(raw if isinstance(raw, bytes) else raw.encode())
+
+    def fence_ok(self, id: str, token: int) -> bool:
+        """True while `token` holds `id`'s lease (IN_FLIGHT with this token): a sink outside
+        Redis checks this before writing, so a zombie whose claim was superseded writes nothing.
+        (The check and the write are not atomic; for that, use effects in `settle`.)"""
+        raw = self._client.get(self._prefix + id)
+        if raw is None:
+            return False
+        head = f"I:{token:x}:"
+        return (raw.decode() if isinstance(raw, bytes) else raw).startswith(head)
+
+
+# -- server checks -----------------------------------------------------------------------------
+
+
+def server_durability_warnings(client: redis.Redis) -> list[str]:
+    """Warnings about server settings under which Redis could lose acknowledged records (a lost
+    DONE record lets its message run again); empty if none apply.
+
+    Checks `appendonly` (must be yes), `appendfsync` (`no` leaves flushing to the OS; `everysec`,
+    the usual choice, can lose about one second of writes on a machine crash, not on a Redis
+    crash) and `maxmemory-policy` (only `noeviction` is safe: DONE records have a TTL, so even
+    the `volatile-*` policies may evict them). If CONFIG is disabled or denied, one warning says
+    what to check by hand.
+    """
+    try:
+        raw = client.config_get("appendonly", "appendfsync", "maxmemory-policy")
+    except redis.ResponseError as exc:  # renamed/disabled command or ACL NOPERM
+        return [
+            f"cannot read the Redis configuration (CONFIG GET failed: {exc}); check by hand "
+            "that the server runs with appendonly yes, appendfsync everysec or always, and "
+            "maxmemory-policy noeviction"
+        ]
+    config = {_text(k): _text(v) for k, v in raw.items()}
+    warnings = []
+    if config.get("appendonly") != "yes":
+        warnings.append(
+            "appendonly is no: a Redis restart loses every record written since the last "
+            "snapshot, so DONE messages run again, and a restart from a snapshot brings back "
+            "an old token counter, so tokens can repeat; set appendonly yes (CONFIG SET "
+            "appendonly yes, and in redis.conf)"
+        )
+    elif config.get("appendfsync") == "no":
+        warnings.append(
+            "appendfsync is no: the OS writes the append-only file when it likes (often 30 s), "
+            "and a machine crash loses that much; set appendfsync everysec or always"
+        )
+    policy = config.get("maxmemory-policy")
+    if policy != "noeviction":
+        warnings.append(
+            f"maxmemory-policy is {policy}: at maxmemory Redis evicts keys; DONE and FAILED "
+            "records carry a TTL, so even volatile-* policies evict DONE records and their "
+            "messages run again (allkeys-* also evict claims in flight); set "
+            "maxmemory-policy noeviction (writes then fail loudly when memory is full)"
+        )
+    return warnings
+
+
+def _text(value: object) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,673 @@
+"""IdempotencyStore against a real redis-server and ZooKeeper: every record transition, fencing,
+effects, one round trip per batch, concurrent claimers, Redis data loss and durability checks.
+
+Tests that break Redis (FLUSHALL, restart without the append-only file, CONFIG SET) use their
+own redis-server (`own_redis`), never the session stack's.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from kazoo.client import KazooClient
+
+from dedup import (
+    ClaimStatus,
+    EffectNotAllowed,
+    EpochConflict,
+    IdempotencyStore,
+    RecordState,
+    Settlement,
+    SettleStatus,
+    ZkEpoch,
+    server_durability_warnings,
+)
+from dedup.store import ADVANCE_EPOCH_LUA, COUNTER_BITS, SETTLE_EFFECTS_LUA
+from kspout.devstack import DevStack, RedisServer
+
+pytestmark = pytest.mark.integration
+
+CLAIMED, DUPLICATE, DEFERRED = ClaimStatus.CLAIMED, ClaimStatus.DUPLICATE, ClaimStatus.DEFERRED
+SETTLED, STALE, LOST = SettleStatus.SETTLED, SettleStatus.STALE, SettleStatus.LOST
+SHORT_LEASE_MS = 150  # leases that must run out within a test; sleeps are SHORT_LEASE_MS + 60 ms
+LEASE_EXPIRED = (SHORT_LEASE_MS + 60) / 1000
+
+StoreFactory = Callable[..., IdempotencyStore]
+
+
+@pytest.fixture(scope="module")
+def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A redis-server for this module only (AOF on), which tests may flush, restart or
+    reconfigure."""
+    server = RedisServer(tmp_path_factory.mktemp("dedup-redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_client(own_redis: RedisServer) -> Iterator[redis.Redis]:
+    own_redis.start()  # a no-op unless a test left it stopped after failing
+    client = redis.Redis.from_url(own_redis.url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def epoch_path() -> str:
+    return f"/kspout-test/dedup/{uuid.uuid4().hex}/epoch"
+
+
+@pytest.fixture
+def store_factory(redis_client: redis.Redis, zk: KazooClient, epoch_path: str) -> StoreFactory:
+    """Makes stores on one fresh namespace and ZooKeeper epoch path; keyword arguments override
+    the client, lease, done TTL or namespace."""
+    namespace = f"t-{uuid.uuid4().hex[:12]}"
+
+    def make(**overrides: Any) -> IdempotencyStore:
+        settings: dict[str, Any] = {
+            "client": redis_client,
+            "namespace": namespace,
+            "lease_ms": 10_000,
+            "done_ttl_ms": 60_000,
+            "epoch_source": ZkEpoch(zk, epoch_path),
+        }
+        settings.update(overrides)
+        client = settings.pop("client")
+        return IdempotencyStore(client, **settings)
+
+    return make
+
+
+@pytest.fixture
+def store(store_factory: StoreFactory) -> IdempotencyStore:
+    return store_factory()
+
+
+def redis_now_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return seconds * 1000 + micros // 1000
+
+
+# -- transitions -------------------------------------------------------------------------------
+
+
+def test_absent_ids_are_claimed_at_attempt_one_with_increasing_tokens(
+    store: IdempotencyStore, redis_client: redis.Redis
+) -> None:
+    before = redis_now_ms(redis_client)
+    claims = store.claim(["a", "b", "c"], "w1")
+
+    assert [c.status for c in claims] == [CLAIMED] * 3
+    assert [c.attempts for c in claims] == [1, 1, 1]
+    tokens = [c.token for c in claims]
+    assert tokens == sorted(set(tokens))
+    assert store.epoch is not None and tokens[0] >> COUNTER_BITS == store.epoch >= 1
+    record = store.record("a")
+    assert record is not None and record.state is RecordState.IN_FLIGHT
+    assert (record.owner, record.token, record.attempts) == ("w1", tokens[0], 1)
+    assert record.lease_deadline_ms is not None
+    assert before + 10_000 <= record.lease_deadline_ms <= redis_now_ms(redis_client) + 10_000
+    assert redis_client.pttl(store.key("a")) == -1  # the lease is in the record, not a key TTL
+
+
+def test_done_id_is_duplicate_until_its_record_expires(store_factory: StoreFactory) -> None:
+    store = store_factory(done_ttl_ms=300)
+    [claim] = store.claim(["m"], "w1")
+
+    assert store.settle([Settlement("m", claim.token, True)]) == [SETTLED]
+    record = store.record("m")
+    assert record is not None and record.state is RecordState.DONE
+    assert 0 < store._client.pttl(store.key("m")) <= 300
+    assert store.claim(["m"], "w2")[0].status is DUPLICATE
+    assert store.claim(["m"], "w1")[0].status is DUPLICATE
+
+    time.sleep(0.35)
+    assert store.record("m") is None
+    again = store.claim(["m"], "w2")[0]
+    assert (again.status, again.attempts) == (CLAIMED, 1)
+    assert again.token > claim.token
+
+
+def test_live_lease_of_another_owner_is_deferred_without_change(
+    store: IdempotencyStore,
+) -> None:
+    store.claim(["m"], "w1")
+    before = store.record("m")
+
+    [deferred] = store.claim(["m"], "w2")
+
+    assert deferred.status is DEFERRED
+    assert 0 < deferred.retry_after_ms <= 10_000
+    assert (deferred.token, deferred.attempts) == (0, 0)
+    assert store.record("m") == before
+
+
+def test_expired_lease_is_claimed_again_with_a_higher_token_and_the_next_attempt(
+    store_factory: StoreFactory,
+) -> None:
+    store = store_factory(lease_ms=SHORT_LEASE_MS)
+    [first] = store.claim(["m"], "w1")
+    assert store.claim(["m"], "w2")[0].status is DEFERRED
+
+    time.sleep(LEASE_EXPIRED)
+    [second] = store.claim(["m"], "w2")
+
+    assert (second.status, second.attempts) == (CLAIMED, 2)
+    assert second.token > first.token
+    record = store.record("m")
+    assert record is not None and (record.owner, record.token) == ("w2", second.token)
+
+
+def test_failed_id_is_claimed_again_with_the_next_attempt(
+    store: IdempotencyStore, redis_client: redis.Redis
+) -> None:
+    [first] = store.claim(["m"], "w1")
+    assert store.settle([Settlement("m", first.token, False, "ValueError: boom")]) == [SETTLED]
+    record = store.record("m")
+    assert record is not None
+    assert (record.state, record.attempts, record.error) == (
+        RecordState.FAILED,
+        1,
+        "ValueError: boom",
+    )
+    assert 0 < redis_client.pttl(store.key("m")) <= 60_000
+
+    [second] = store.claim(["m"], "w2")
+    assert (second.status, second.attempts) == (CLAIMED, 2)
+    assert second.token > first.token
+    [third_failed] = store.settle([Settlement("m", second.token, False, None)])
+    assert third_failed is SETTLED
+    assert store.claim(["m"], "w1")[0].attempts == 3
+
+
+def test_own_live_lease_is_renewed_with_a_fresh_token_at_the_same_attempt(
+    store: IdempotencyStore,
+) -> None:
+    [first] = store.claim(["m"], "w1")
+    [renewed] = store.claim(["m"], "w1")
+
+    assert (renewed.status, renewed.attempts) == (CLAIMED, 1)
+    assert renewed.token > first.token
+    assert store.settle([Settlement("m", first.token, True)]) == [STALE]
+    assert store.settle([Settlement("m", renewed.token, True)]) == [SETTLED]
+
+
+def test_an_id_twice_in_one_claim_is_deferred_the_second_time(store: IdempotencyStore) -> None:
+    first, second, other = store.claim(["m", "m", "n"], "w1")
+
+    assert first.status is CLAIMED and other.status is CLAIMED
+    assert second.status is DEFERRED
+    assert store.settle([Settlement("m", first.token, True)]) == [SETTLED]
+    assert store.claim(["m"], "w1")[0].status is DUPLICATE
+
+
+def test_refused_settlements_change_nothing(store: IdempotencyStore) -> None:
+    a, b = store.claim(["a", "b"], "w1")
+    assert store.settle([Settlement("a", a.token, True)]) == [SETTLED]
+    done = store.record("a")
+    in_flight = store.record("b")
+
+    statuses = store.settle(
+        [
+            Settlement("a", a.token, False, "late failure"),  # already DONE
+            Settlement("b", b.token + 1, True),  # a token this record never had
+            Settlement("b", b.token - 1, False, "zombie"),
+            Settlement("never-claimed", a.token, True),
+        ]
+    )
+
+    assert statuses == [STALE, STALE, STALE, LOST]
+    assert store.record("a") == done
+    assert store.record("b") == in_flight
+    assert store.record("never-claimed") is None
+
+
+def test_a_failed_item_between_refused_ones_keeps_its_own_error(store: IdempotencyStore) -> None:
+    a, b, c = store.claim(["a", "b", "c"], "w1")
+    statuses = store.settle(
+        [
+            Settlement("a", a.token + 1, False, "error of a"),  # STALE: its error is skipped
+            Settlement("b", b.token, False, "error of b"),
+            Settlement("c", c.token, True),
+        ]
+    )
+    assert statuses == [STALE, SETTLED, SETTLED]
+    record = store.record("b")
+    assert record is not None and record.error == "error of b"
+
+
+def test_late_settle_after_the_lease_ran_out_succeeds_if_nobody_claimed_since(
+    store_factory: StoreFactory,
+) -> None:
+    store = store_factory(lease_ms=SHORT_LEASE_MS)
+    [claim] = store.claim(["m"], "w1")
+    time.sleep(LEASE_EXPIRED)
+    assert store.settle([Settlement("m", claim.token, True)]) == [SETTLED]
+    assert store.claim(["m"], "w2")[0].status is DUPLICATE
+
+
+def test_a_client_decoding_responses_works_too(
+    stack: DevStack, store_factory: StoreFactory
+) -> None:
+    client = redis.Redis.from_url(stack.info.redis_url, decode_responses=True)
+    try:
+        store = store_factory(client=client)
+        a, b = store.claim(["a", "b"], "w1")
+        assert store.settle([Settlement("a", a.token, True), Settlement("b", 1, True)]) == [
+            SETTLED,
+            STALE,
+        ]
+        assert store.claim(["a"], "w2")[0].status is DUPLICATE
+        record = store.record("b")
+        assert record is not None and record.token == b.token
+        assert store.fence_ok("b", b.token)
+    finally:
+        client.close()
+
+
+# -- effects and fencing -----------------------------------------------------------------------
+
+
+def test_effects_apply_with_done_in_the_same_call(
+    store: IdempotencyStore, redis_client: redis.Redis
+) -> None:
+    user = f"user-{uuid.uuid4().hex}"
+    a, b = store.claim(["a", "b"], "w1")
+
+    statuses = store.settle(
+        [
+            Settlement(
+                "a",
+                a.token,
+                True,
+                effects=[
+                    ("HINCRBY", f"{user}:h", "count", 2),
+                    ("INCRBY", f"{user}:n", 5),
+                    ("SADD", f"{user}:s", "a", "x"),
+                    ("SET", f"{user}:v", b"payload"),
+                    ("hset", f"{user}:h", "last", "a"),
+                ],
+            ),
+            Settlement("b", b.token, True),
+        ]
+    )
+
+    assert statuses == [SETTLED, SETTLED]
+    assert redis_client.hgetall(f"{user}:h") == {b"count": b"2", b"last": b"a"}
+    assert redis_client.get(f"{user}:n") == b"5"
+    assert redis_client.smembers(f"{user}:s") == {b"a", b"x"}
+    assert redis_client.get(f"{user}:v") == b"payload"
+    assert store.claim(["a", "b"], "w2")[0].status is DUPLICATE
+
+
+def test_a_zombie_done_with_effects_after_a_reclaim_applies_nothing(
+    store_factory: StoreFactory, redis_client: redis.Redis
+) -> None:
+    store = store_factory(lease_ms=SHORT_LEASE_MS)
+    counter = f"user-{uuid.uuid4().hex}:count"
+    [zombie] = store.claim(["m"], "w1")
+    time.sleep(LEASE_EXPIRED)  # w1 hangs past its lease ...
+    [current] = store.claim(["m"], "w2")  # ... and w2 takes the message over
+
+    late = store.settle([Settlement("m", zombie.token, True, effects=[("INCRBY", counter, 1)])])
+
+    assert late == [STALE]
+    assert redis_client.get(counter) is None
+    assert not store.fence_ok("m", zombie.token)
+    assert store.fence_ok("m", current.token)
+    assert store.settle(
+        [Settlement("m", current.token, True, effects=[("INCRBY", counter, 1)])]
+    ) == [SETTLED]
+    assert redis_client.get(counter) == b"1"
+    assert not store.fence_ok("m", current.token)  # settled: no token holds a lease any more
+
+
+def test_an_effect_redis_would_reject_settles_the_item_failed_and_applies_none(
+    store: IdempotencyStore, redis_client: redis.Redis
+) -> None:
+    user = f"user-{uuid.uuid4().hex}"
+    redis_client.hset(f"{user}:hash", "f", "1")
+    redis_client.set(f"{user}:text", "abc")
+    redis_client.hset(f"{user}:padded", "f", "007")  # Redis's HINCRBY refuses leading zeros
+    a, b, c, d = store.claim(["a", "b", "c", "d"], "w1")
+
+    statuses = store.settle(
+        [
+            Settlement(
+                "a", a.token, True, effects=[("SET", f"{user}:x", 1), ("INCRBY", f"{user}:hash", 1)]
+            ),
+            Settlement("b", b.token, True, effects=[("INCRBY", f"{user}:text", 1)]),
+            Settlement("c", c.token, True, effects=[("INCRBY", f"{user}:ok", 1)]),
+            Settlement("d", d.token, True, effects=[("HINCRBY", f"{user}:padded", "f", 1)]),
+        ]
+    )
+
+    assert statuses == [
+        SettleStatus.REJECTED,
+        SettleStatus.REJECTED,
+        SETTLED,
+        SettleStatus.REJECTED,
+    ]
+    assert redis_client.get(f"{user}:x") is None
+    assert redis_client.get(f"{user}:text") == b"abc"
+    assert redis_client.get(f"{user}:ok") == b"1"
+    record = store.record("a")
+    assert record is not None and record.state is RecordState.FAILED
+    assert record.error is not None and "WRONGTYPE" in record.error
+    assert store.claim(["a"], "w1")[0].attempts == 2  # a failed attempt: it runs again
+
+
+@pytest.mark.parametrize(
+    "effect",
+    [
+        ("DEL", "k"),
+        ("EVAL", "return 1", 0),
+        ("INCRBY", "k", "1"),
+        ("INCRBY", "k", True),
+        ("HINCRBY", "k", 1),
+        ("HSET", "k", "f"),
+        ("SET", "k", "v", "PX"),
+        ("SET", "k", None),
+        ("SADD", 5, "m"),
+        "SET k v",
+    ],
+)
+def test_effects_outside_the_allowlist_raise_before_anything_is_sent(
+    store: IdempotencyStore, effect: Any
+) -> None:
+    [claim] = store.claim(["m"], "w1")
+    before = store.record("m")
+
+    with pytest.raises(EffectNotAllowed) as raised:
+        store.settle([Settlement("m", claim.token, True, effects=[effect])])
+
+    assert raised.value.id == "m"
+    assert store.record("m") == before
+
+
+def test_the_effects_script_refuses_an_unknown_command_before_writing(
+    store: IdempotencyStore, redis_client: redis.Redis
+) -> None:
+    a, b = store.claim(["a", "b"], "w1")
+    before = [store.record("a"), store.record("b")]
+    script = redis_client.register_script(SETTLE_EFFECTS_LUA)
+    user = f"user-{uuid.uuid4().hex}"
+
+    with pytest.raises(redis.ResponseError, match="code X is not allowed"):
+        script(
+            keys=[store.key("a"), store.key("b"), f"{user}:1", f"{user}:2"],
+            args=[60_000, f"{a.token:x} {b.token:x}", "DD", "S1,X0,", "v"],
+        )
+
+    assert [store.record("a"), store.record("b")] == before
+    assert redis_client.get(f"{user}:1") is None
+
+
+def test_effects_on_a_failed_item_are_refused(store: IdempotencyStore) -> None:
+    [claim] = store.claim(["m"], "w1")
+    with pytest.raises(EffectNotAllowed, match="only to DONE"):
+        store.settle([Settlement("m", claim.token, False, "boom", [("INCRBY", "k", 1)])])
+
+
+# -- one round trip per batch ------------------------------------------------------------------
+
+
+def commands_sent(url: str, client: redis.Redis, work: Callable[[], None]) -> list[str]:
+    """The commands `work()` sent through `client` (already connected) to the server at `url`,
+    not those its scripts ran, as MONITOR on the server saw them."""
+    marker = f"end-{uuid.uuid4().hex}"
+    seen: list[str] = []
+    watcher = redis.Redis.from_url(url)
+    with watcher, watcher.monitor() as monitor:  # type: ignore[no-untyped-call]
+        work()
+        client.echo(marker)
+        while True:
+            entry = monitor.next_command()
+            if entry["client_type"] == "lua":
+                continue
+            if marker in entry["command"]:
+                return seen
+            seen.append(entry["command"].split()[0].upper())
+
+
+def test_claim_and_settle_are_one_round_trip_per_batch(
+    stack: DevStack, store: IdempotencyStore, redis_client: redis.Redis
+) -> None:
+    ids = [f"m{i}" for i in range(200)]
+    store.settle([Settlement("w", store.claim(["w"], "w1")[0].token, True)])  # loads scripts
+    claims: list[Any] = []
+    settled: list[Any] = []
+
+    def work() -> None:
+        claims.extend(store.claim(ids, "w1"))
+        settled.extend(
+            store.settle(
+                [
+                    Settlement(id, c.token, True, effects=[("INCRBY", f"{store.namespace}:n", 1)])
+                    if i % 2
+                    else Settlement(id, c.token, i % 3 == 0, "boom")
+                    for i, (id, c) in enumerate(zip(ids, claims, strict=True))
+                ]
+            )
+        )
+
+    sent = commands_sent(stack.info.redis_url, redis_client, work)
+
+    assert sent == ["EVALSHA", "EVALSHA"]
+    assert [c.status for c in claims] == [CLAIMED] * len(ids)
+    assert settled == [SETTLED] * len(ids)
+    assert redis_client.get(f"{store.namespace}:n") == b"100"
+
+
+# -- fencing tokens across stores, threads and data loss ---------------------------------------
+
+
+def test_tokens_strictly_increase_across_stores_of_one_namespace(
+    store_factory: StoreFactory,
+) -> None:
+    first, second = store_factory(), store_factory()
+    tokens: list[int] = []
+    for round in range(5):
+        for store in (first, second, first):
+            claims = store.claim([f"{round}-{id(store)}-{i}" for i in range(3)], "w")
+            tokens.extend(c.token for c in claims)
+
+    assert tokens == sorted(tokens)
+    assert len(set(tokens)) == len(tokens)
+
+
+def test_concurrent_claimers_get_exactly_one_claim_per_id(
+    stack: DevStack, store_factory: StoreFactory
+) -> None:
+    workers = 4
+    ids = [f"m{i}" for i in range(300)]
+    start = threading.Barrier(workers)
+    results: dict[int, list[Any]] = {}
+
+    def run(worker: int) -> None:
+        client = redis.Redis.from_url(stack.info.redis_url)
+        store = store_factory(client=client)  # a fresh namespace: all race to set up the fence
+        start.wait()
+        try:
+            results[worker] = [
+                claim
+                for lo in range(0, len(ids), 50)
+                for claim in store.claim(ids[lo : lo + 50], f"w{worker}")
+            ]
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+
+    assert sorted(results) == list(range(workers))
+    tokens = []
+    for i in range(len(ids)):
+        answers = [results[w][i] for w in range(workers)]
+        claimed = [a for a in answers if a.status is CLAIMED]
+        assert len(claimed) == 1, (ids[i], answers)
+        assert all(a.status is DEFERRED for a in answers if a.status is not CLAIMED)
+        tokens.append(claimed[0].token)
+    assert len(set(tokens)) == len(tokens)
+    for worker in range(workers):
+        own = [c.token for c in results[worker] if c.status is CLAIMED]
+        assert own == sorted(own)
+
+
+def test_flushall_moves_the_epoch_on_and_tokens_stay_above_all_earlier_ones(
+    own_client: redis.Redis, store_factory: StoreFactory, zk: KazooClient, epoch_path: str
+) -> None:
+    store = store_factory(client=own_client)
+    before = store.claim([f"m{i}" for i in range(10)], "w1")
+    epoch = store.epoch
+    assert epoch is not None and ZkEpoch(zk, epoch_path).current() == epoch
+
+    own_client.flushall()
+    after = store.claim([f"m{i}" for i in range(10)], "w1")
+
+    assert [c.status for c in after] == [CLAIMED] * 10  # the records are gone
+    assert store.epoch is not None and store.epoch > epoch
+    assert ZkEpoch(zk, epoch_path).current() == store.epoch
+    assert min(c.token for c in after) > max(c.token for c in before)
+
+
+def test_a_restart_without_the_append_only_file_moves_the_epoch_on(
+    own_redis: RedisServer, own_client: redis.Redis, store_factory: StoreFactory
+) -> None:
+    store = store_factory(client=own_client)
+    [claim] = store.claim(["m"], "w1")
+    store.settle([Settlement("m", claim.token, True)])
+    epoch = store.epoch
+
+    own_redis.stop()
+    own_redis.start()  # AOF kept: records and fence survive
+    assert store.claim(["m"], "w1")[0].status is DUPLICATE
+    [kept] = store.claim(["n"], "w1")
+    assert store.epoch == epoch and kept.token > claim.token
+
+    own_redis.kill()
+    shutil.rmtree(Path(own_redis.home) / "appendonlydir")
+    own_redis.start()
+    [lost] = store.claim(["m"], "w1")
+
+    assert lost.status is CLAIMED  # the DONE record was lost: the message runs again
+    assert store.epoch is not None and epoch is not None and store.epoch > epoch
+    assert lost.token > kept.token
+
+
+def test_a_store_behind_the_fence_adopts_its_epoch_without_a_bump(
+    own_client: redis.Redis, store_factory: StoreFactory, zk: KazooClient, epoch_path: str
+) -> None:
+    stale, fresh = store_factory(client=own_client), store_factory(client=own_client)
+    [old] = stale.claim(["a"], "w1")
+    own_client.flushall()
+    [new] = fresh.claim(["b"], "w2")  # detects the loss: epoch 2
+    assert fresh.epoch == 2 and new.token > old.token
+
+    [adopted] = stale.claim(["c"], "w1")  # still at epoch 1: adopts 2
+
+    assert stale.epoch == 2 and ZkEpoch(zk, epoch_path).current() == 2
+    assert adopted.token > new.token
+
+
+def test_a_fence_at_a_lower_epoch_is_moved_to_a_fresh_one(
+    own_client: redis.Redis, store_factory: StoreFactory, zk: KazooClient, epoch_path: str
+) -> None:
+    store = store_factory(client=own_client)
+    [first] = store.claim(["a"], "w1")
+    ZkEpoch(zk, epoch_path).bump(0)  # epoch 2 taken by a client that has not installed it yet
+    advance = own_client.register_script(ADVANCE_EPOCH_LUA)
+    fence = f"{{{store.namespace}}}:fence"
+    assert advance(keys=[fence], args=[1]) == 1  # never moves down
+    own_client.hset(fence, mapping={"epoch": 0, "seq": 0})  # a fence older than this store
+
+    [second] = store.claim(["b"], "w1")
+
+    assert store.epoch == 3  # a fresh epoch, not the 2 someone else may still install
+    assert second.token > first.token
+    assert advance(keys=[fence], args=[2]) == 3
+
+
+def test_a_used_up_counter_moves_to_a_new_epoch(
+    own_client: redis.Redis, store_factory: StoreFactory
+) -> None:
+    store = store_factory(client=own_client)
+    store.claim(["a"], "w1")
+    own_client.hset(f"{{{store.namespace}}}:fence", "seq", 2**COUNTER_BITS - 2)
+    [last] = store.claim(["b"], "w1")
+    assert last.token == (1 << COUNTER_BITS) + 2**COUNTER_BITS - 1
+
+    [next_] = store.claim(["c"], "w1")
+
+    assert store.epoch == 2 and next_.token == (2 << COUNTER_BITS) + 1
+
+
+def test_a_fence_ahead_of_zookeeper_is_an_epoch_conflict(
+    own_client: redis.Redis, store_factory: StoreFactory
+) -> None:
+    store = store_factory(client=own_client)
+    store.claim(["a"], "w1")
+    own_client.hset(f"{{{store.namespace}}}:fence", "epoch", 99)  # as if ZooKeeper lost data
+
+    with pytest.raises(EpochConflict) as raised:
+        store_factory(client=own_client).claim(["b"], "w1")
+
+    assert (raised.value.fence_epoch, raised.value.source_epoch) == (99, 1)
+
+
+# -- durability warnings -----------------------------------------------------------------------
+
+
+def test_a_durable_server_gets_no_warnings(own_client: redis.Redis) -> None:
+    assert server_durability_warnings(own_client) == []
+
+
+def test_risky_server_settings_are_warned_about(own_client: redis.Redis) -> None:
+    try:
+        own_client.config_set("appendonly", "no")
+        own_client.config_set("maxmemory-policy", "volatile-lru")
+        warnings = server_durability_warnings(own_client)
+    finally:
+        own_client.config_set("appendonly", "yes")
+        own_client.config_set("maxmemory-policy", "noeviction")
+
+    assert len(warnings) == 2
+    assert "appendonly yes" in warnings[0]
+    assert "volatile-lru" in warnings[1] and "noeviction" in warnings[1]
+
+
+def test_appendfsync_no_is_warned_about(own_client: redis.Redis) -> None:
+    try:
+        own_client.config_set("appendfsync", "no")
+        warnings = server_durability_warnings(own_client)
+    finally:
+        own_client.config_set("appendfsync", "everysec")
+    assert len(warnings) == 1 and "appendfsync everysec" in warnings[0]
+
+
+def test_a_user_without_config_rights_gets_a_warning_to_check_by_hand(
+    own_redis: RedisServer, own_client: redis.Redis
+) -> None:
+    user = f"u{uuid.uuid4().hex[:8]}"
+    own_client.acl_setuser(
+        user, enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-config"]
+    )
+    limited = redis.Redis(host="127.0.0.1", port=own_redis.port, username=user, password="pw")
+    try:
+        [warning] = server_durability_warnings(limited)
+    finally:
+        limited.close()
+        own_client.acl_deluser(user)
+    assert "CONFIG GET failed" in warning and "noeviction" in warning
