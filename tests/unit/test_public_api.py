@@ -10,4 +10,4 @@ def test_partition_manager_is_usable_from_the_package_root() -> None:
     pm.ack(8)
     stats = pm.stats()
     assert (stats.acked, stats.dead_letter_pending, pm.commit_point) == (1, 1, 7)
-    assert {kspout.FailReason.EXCEPTION, kspout.FailReason.TIMEOUT} == set(kspout.FailReason)
+    assert {kspout.FailReason.EXCEPTION, kspout.FailReason.TIMEOUT} <= set(kspout.FailReason)
