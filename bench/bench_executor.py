@@ -1,0 +1,716 @@
+"""Executor throughput: kspout on Spark `local[2]` beside a bare confluent-kafka loop, in one run.
+
+    python -m bench.bench_executor            # 360,000 messages (~2-3 min)
+    python -m bench.bench_executor --quick    # 100,000 messages (~1 min)
+
+Starts the embedded dev stack (librdkafka's mock cluster and ZooKeeper; Redis is not needed),
+produces N keyed messages with ~100-byte JSON-like values to a fresh topic (4 partitions, the
+mock's default) and waits until all are in. Then, over that same topic:
+
+* baselines: a bare confluent-kafka loop (one consumer, all partitions assigned from the
+  beginning, `consume(num_messages=...)` in a loop) that reads `.value()` of each message, and
+  one that reads every field kspout hands to user code (topic, partition, offset, key, value,
+  timestamp, headers); also the value-only loop with librdkafka's defaults, and one that reads
+  one partition at a time (kspout's access pattern), which against the mock is the fastest and
+  steadiest loop. Ratios are given to the first two and to the fastest value-only loop;
+* kspout's pieces in this process: `PartitionFetcher` alone, the executor's task body
+  (`run_task`: fetch + trivial handler + outcomes), and the whole driver loop on the in-process
+  executor (`LocalExecutor`), i.e. everything but Spark;
+* `KafkaSpout(config, spark).run(...)` on Spark `local[2]` until caught up, at several batch
+  sizes, with a plain handler, a one-stage `BasicBolt` chain and a two-stage chain split by
+  `Shuffle()`. Every run has a fresh spout id and must ack exactly N offsets (asserted);
+* Spark latency: an empty Spark job, a run whose batches carry one tiny message per partition
+  (seconds per batch), and a run with nothing to do (the fixed cost of `run()`).
+
+Every case also reports CPU microseconds per record, summed over this process and all its
+children (mock broker, ZooKeeper, Spark's JVM and Python workers): on a shared machine the
+wall-clock figures move with other work, the CPU cost much less.
+
+Before anything is timed, the SparkSession is created and every kind of run is made once over a
+separate small topic, so session start-up and Python worker start-up are not in the figures.
+
+The mock cluster keeps only ~5 MB (or 100,000 messages) per partition, so messages are produced
+lz4-compressed (both the baseline and kspout decompress them in librdkafka) and N stays at or
+below 90,000 per partition; the bench stops if retention dropped anything.
+
+Target from design.md ("Performance targets"): fetch + trivial bolt at >= 50% of the bare
+consume loop on the same broker and machine. This is a benchmark, not a test: it prints
+PASS/MISS and always exits 0 (a run that acks the wrong number of offsets is an error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import platform
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import confluent_kafka
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from pyspark.sql import SparkSession
+
+from kspout import BasicBolt, KafkaSpout, Shuffle, Tuple
+from kspout.bolts import BasicCollector
+from kspout.config import TopicConfig, parse_config
+from kspout.devstack import DevStack
+from kspout.driver import Driver, Progress
+from kspout.kafka import PartitionFetcher, Record
+from kspout.local_executor import LocalExecutor
+from kspout.partition_manager import PartitionManager
+from kspout.policy import PartitionPolicy
+from kspout.spark import spark_session
+from kspout.tasks import PartitionTask, run_task
+from kspout.topology import ChainItem
+
+TARGET = 0.50  # fetch + trivial bolt, as a share of the bare consume loop (design.md)
+PARTITIONS = 4  # the mock cluster auto-creates topics with 4 partitions
+PER_PARTITION_CAP = 90_000  # under the mock's ~100,000 messages / ~5 MB per partition
+VALUE_BYTES = 100
+CHUNK = 5000  # messages per consume() call in the bare loop (kspout's fetcher uses the same)
+ZK_ROOT = "/bench-executor"
+MASTER = "local[2]"
+REPEAT = 3  # bare loops and in-process cases: best of REPEAT
+SPARK_REPEAT = 2  # Spark runs of the handler (the target's cases): best of SPARK_REPEAT
+TINY_BATCHES = 5  # batches of one message per partition, for the per-batch latency
+
+
+# -- data --------------------------------------------------------------------------------------
+
+
+def value_of(i: int) -> bytes:
+    """A JSON-like value of exactly VALUE_BYTES bytes, unique per message."""
+    head = f'{{"id":{i},"user":"user-{i % 9973:05d}","amount":{(i * 37) % 100_000 / 100:.2f},'
+    head += '"note":"'
+    return (head + "x" * (VALUE_BYTES - len(head) - 2) + '"}').encode()
+
+
+def produce(brokers: str, topic: str, n: int, compression: str) -> float:
+    """Produce n keyed messages round-robin over the partitions; seconds until all are acked."""
+    producer = Producer(
+        {
+            "bootstrap.servers": brokers,
+            "linger.ms": 50,
+            "batch.num.messages": 10_000,
+            "batch.size": 1_000_000,
+            "queue.buffering.max.messages": 1_000_000,
+            "compression.type": compression,
+            "log_level": 0,
+        }
+    )
+    t0 = time.perf_counter()
+    for i in range(n):
+        while True:
+            try:
+                producer.produce(topic, value_of(i), b"key-%d" % i, partition=i % PARTITIONS)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    left = producer.flush(60)
+    if left:
+        raise SystemExit(f"{left} messages to {topic} were not delivered within 60 s")
+    return time.perf_counter() - t0
+
+
+def wait_all_in(brokers: str, topic: str, n: int, timeout: float = 60.0) -> None:
+    """Until the partitions' high watermarks add up to n, all with low watermark 0."""
+    consumer = Consumer({"bootstrap.servers": brokers, "group.id": "bench-watermarks"})
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            marks = [
+                consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+                for p in range(PARTITIONS)
+            ]
+            if any(low for low, _ in marks):
+                raise SystemExit(
+                    f"the mock cluster's retention dropped messages of {topic} (watermarks "
+                    f"{marks}); use fewer messages or compression"
+                )
+            if sum(high for _, high in marks) == n:
+                return
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{topic} holds {marks}, expected {n} messages in all")
+            time.sleep(0.1)
+    finally:
+        consumer.close()
+
+
+# -- baselines: bare confluent-kafka loops -----------------------------------------------------
+
+# The bare loops use the librdkafka setting kspout's fetch consumers use (`fetch.wait.max.ms`
+# 10 instead of 500), so both ask the broker the same way; against the mock cluster it is also
+# the faster setting for a loop over all four partitions (measured: ~450-530k/s vs 160-200k/s).
+# They start at offset 0, the low watermark, as kspout's plans do: OFFSET_BEGINNING first costs
+# librdkafka an offset lookup that takes ~0.5 s against the mock. The librdkafka defaults with
+# OFFSET_BEGINNING are measured too, as an extra row.
+BARE_SETTINGS: dict[str, Any] = {"fetch.wait.max.ms": 10}
+
+
+def _bare_consumer(brokers: str, topic: str, start: int, settings: dict[str, Any]) -> Consumer:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": brokers,
+            "group.id": f"bench-bare-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            **settings,
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, start) for p in range(PARTITIONS)])
+    return consumer
+
+
+def bare_values(
+    brokers: str,
+    topic: str,
+    n: int,
+    start: int = 0,
+    settings: dict[str, Any] = BARE_SETTINGS,
+) -> float:
+    """Seconds for a bare loop to read `.value()` of all n messages."""
+    t0 = time.perf_counter()
+    consumer = _bare_consumer(brokers, topic, start, settings)
+    seen = 0
+    size = 0
+    while seen < n:
+        for msg in consumer.consume(num_messages=CHUNK, timeout=1.0):
+            if msg.error() is None:
+                size += len(msg.value() or b"")
+                seen += 1
+    elapsed = time.perf_counter() - t0
+    consumer.close()
+    assert seen == n and size == n * VALUE_BYTES, (seen, size)
+    return elapsed
+
+
+def bare_values_serial(brokers: str, topic: str, n: int) -> float:
+    """`bare_values`, but one partition at a time (kspout's access pattern: a task fetches one
+    partition); against the mock this is the faster and steadier of the two loops."""
+    per = n // PARTITIONS
+    t0 = time.perf_counter()
+    consumer = _bare_consumer(brokers, topic, 0, BARE_SETTINGS)
+    size = 0
+    for p in range(PARTITIONS):
+        consumer.assign([TopicPartition(topic, p, 0)])
+        seen = 0
+        while seen < per:
+            for msg in consumer.consume(num_messages=min(CHUNK, per - seen), timeout=1.0):
+                if msg.error() is None:
+                    size += len(msg.value() or b"")
+                    seen += 1
+    elapsed = time.perf_counter() - t0
+    consumer.close()
+    assert size == n * VALUE_BYTES, size
+    return elapsed
+
+
+def bare_fields(brokers: str, topic: str, n: int) -> float:
+    """Seconds for a bare loop to read every field kspout hands to user code."""
+    t0 = time.perf_counter()
+    consumer = _bare_consumer(brokers, topic, 0, BARE_SETTINGS)
+    seen = 0
+    checksum = 0
+    while seen < n:
+        for msg in consumer.consume(num_messages=CHUNK, timeout=1.0):
+            if msg.error() is None:
+                fields = (
+                    msg.topic(),
+                    msg.partition(),
+                    msg.offset(),
+                    msg.key(),
+                    msg.value(),
+                    msg.timestamp()[1],
+                    msg.headers() or (),
+                )
+                checksum += fields[2] or 0
+                seen += 1
+    elapsed = time.perf_counter() - t0
+    consumer.close()
+    per_partition = n // PARTITIONS
+    assert seen == n and checksum == PARTITIONS * per_partition * (per_partition - 1) // 2
+    return elapsed
+
+
+# -- kspout's pieces, in this process ----------------------------------------------------------
+
+
+def trivial(record: Record) -> None:
+    """The trivial handler: touch the value, as the bare loop does."""
+    len(record.value or b"")
+
+
+class Pass(BasicBolt):
+    """A bolt that does nothing (its input is acked when `process` returns)."""
+
+    def process(self, tuple_: Tuple, collector: BasicCollector) -> None:
+        len(tuple_.record.value or b"")
+
+
+class Forward(BasicBolt):
+    """Emits the record's value, anchored: the next stage has a tuple per root."""
+
+    outputs = ("value",)
+
+    def process(self, tuple_: Tuple, collector: BasicCollector) -> None:
+        collector.emit((tuple_.record.value,))
+
+
+class Drop(BasicBolt):
+    """The last bolt of the two-stage chain: acks and emits nothing."""
+
+    def process(self, tuple_: Tuple, collector: BasicCollector) -> None:
+        len(tuple_["value"] or b"")
+
+
+def fetch_alone(config: TopicConfig, n: int) -> float:
+    """Seconds for one `PartitionFetcher` to fetch every partition in full, one after another."""
+    per = n // PARTITIONS
+    with PartitionFetcher(config) as fetcher:
+        t0 = time.perf_counter()
+        got = 0
+        for p in range(PARTITIONS):
+            got += len(fetcher.fetch(config.topic, p, [(0, per)]).records)
+        elapsed = time.perf_counter() - t0
+    assert got == n, got
+    return elapsed
+
+
+def task_body(config: TopicConfig, n: int) -> float:
+    """Seconds for `run_task` (fetch + handler + outcomes) over every partition, in process."""
+    per = n // PARTITIONS
+    tasks = []
+    for p in range(PARTITIONS):
+        pm = PartitionManager(PartitionPolicy(message_timeout=3600.0), 0)
+        tasks.append(PartitionTask(config.topic, p, pm.plan(per, per)))
+    with PartitionFetcher(config) as fetcher:
+        t0 = time.perf_counter()
+        results = [run_task(fetcher, task, trivial) for task in tasks]
+        elapsed = time.perf_counter() - t0
+    acked = sum(o.count for r in results for o in r.outcomes)
+    assert acked == n, acked
+    return elapsed
+
+
+def tree_cpu() -> float:
+    """CPU seconds used so far by this process and all its descendants (the mock broker,
+    ZooKeeper, Spark's JVM and Python workers), from /proc; reaped children count through
+    their parent's cutime/cstime. NaN where /proc is not available."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return float("nan")
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        parents[int(name)] = int(fields[1])
+        cpu[int(name)] = sum(int(v) for v in fields[11:15]) / tick
+    mine = {os.getpid()}
+    grew = True
+    while grew:
+        found = {pid for pid, ppid in parents.items() if ppid in mine} - mine
+        mine |= found
+        grew = bool(found)
+    return sum(cpu.get(pid, 0.0) for pid in mine)
+
+
+@dataclass(frozen=True)
+class Sample:
+    seconds: float  # wall time, as the case measures it
+    cpu: float  # CPU seconds of the whole process tree meanwhile (see tree_cpu)
+
+
+def sample(run: Callable[[], float]) -> Sample:
+    """One run of `run`, with the CPU the process tree spent on it."""
+    before = tree_cpu()
+    seconds = run()
+    return Sample(seconds, tree_cpu() - before)
+
+
+def best(run: Callable[[], float], repeat: int = REPEAT) -> Sample:
+    """The fastest of `repeat` runs, after one untimed warm-up."""
+    run()
+    samples = []
+    for _ in range(repeat):
+        gc.collect()
+        samples.append(sample(run))
+    return min(samples, key=lambda s: s.seconds)
+
+
+# -- kspout runs -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setup:
+    brokers: str
+    zookeeper: str
+
+    def config(self, topic: str, batch_size: int, in_flight: int = 2, **extra: Any) -> TopicConfig:
+        """A fresh spout id on `topic`, so every run starts at the earliest offset."""
+        return parse_config(
+            {
+                "topic": topic,
+                "spout_id": f"bench-{uuid.uuid4().hex[:10]}",
+                "zk_root": ZK_ROOT,
+                "brokers": self.brokers,
+                "zookeeper": self.zookeeper,
+                "batch_size": batch_size,
+                "max_batches_in_flight": in_flight,
+                "commit_interval": 1.0,
+                **extra,
+            }
+        )
+
+
+def spout_run(
+    config: TopicConfig, spark: SparkSession | None, chain: ChainItem | Sequence[ChainItem], n: int
+) -> tuple[float, Progress]:
+    """Run until caught up, on Spark (or in process when `spark` is None); check n acked."""
+    t0 = time.perf_counter()
+    if spark is None:
+        with Driver(config, LocalExecutor(config, chain)) as driver:
+            progress = driver.run(until_caught_up=True)
+    else:
+        progress = KafkaSpout(config, spark).run(chain, until_caught_up=True)
+    elapsed = time.perf_counter() - t0
+    acked = progress.total("acked")
+    if acked != n or progress.batch_errors:
+        raise AssertionError(
+            f"{config.topic} (batch_size {config.batch_size}): acked {acked} of {n} offsets, "
+            f"{progress.batch_errors} batch errors: the figure would be wrong"
+        )
+    return elapsed, progress
+
+
+def empty_job(spark: SparkSession) -> Sample:
+    """A Spark job of PARTITIONS tasks that do nothing: the fastest of 5, after a warm-up."""
+    sc = spark.sparkContext
+
+    def job() -> float:
+        t0 = time.perf_counter()
+        sc.parallelize(range(PARTITIONS), PARTITIONS).mapPartitions(_count).collect()
+        return time.perf_counter() - t0
+
+    return best(job, repeat=5)
+
+
+def _count(items: Iterable[int]) -> list[int]:
+    return [sum(1 for _ in items)]
+
+
+# -- report ------------------------------------------------------------------------------------
+
+
+def _table(headers: list[str], rows: Iterable[list[str]], align: str) -> str:
+    rows = list(rows)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(
+            c.ljust(w) if a == "<" else c.rjust(w)
+            for c, w, a in zip(cells, widths, align, strict=True)
+        )
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(headers), rule, *(line(r) for r in rows)])
+
+
+@dataclass(frozen=True)
+class Row:
+    case: str
+    sample: Sample
+    note: str = ""
+    target: bool = False  # the design target applies to this case
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="100,000 messages")
+    parser.add_argument("-n", type=int, default=None, help="messages (overrides; multiple of 4)")
+    parser.add_argument(
+        "--batch-sizes",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=None,
+        help="comma-separated batch_size values per partition (default 10000,50000,100000)",
+    )
+    parser.add_argument("--compression", default="lz4", choices=["lz4", "zstd", "none"])
+    args = parser.parse_args(argv)
+    n = args.n or (100_000 if args.quick else 360_000)
+    n -= n % PARTITIONS
+    if n // PARTITIONS > PER_PARTITION_CAP:
+        parser.error(f"at most {PER_PARTITION_CAP * PARTITIONS:,} messages (the mock's retention)")
+    batch_sizes: list[int] = args.batch_sizes or [10_000, 50_000, 100_000]
+    started = time.perf_counter()
+
+    print(
+        f"Executor throughput: {n:,} messages ({VALUE_BYTES}-byte values, keyed, "
+        f"{args.compression}) over {PARTITIONS} partitions of librdkafka's mock cluster"
+    )
+    print(
+        f"Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} cores; "
+        f"kspout on Spark {MASTER}; confluent-kafka, librdkafka "
+        f"{confluent_kafka.libversion()[0]}; {load_note()} at the start"
+    )
+    print()
+
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-executor-") as tmp,
+        DevStack(Path(tmp), components=("kafka", "zookeeper")) as stack,
+    ):
+        setup = Setup(stack.info.brokers, stack.info.zookeeper)
+        run_id = uuid.uuid4().hex[:6]
+        topic, warm, tiny = (f"bench-{k}-{run_id}" for k in ("data", "warm", "tiny"))
+        produce_s = produce(setup.brokers, topic, n, args.compression)
+        wait_all_in(setup.brokers, topic, n)
+        warm_n = 2000
+        produce(setup.brokers, warm, warm_n, args.compression)
+        produce(setup.brokers, tiny, TINY_BATCHES * PARTITIONS, "none")
+        wait_all_in(setup.brokers, warm, warm_n)
+        wait_all_in(setup.brokers, tiny, TINY_BATCHES * PARTITIONS)
+        print(f"produced {n:,} messages in {produce_s:.1f} s")
+
+        rows = measure(setup, topic, warm, tiny, n, warm_n, batch_sizes)
+
+    print_report(rows, n)
+    print()
+    print(f"total run time {time.perf_counter() - started:.0f} s; {load_note()} at the end")
+    return 0
+
+
+@dataclass
+class Results:
+    throughput: list[Row]
+    latency: list[tuple[str, Sample, str]]
+
+
+def spark_case(
+    setup: Setup,
+    spark: SparkSession,
+    topic: str,
+    batch: int,
+    chain: ChainItem | Sequence[ChainItem],
+    n: int,
+    repeat: int,
+) -> tuple[Sample, Progress]:
+    """The fastest of `repeat` runs of the chain on Spark, each with a fresh spout id."""
+    runs: list[tuple[Sample, Progress]] = []
+    progress: list[Progress] = []
+
+    def run() -> float:
+        seconds, done = spout_run(setup.config(topic, batch), spark, chain, n)
+        progress.append(done)
+        return seconds
+
+    for _ in range(repeat):
+        runs.append((sample(run), progress[-1]))
+    return min(runs, key=lambda r: r[0].seconds)
+
+
+def measure(
+    setup: Setup, topic: str, warm: str, tiny: str, n: int, warm_n: int, batch_sizes: list[int]
+) -> Results:
+    one = Pass()
+    two: list[ChainItem] = [Forward(), Shuffle(), Drop()]
+    big = max(batch_sizes)
+    rows: list[Row] = []
+    brokers = setup.brokers
+
+    # Baselines (each best of REPEAT after a warm-up).
+    rows.append(Row("bare loop, .value() only", best(lambda: bare_values(brokers, topic, n))))
+    rows.append(Row("bare loop, all 7 fields", best(lambda: bare_fields(brokers, topic, n))))
+    defaults = best(lambda: bare_values(brokers, topic, n, OFFSET_BEGINNING, {}))
+    rows.append(Row("bare loop, .value(), librdkafka defaults", defaults, "OFFSET_BEGINNING"))
+    serial = best(lambda: bare_values_serial(brokers, topic, n))
+    rows.append(Row("bare loop, .value(), one partition at a time", serial, "kspout's pattern"))
+
+    # kspout's pieces in this process, one thread.
+    cfg = setup.config(topic, big)
+    fetch = best(lambda: fetch_alone(cfg, n))
+    rows.append(Row("PartitionFetcher.fetch alone, in process", fetch, "1 thread"))
+    body = best(lambda: task_body(cfg, n))
+    rows.append(Row("run_task (fetch + handler + outcomes), in process", body, "1 thread"))
+    for batch in sorted({min(batch_sizes), big}):
+
+        def local(batch: int = batch) -> float:
+            return spout_run(setup.config(topic, batch), None, trivial, n)[0]
+
+        rows.append(
+            Row(f"driver + LocalExecutor, handler, batch {batch:,}", best(local), "1 thread")
+        )
+    chains: list[tuple[str, ChainItem | Sequence[ChainItem]]] = [
+        ("1 BasicBolt", one),
+        ("2 stages, Shuffle()", two),
+    ]
+    for label, bolts in chains:
+
+        def local_chain(bolts: ChainItem | Sequence[ChainItem] = bolts) -> float:
+            return spout_run(setup.config(topic, big), None, bolts, n)[0]
+
+        rows.append(
+            Row(f"driver + LocalExecutor, {label}, batch {big:,}", sample(local_chain), "1 run")
+        )
+
+    # Spark: start the session and warm every kind of run over the small topic (not timed).
+    t0 = time.perf_counter()
+    spark = spark_session(MASTER)
+    spark.sparkContext.setLogLevel("ERROR")
+    session_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for chain in (trivial, one, two):
+        for _ in range(2):
+            spout_run(setup.config(warm, 500), spark, chain, warm_n)
+    warm_s = time.perf_counter() - t0
+    print(
+        f"SparkSession {MASTER} started in {session_s:.1f} s and warmed up in {warm_s:.1f} s "
+        f"over a separate {warm_n:,}-message topic (neither is in the figures below)"
+    )
+    print()
+
+    for batch in batch_sizes:
+        result, progress = spark_case(setup, spark, topic, batch, trivial, n, SPARK_REPEAT)
+        note = f"{progress.batches} batches, best of {SPARK_REPEAT}"
+        rows.append(Row(f"kspout Spark, handler, batch {batch:,}", result, note, target=True))
+    for label, bolts in chains:
+        for batch in sorted({min(batch_sizes), big}):
+            result, progress = spark_case(setup, spark, topic, batch, bolts, n, 1)
+            note = f"{progress.batches} batches, 1 run"
+            rows.append(Row(f"kspout Spark, {label}, batch {batch:,}", result, note))
+
+    latency: list[tuple[str, Sample, str]] = []
+    latency.append(("empty Spark job, 4 tasks", empty_job(spark), "best of 5"))
+    tiny_n = TINY_BATCHES * PARTITIONS
+    for in_flight in (1, 2):
+        config = setup.config(tiny, 1, in_flight=in_flight)
+        batches: list[int] = []
+
+        def tiny_run(config: TopicConfig = config, batches: list[int] = batches) -> float:
+            seconds, progress = spout_run(config, spark, trivial, tiny_n)
+            batches.append(progress.batches)
+            return seconds
+
+        whole = sample(tiny_run)
+        per_batch = Sample(whole.seconds / batches[0], whole.cpu / batches[0])
+        latency.append(
+            (
+                f"kspout run, {batches[0]} batches of 4 x 1 message, in flight {in_flight}",
+                per_batch,
+                f"per batch; {whole.seconds:.2f} s in all, fixed cost included",
+            )
+        )
+    config = setup.config(tiny, 1)
+    spout_run(config, spark, trivial, tiny_n)
+    done: list[Progress] = []
+
+    def nothing_to_do() -> float:
+        t0 = time.perf_counter()
+        done.append(KafkaSpout(config, spark).run(trivial, until_caught_up=True))
+        return time.perf_counter() - t0
+
+    fixed = sample(nothing_to_do)
+    assert done[0].batches == 0 and done[0].total("acked") == 0, done
+    latency.append(
+        ("kspout run() with nothing to do (fixed cost)", fixed, "connect, register, commit, close")
+    )
+    spark.stop()
+    return Results(rows, latency)
+
+
+def print_report(results: Results, n: int) -> None:
+    rows = results.throughput
+    value, fields = rows[0].sample, rows[1].sample
+    fastest = min(r.sample.seconds for r in rows if r.case.startswith("bare loop, .value()"))
+    table = []
+    for row in rows:
+        sample = row.sample
+        verdict = ""
+        if row.target:
+            ratios = (value.seconds / sample.seconds, fastest / sample.seconds)
+            verdict = "/".join("PASS" if r >= TARGET else "MISS" for r in ratios)
+        table.append(
+            [
+                row.case,
+                f"{n / sample.seconds:,.0f}",
+                f"{sample.seconds:.2f}",
+                f"{value.seconds / sample.seconds:.2f}",
+                f"{fields.seconds / sample.seconds:.2f}",
+                f"{fastest / sample.seconds:.2f}",
+                f"{sample.cpu / n * 1e6:.1f}",
+                f"{value.cpu / sample.cpu:.2f}",
+                verdict,
+                row.note,
+            ]
+        )
+    print(
+        "Throughput: records/s end to end. Ratios = baseline time / case time (1.00 = as fast "
+        "as the baseline): 'vs value' to the .value()-only loop over all partitions, 'vs "
+        "fields' to the loop reading all 7 fields, 'vs fastest' to the fastest .value()-only "
+        f"loop of this run. Design target >= {TARGET:.2f}; 'target' shows PASS/MISS against "
+        "'vs value' / 'vs fastest'. CPU = "
+        "CPU us per record of the whole process tree (this process, mock broker, ZooKeeper, "
+        "Spark JVM and Python workers); 'cpu vs value' = the value-only loop's CPU / the case's."
+    )
+    print(
+        _table(
+            [
+                "case",
+                "records/s",
+                "seconds",
+                "vs value",
+                "vs fields",
+                "vs fastest",
+                "CPU us/rec",
+                "cpu vs value",
+                "target",
+                "note",
+            ],
+            table,
+            "<>>>>>>><<",
+        )
+    )
+    print()
+    print(
+        f"Spark {MASTER} runs two tasks (two Python workers) at once, each fetching its own "
+        "partitions; the bare loops and the in-process cases are one Python thread (librdkafka "
+        "adds its own threads). The mock broker is a process of its own on the same cores. "
+        f"Bare loops and in-process cases: best of {REPEAT} after a warm-up. Spark runs are "
+        "timed around `KafkaSpout.run()`, so driver start, ZooKeeper registration and the "
+        "final commit are included (see the fixed cost below)."
+    )
+    print()
+    print("Latency (seconds; CPU seconds of the whole process tree)")
+    print(
+        _table(
+            ["case", "seconds", "CPU s", "note"],
+            [[case, f"{s.seconds:.3f}", f"{s.cpu:.3f}", note] for case, s, note in results.latency],
+            "<>><",
+        )
+    )
+
+
+def load_note() -> str:
+    """The 1-minute load average, with a warning when other work competes for the cores."""
+    load = os.getloadavg()[0]
+    cores = os.cpu_count() or 1
+    warning = ""
+    if load > 0.5:
+        warning = f" - other work is running on {cores} cores: wall-clock figures are noisy"
+    return f"load average {load:.2f}{warning}"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

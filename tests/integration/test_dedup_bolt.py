@@ -1,0 +1,254 @@
+"""The dedup bolt end to end with the in-process executor: real Kafka (mock cluster), ZooKeeper
+and Redis. (The chaos test runs it on Spark with faults; these pin each behaviour down.)
+
+Every test's handler counts each message it applies in a Redis hash, as an effect applied with
+the record's DONE, so `applied()` shows exactly what took effect.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import redis
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from dedup import ClaimStatus, Effects, IdempotencyBolt, Settlement, SettleStatus
+from dedup.bolt import _store
+from kspout.config import TopicConfig
+from kspout.devstack import DevStack, RedisServer
+from kspout.driver import Driver, Progress
+from kspout.kafka import Record
+from kspout.local_executor import LocalExecutor
+from tests.integration.helpers import PARTITIONS, highs, produce, stored
+
+
+class Apply:
+    """The handler: applies a message by counting its id; raises for ids in `failing` once."""
+
+    def __init__(self, key: str, failing: set[str] | None = None) -> None:
+        self.key = key
+        self.failing = failing or set()
+
+    def __call__(self, record: Record, effects: Effects) -> None:
+        if effects.id in self.failing and effects.attempt == 1:
+            raise RuntimeError(f"first attempt of {effects.id} fails")
+        effects.hincrby(self.key, effects.id)
+
+
+@pytest.fixture
+def dedup_config(
+    make_config: Callable[..., TopicConfig], stack: DevStack
+) -> Callable[..., TopicConfig]:
+    def make(**overrides: Any) -> TopicConfig:
+        overrides["dedup"] = {"id_source": "key", "lease": 30.0, **overrides.get("dedup", {})}
+        overrides.setdefault("redis", {"url": stack.info.redis_url})
+        return make_config(**overrides)
+
+    return make
+
+
+def run(config: TopicConfig, bolt: IdempotencyBolt, **kwargs: Any) -> Progress:
+    with Driver(config, LocalExecutor(config, bolt)) as driver:
+        return driver.run(until_caught_up=True, **kwargs)
+
+
+def applied(client: redis.Redis, key: str) -> dict[str, int]:
+    return {bytes(k).decode(): int(v) for k, v in client.hgetall(key).items()}
+
+
+def keyed(p: int, o: int) -> bytes:
+    return b"id-%d-%d" % (p, o)
+
+
+def test_each_id_applies_once_and_a_replay_from_the_start_is_all_duplicates(
+    dedup_config: Callable[..., TopicConfig],
+    producer: Producer,
+    redis_client: redis.Redis,
+) -> None:
+    config = dedup_config()
+    produce(producer, config.topic, {p: range(100) for p in PARTITIONS}, key=keyed)
+    key = f"{config.topic}:applied"
+    failing = {"id-0-3", "id-2-50"}
+
+    first = run(config, IdempotencyBolt(Apply(key, failing), config))
+
+    ids = {keyed(p, o).decode() for p in PARTITIONS for o in range(100)}
+    assert applied(redis_client, key) == dict.fromkeys(ids, 1)
+    assert first.total("acked") == 400 and first.total("retried") == len(failing)
+    assert stored(config) == highs(config)
+
+    # Same namespace, a new spout id: the whole topic again, and nothing runs twice.
+    again = config.model_copy(update={"spout_id": config.spout_id + "-again"})
+    second = run(again, IdempotencyBolt(Apply(key), again, namespace=config.spout_id))
+    assert second.total("duplicates") == 400 and second.total("acked") == 0
+    assert applied(redis_client, key) == dict.fromkeys(ids, 1)
+
+
+def test_a_message_without_an_id_is_dead_lettered_with_the_reason_and_counted(
+    dedup_config: Callable[..., TopicConfig],
+    producer: Producer,
+    redis_client: redis.Redis,
+    stack: DevStack,
+) -> None:
+    config = dedup_config()
+    produce(
+        producer,
+        config.topic,
+        {0: range(10)},
+        key=lambda p, o: None if o in (2, 7) else keyed(p, o),
+    )
+    key = f"{config.topic}:applied"
+
+    progress = run(config, IdempotencyBolt(Apply(key), config))
+
+    assert progress.total("invalid") == 2 == progress.total("dead_lettered")
+    assert progress.total("retried") == 0  # no retry can give a message an id
+    assert sorted(applied(redis_client, key)) == sorted(
+        keyed(0, o).decode() for o in range(10) if o not in (2, 7)
+    )
+    letters = read_dead_letters(config, stack.info.brokers, expected=2)
+    assert sorted(int(h["kspout.source.offset"]) for h in letters) == [2, 7]
+    for headers in letters:
+        assert headers["kspout.reason"].startswith("invalid")
+        assert "no message id" in headers["kspout.error"]
+    assert stored(config)[0] == 10
+
+
+@pytest.mark.parametrize(
+    ("source", "key", "value", "headers"),
+    [
+        ("json:order", None, b'{"order": "A-17", "n": 1}', []),
+        ("header:msg-id", b"ignored", b"x", [("msg-id", b"A-17")]),
+    ],
+)
+def test_ids_come_from_a_json_field_or_a_header(
+    dedup_config: Callable[..., TopicConfig],
+    producer: Producer,
+    redis_client: redis.Redis,
+    source: str,
+    key: bytes | None,
+    value: bytes,
+    headers: list[tuple[str, bytes]],
+) -> None:
+    config = dedup_config(dedup={"id_source": source})
+    for _ in range(3):  # the same id three times: applied once, then duplicates
+        producer.produce(config.topic, value, key, partition=1, headers=headers)
+    assert producer.flush(10) == 0
+    effect = f"{config.topic}:applied"
+
+    progress = run(config, IdempotencyBolt(Apply(effect), config))
+
+    assert applied(redis_client, effect) == {"A-17": 1}
+    # The second copy in the same claim is deferred, then found DONE like the third.
+    assert progress.total("acked") == 1 and progress.total("duplicates") == 2
+
+
+def test_a_live_lease_elsewhere_defers_without_spending_attempts_until_it_settles(
+    dedup_config: Callable[..., TopicConfig],
+    producer: Producer,
+    redis_client: redis.Redis,
+) -> None:
+    config = dedup_config(max_retries=0, defer_delay=0.05)  # a spent attempt would dead-letter
+    produce(producer, config.topic, {3: range(5)}, key=keyed)
+    effect = f"{config.topic}:applied"
+    bolt = IdempotencyBolt(Apply(effect), config)
+    store = _store(config, bolt.namespace)
+    [other] = store.claim(["id-3-2"], owner="another task")
+    assert other.status is ClaimStatus.CLAIMED
+
+    with Driver(config, LocalExecutor(config, bolt)) as driver:
+        deadline = time.monotonic() + 10
+        while driver.progress().total("deferred") < 3 and time.monotonic() < deadline:
+            driver.step()
+            time.sleep(0.01)
+        # Everything else is done; id-3-2 keeps coming back deferred, never run, never failed.
+        assert driver.progress().total("deferred") >= 3
+        assert driver.progress().total("dead_lettered") == 0
+        assert applied(redis_client, effect) == {keyed(3, o).decode(): 1 for o in (0, 1, 3, 4)}
+        done = Settlement("id-3-2", other.token, True, None, [("HINCRBY", effect, "id-3-2", 1)])
+        assert store.settle([done]) == [SettleStatus.SETTLED]
+        final = driver.run(until_caught_up=True)
+
+    assert final.total("duplicates") == 1 and final.total("dead_lettered") == 0
+    assert applied(redis_client, effect)["id-3-2"] == 1
+    assert stored(config)[3] == 5
+
+
+def test_one_claim_and_one_settle_per_task(
+    dedup_config: Callable[..., TopicConfig],
+    producer: Producer,
+    redis_client: redis.Redis,
+) -> None:
+    config = dedup_config(batch_size=300)
+    produce(producer, config.topic, {p: range(600) for p in PARTITIONS}, key=keyed)
+    bolt = IdempotencyBolt(Apply(f"{config.topic}:applied"), config)
+
+    with Driver(config, LocalExecutor(config, bolt)) as driver:
+        assert driver.step()  # the first batch also loads the scripts and sets up the epoch
+        before = evalsha_calls(redis_client)
+        assert driver.step()
+        after = evalsha_calls(redis_client)
+        assert driver.progress().total("acked") == 2 * 300 * len(PARTITIONS)
+
+    assert after - before == 2 * len(PARTITIONS)  # one task per partition: claim + settle
+
+
+def test_start_warns_when_redis_could_lose_records(
+    dedup_config: Callable[..., TopicConfig], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    risky = RedisServer(tmp_path, appendonly=False)
+    risky.start()
+    try:
+        config = dedup_config(redis={"url": risky.url})
+        bolt = IdempotencyBolt(Apply("unused"), config)
+        with caplog.at_level(logging.WARNING, logger="dedup.bolt"):
+            bolt.start()
+    finally:
+        risky.stop()
+    assert any("appendonly" in w for w in bolt.warnings)
+    assert any("appendonly" in r.getMessage() for r in caplog.records)
+
+    durable = dedup_config()
+    checked = IdempotencyBolt(Apply("unused"), durable)
+    checked.start()
+    assert checked.warnings == []  # the stack's Redis runs with AOF and noeviction
+
+
+def evalsha_calls(client: redis.Redis) -> int:
+    stats = cast(dict[str, dict[str, int]], client.info("commandstats"))
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def read_dead_letters(config: TopicConfig, brokers: str, expected: int) -> list[dict[str, str]]:
+    """The headers of the records on the dead-letter topic, decoded."""
+    consumer = Consumer({"bootstrap.servers": brokers, "group.id": "dlq-test"})
+    try:
+        parts = consumer.list_topics(config.dlq_topic, timeout=10).topics[config.dlq_topic]
+        consumer.assign([TopicPartition(config.dlq_topic, p, 0) for p in parts.partitions])
+        found: list[dict[str, str]] = []
+        for _ in range(20):
+            for message in consumer.consume(100, timeout=0.5):
+                if message.error() is None:
+                    pairs = cast(list[tuple[str, bytes]], message.headers() or [])
+                    found.append({k: v.decode() for k, v in pairs})
+            if len(found) >= expected:
+                break
+        return found
+    finally:
+        consumer.close()
+
+
+def test_json_ids_are_read_from_the_value(tmp_path: Path) -> None:
+    """A unit-level check of the reader the bolt uses for `json:<field>`."""
+    from dedup.ids import id_reader
+
+    read = id_reader("json:order")
+    record = Record("t", 0, 0, None, json.dumps({"order": 5}).encode(), -1, ())
+    assert read(record) == ("5", "")
+    assert read(Record("t", 0, 0, None, b"not json", -1, ()))[0] is None
