@@ -231,13 +231,15 @@ class Grouping:
 
 
 class Shuffle(Grouping):
-    """Any task; tuples are spread evenly."""
+    """Any task; tuples are spread evenly (round robin from a random start per copy, since
+    every upstream task routes with its own copy)."""
 
     def __init__(self) -> None:
-        self._next = 0
+        self._next: int | None = None
 
     def route(self, tuple_: Tuple, tasks: int) -> int:
-        self._next = (self._next + 1) % tasks
+        current = new_tuple_id() if self._next is None else self._next
+        self._next = (current + 1) % tasks
         return self._next
 
     def __repr__(self) -> str:
@@ -271,5 +273,30 @@ class Global(Grouping):
 
 
 def stable_hash(value: object) -> int:
-    """A hash equal in every Python worker (`hash()` of a str is salted per process)."""
-    return zlib.crc32(repr(value).encode())
+    """A hash equal in every Python worker for values that compare equal.
+
+    `hash()` of a str is salted per process, and `repr` tells apart equal values (1 and 1.0,
+    dicts in another order, sets printed in hash order); this hashes a canonical form instead.
+    """
+    return zlib.crc32(_canonical(value).encode("utf-8", "surrogatepass"))
+
+
+def _canonical(value: object) -> str:
+    if value is None:
+        return "N"
+    if isinstance(value, bool | int):
+        return f"i{int(value)}"
+    if isinstance(value, float):
+        return f"i{int(value)}" if value.is_integer() else f"f{value!r}"
+    if isinstance(value, str):
+        return f"s{len(value)}:{value}"
+    if isinstance(value, bytes | bytearray):
+        return f"y{bytes(value).hex()}"
+    if isinstance(value, tuple | list):
+        return "(" + ",".join(_canonical(v) for v in value) + ")"
+    if isinstance(value, set | frozenset):
+        return "{" + ",".join(sorted(_canonical(v) for v in value)) + "}"
+    if isinstance(value, dict):
+        items = sorted(f"{_canonical(k)}={_canonical(v)}" for k, v in value.items())
+        return "{" + ",".join(items) + "}"
+    return f"r{value!r}"

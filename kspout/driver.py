@@ -31,6 +31,7 @@ from kspout.tasks import Executor, PartitionTask, TaskResult
 log = logging.getLogger(__name__)
 
 IDLE_WAIT = 0.05  # seconds to wait when nothing is plannable (retries backing off, no data)
+WATERMARK_MAX_AGE = 1.0  # seconds a partition's watermarks are reused while it has a backlog
 
 
 @dataclass(slots=True)
@@ -101,6 +102,7 @@ class Driver:
         self._versions: dict[int, int | None] = {}
         self._committed: dict[int, int | None] = {}
         self._watermarks: dict[int, tuple[int, int]] = {}
+        self._watermarks_at: dict[int, float] = {}
         self._leaders: dict[int, tuple[str, int]] = {}
         self._in_flight: list[Future[list[TaskResult]]] = []
         self._resets: list[tuple[int, OutOfRangeReset]] = []
@@ -288,15 +290,31 @@ class Driver:
     def _plan(self) -> list[PartitionTask]:
         tasks: list[PartitionTask] = []
         topic = self.config.topic
+        now = self._clock()
         for p, pm in self._pms.items():
-            low, high = self._metadata.watermarks(topic, p)
-            self._watermarks[p] = (low, high)
+            low, high = self._watermarks_of(p, pm, now)
             if pm.out_of_range(low, high):
                 self._reset(p, pm, low, high)
             plan = pm.plan(high, self.config.batch_size)
             if plan:
                 tasks.append(PartitionTask(topic, p, plan))
         return tasks
+
+    def _watermarks_of(self, p: int, pm: PartitionManager, now: float) -> tuple[int, int]:
+        """The partition's `(low, high)`, asked of Kafka only when the plan has reached the
+        known high mark or the last answer is older than `WATERMARK_MAX_AGE`: a query costs a
+        broker round trip, and the loop steps every few milliseconds while batches run."""
+        cached = self._watermarks.get(p)
+        if (
+            cached is not None
+            and pm.emitted_to < cached[1]
+            and now - self._watermarks_at.get(p, float("-inf")) < WATERMARK_MAX_AGE
+        ):
+            return cached
+        low, high = self._metadata.watermarks(self.config.topic, p)
+        self._watermarks[p] = (low, high)
+        self._watermarks_at[p] = now
+        return low, high
 
     def _reset(self, p: int, pm: PartitionManager, low: int, high: int) -> None:
         position = pm.policy.out_of_range

@@ -9,6 +9,7 @@ same function inside a Python worker.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -67,20 +68,33 @@ class OutcomeLog:
     Offsets must be reported in ascending order.
     """
 
-    __slots__ = ("_attempt", "_attempt_of", "_end", "_outcomes", "_start")
+    __slots__ = ("_attempt", "_attempt_of", "_end", "_outcomes", "_spans", "_start")
 
     def __init__(self, task: PartitionTask) -> None:
+        self._spans = task.plan.spans
         self._attempt_of = task.attempt_lookup()
         self._outcomes: list[Outcome] = []
         self._start = self._end = self._attempt = -1  # the run of acks not yet written
 
     def ack(self, offset: int) -> None:
-        attempt = self._attempt_of(offset)
-        if offset == self._end and attempt == self._attempt:
-            self._end += 1
+        self._extend(offset, offset + 1, self._attempt_of(offset))
+
+    def ack_run(self, lo: int, hi: int) -> None:
+        """Ack the consecutive offsets `[lo, hi)`, looking attempts up per span, not per offset."""
+        spans = self._spans
+        i = bisect_right(spans, lo, key=lambda span: span.start) - 1
+        while lo < hi:
+            span = spans[i]
+            end = min(hi, span.end)
+            self._extend(lo, end, span.attempt)
+            lo, i = end, i + 1
+
+    def _extend(self, lo: int, hi: int, attempt: int) -> None:
+        if lo == self._end and attempt == self._attempt:
+            self._end = hi
             return
         self._flush()
-        self._start, self._end, self._attempt = offset, offset + 1, attempt
+        self._start, self._end, self._attempt = lo, hi, attempt
 
     def fail(self, offset: int, error: str) -> None:
         """A failure with EXCEPTION (user code raised or failed the tuple)."""
@@ -117,14 +131,22 @@ def settle(task: PartitionTask, fetched: FetchResult, handler: Handler) -> TaskR
     and the error text. Offsets Kafka does not have become GONE.
     """
     log = OutcomeLog(task)
-    ack, fail = log.ack, log.fail
+    start = end = -1  # the run of acked offsets not yet handed to the log
     for record in fetched.records:
         try:
             handler(record)
         except Exception as exc:
-            fail(record.offset, describe_error(exc))
+            log.fail(record.offset, describe_error(exc))
             continue
-        ack(record.offset)
+        offset = record.offset
+        if offset == end:
+            end += 1
+            continue
+        if end > start:
+            log.ack_run(start, end)
+        start, end = offset, offset + 1
+    if end > start:
+        log.ack_run(start, end)
     outcomes = log.finish(fetched.missing)
     return TaskResult(task.topic, task.partition, task.plan.epoch, outcomes, fetched.out_of_range)
 

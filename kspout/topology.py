@@ -72,6 +72,11 @@ class Topology:
                     raise ChainError(f"a grouping cannot {where}: {item!r} at position {position}")
                 stages.append(Stage(tuple(bolts), grouping))
                 bolts, grouping = [], item
+            elif isinstance(item, type):
+                raise ChainError(
+                    f"chain item {position} is the class {item.__name__}: pass an instance, "
+                    f"{item.__name__}(...)"
+                )
             elif isinstance(item, Bolt):
                 bolts.append(item)
             elif callable(item):

@@ -323,12 +323,6 @@ def test_anything_else_in_the_chain_is_refused_with_its_position() -> None:
     assert issubclass(ChainError, KspoutError) and issubclass(ChainError, ValueError)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a Bolt class passed without () is accepted as a plain function "
-    "(FunctionBolt(Split)); every record then fails with a TypeError at run time instead "
-    "of a ChainError when the chain is built",
-)
 def test_a_bolt_class_instead_of_an_instance_is_refused() -> None:
     with pytest.raises(ChainError):
         Topology.of([Split, Shuffle(), Count()])  # type: ignore[list-item]
@@ -723,22 +717,12 @@ def test_fields_routes_by_every_named_field_and_ignores_the_others() -> None:
         Fields()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: stable_hash hashes repr(); a frozenset's repr order depends on "
-    "PYTHONHASHSEED, so equal set values route to different tasks in different workers",
-)
 def test_fields_routes_equal_set_values_alike_in_every_process() -> None:
     values = [frozenset({"apple", "kafka", "storm", "spark"})]
     children = [in_child(seed, values) for seed in ("1", "2", "3")]
     assert len({tuple(c["stable"]) for c in children}) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: stable_hash hashes repr(); equal values with different reprs (dicts built in "
-    "a different key order, 1 == 1.0) route to different tasks",
-)
 @pytest.mark.parametrize(
     ("a", "b"),
     [({"id": 1, "kind": "x"}, {"kind": "x", "id": 1}), (1, 1.0)],
@@ -760,12 +744,6 @@ def test_shuffle_spreads_evenly() -> None:
         assert set(routes.values()) == {25}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: every copy of a Shuffle starts at the same position (_next = 0, first route "
-    "is task 1); Spark ships each upstream task its own copy, so tasks that emit few tuples "
-    "all send them to task 1 (Storm's shuffle starts each copy at a random position)",
-)
 def test_shuffle_spreads_evenly_across_independent_upstream_copies() -> None:
     shipped = pickle.dumps(Shuffle())
     routes = Counter(pickle.loads(shipped).route(word_tuple(i), 4) for i in range(40))
