@@ -416,20 +416,6 @@ def _count(items: Iterable[int]) -> list[int]:
 # -- report ------------------------------------------------------------------------------------
 
 
-def _table(headers: list[str], rows: Iterable[list[str]], align: str) -> str:
-    rows = list(rows)
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(
-            c.ljust(w) if a == "<" else c.rjust(w)
-            for c, w, a in zip(cells, widths, align, strict=True)
-        )
-
-    rule = "  ".join("-" * w for w in widths)
-    return "\n".join([line(headers), rule, *(line(r) for r in rows)])
-
-
 @dataclass(frozen=True)
 class Row:
     case: str
@@ -634,14 +620,14 @@ def print_report(results: Results, n: int) -> None:
     rows = results.throughput
     value, fields = rows[0].sample, rows[1].sample
     fastest = min(r.sample.seconds for r in rows if r.case.startswith("bare loop, .value()"))
-    table = []
+    rows = []
     for row in rows:
         sample = row.sample
         verdict = ""
         if row.target:
             ratios = (value.seconds / sample.seconds, fastest / sample.seconds)
             verdict = "/".join("PASS" if r >= TARGET else "MISS" for r in ratios)
-        table.append(
+        rows.append(
             [
                 row.case,
                 f"{n / sample.seconds:,.0f}",
@@ -665,7 +651,7 @@ def print_report(results: Results, n: int) -> None:
         "Spark JVM and Python workers); 'cpu vs value' = the value-only loop's CPU / the case's."
     )
     print(
-        _table(
+        table(
             [
                 "case",
                 "records/s",
@@ -678,7 +664,7 @@ def print_report(results: Results, n: int) -> None:
                 "target",
                 "note",
             ],
-            table,
+            rows,
             "<>>>>>>><<",
         )
     )
@@ -694,7 +680,7 @@ def print_report(results: Results, n: int) -> None:
     print()
     print("Latency (seconds; CPU seconds of the whole process tree)")
     print(
-        _table(
+        table(
             ["case", "seconds", "CPU s", "note"],
             [[case, f"{s.seconds:.3f}", f"{s.cpu:.3f}", note] for case, s, note in results.latency],
             "<>><",

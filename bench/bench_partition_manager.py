@@ -24,11 +24,12 @@ import random
 import sys
 import time
 import tracemalloc
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sortedcontainers import SortedSet  # type: ignore[import-untyped]
 
+from bench.report import table
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
 from kspout.partition_manager import PartitionManager
 from kspout.policy import PartitionPolicy
@@ -315,20 +316,6 @@ def _size(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
-def _table(headers: list[str], rows: Iterable[list[str]], align: str) -> str:
-    rows = list(rows)
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(
-            c.ljust(w) if a == "<" else c.rjust(w)
-            for c, w, a in zip(cells, widths, align, strict=True)
-        )
-
-    rule = "  ".join("-" * w for w in widths)
-    return "\n".join([line(headers), rule, *(line(r) for r in rows)])
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="10**5 offsets per case")
@@ -361,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     print("Throughput (offsets/s; ratio = kspout / baseline, > 1 means kspout is faster)")
     print(
-        _table(
+        table(
             ["case", "kspout", "storm-style", "ratio", "target (kspout)", "result"],
             rows,
             "<>>>><",
@@ -396,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         del pm, storm
     print("Memory (tracemalloc; ratio = baseline / kspout, > 1 means kspout is smaller)")
     print(
-        _table(
+        table(
             ["case", "kspout", "spans", "B/offset", "storm-style", "B/offset", "ratio"],
             mem_rows,
             "<>>>>>>",

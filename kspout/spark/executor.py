@@ -12,15 +12,13 @@ brings each Kafka partition's ledgers together to be settled.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 
 from pyspark import RDD
 from pyspark.sql import SparkSession
 
 from kspout.config import TopicConfig
+from kspout.spark.jobs import SparkJobs
 from kspout.spark.worker import (
     BatchSpec,
     Item,
@@ -38,30 +36,16 @@ def _identity(target: int) -> int:
     return target
 
 
-class SparkExecutor:
+class SparkExecutor(SparkJobs):
     """Runs micro-batches of a bolt chain as Spark jobs."""
 
     def __init__(self, spark: SparkSession, config: TopicConfig, topology: Topology) -> None:
-        self._spark = spark
-        self._config = config
+        super().__init__(spark, config)
         self._topology = topology
         topology.start()
-        self._pool = ThreadPoolExecutor(
-            max_workers=config.max_batches_in_flight, thread_name_prefix="kspout-batch"
-        )
-        self._batches = itertools.count()
-
-    def submit(self, tasks: Sequence[PartitionTask]) -> Future[list[TaskResult]]:
-        """Start the batch's Spark job in the background; the future holds its results."""
-        return self._pool.submit(self._run, list(tasks), next(self._batches))
-
-    def close(self) -> None:
-        """Wait for running jobs; the SparkSession stays up (it may be the user's)."""
-        self._pool.shutdown(wait=True)
 
     def _run(self, tasks: list[PartitionTask], batch: int) -> list[TaskResult]:
         sc = self._spark.sparkContext
-        sc.setJobDescription(f"kspout {self._config.topic} batch {batch}")
         spec = BatchSpec(self._config, self._topology, batch, tuple(t.partition for t in tasks))
         planned: RDD[PartitionTask] = sc.parallelize(tasks, len(tasks))
         stages = self._topology.stages

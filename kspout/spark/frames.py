@@ -13,9 +13,7 @@ of range (handled by the partition's policy) instead of acked.
 from __future__ import annotations
 
 import datetime as dt
-import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 
 from pyspark.sql import DataFrame, Row, SparkSession
@@ -33,6 +31,7 @@ from pyspark.sql.types import (
 from kspout.config import TopicConfig
 from kspout.kafka import KafkaMetadata, Record
 from kspout.outcomes import FailReason, Outcome, OutcomeKind, describe_error
+from kspout.spark.jobs import SparkJobs
 from kspout.spark.worker import fetcher_for
 from kspout.tasks import PartitionTask, TaskResult
 
@@ -83,26 +82,17 @@ def fetch_rows(config: TopicConfig, tasks: Iterable[PartitionTask]) -> Iterator[
             yield _row(record)
 
 
-class FrameExecutor:
+class FrameExecutor(SparkJobs):
     """Runs `f(df, batch_id)` per micro-batch and settles the batch by its outcome."""
 
     def __init__(self, spark: SparkSession, config: TopicConfig, function: BatchFunction) -> None:
-        self._spark = spark
-        self._config = config
+        super().__init__(spark, config)
         self._function = function
         self._metadata = KafkaMetadata(config)
         self._metadata.start()
-        self._pool = ThreadPoolExecutor(
-            max_workers=config.max_batches_in_flight, thread_name_prefix="kspout-frame"
-        )
-        self._batches = itertools.count()
-
-    def submit(self, tasks: Sequence[PartitionTask]) -> Future[list[TaskResult]]:
-        """Run the user's function on the batch's DataFrame in the background."""
-        return self._pool.submit(self._run, list(tasks), next(self._batches))
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        super().close()
         self._metadata.close()
 
     def frame(self, tasks: Sequence[PartitionTask]) -> DataFrame:
@@ -114,7 +104,6 @@ class FrameExecutor:
         return self._spark.createDataFrame(rows, SCHEMA)
 
     def _run(self, tasks: list[PartitionTask], batch: int) -> list[TaskResult]:
-        self._spark.sparkContext.setJobDescription(f"kspout {self._config.topic} batch {batch}")
         try:
             self._function(self.frame(tasks), batch)
         except Exception as exc:

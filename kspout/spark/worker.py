@@ -89,39 +89,40 @@ def single_stage_tasks(
     spec: BatchSpec, index: int, tasks: Iterable[PartitionTask]
 ) -> Iterator[TaskResult]:
     """A chain without groupings: each task sees every tuple of its roots and settles them."""
-    fetcher = fetcher_for(spec.config)
     for task in tasks:
-        acker: Acker[RootKey] = Acker()
-        context = TaskContext(spec.config.topic, 0, index, spec.batch)
-        runner = StageRunner(spec.topology.stages[0], acker, context, last=True)
-        fetched = fetcher.fetch(task.topic, task.partition, task.plan.ranges())
-        try:
-            run_first_stage(fetched, runner, acker)
-        finally:
-            runner.close()
-        report = FetchReport(task.partition, tuple(fetched.missing), fetched.out_of_range)
+        acker, _, report = _stage_zero(spec, index, task, last=True)
         yield from task_results([task], acker, [report])
 
 
 def first_stage(spec: BatchSpec, index: int, tasks: Iterable[PartitionTask]) -> Iterator[Item]:
     """Stage 0 of a chain with groupings: fetch, run, route tuples onward, ship the ledger."""
-    fetcher = fetcher_for(spec.config)
     grouping = spec.topology.stages[1].grouping
     assert grouping is not None
     width = len(spec.partitions)
     for task in tasks:
-        acker: Acker[RootKey] = Acker()
-        context = TaskContext(spec.config.topic, 0, index, spec.batch)
-        runner = StageRunner(spec.topology.stages[0], acker, context, last=False)
-        fetched = fetcher.fetch(task.topic, task.partition, task.plan.ranges())
-        try:
-            run_first_stage(fetched, runner, acker)
-        finally:
-            runner.close()
-        for tuple_ in runner.output:
+        acker, output, report = _stage_zero(spec, index, task, last=False)
+        for tuple_ in output:
             yield grouping.route(tuple_, width), tuple_
-        report = FetchReport(task.partition, tuple(fetched.missing), fetched.out_of_range)
         yield from _ledgers(spec, acker, {task.partition: report})
+
+
+def _stage_zero(
+    spec: BatchSpec, index: int, task: PartitionTask, *, last: bool
+) -> tuple[Acker[RootKey], list[Tuple], FetchReport]:
+    """Fetch a task's records and run the chain's first stage on them."""
+    acker: Acker[RootKey] = Acker()
+    context = TaskContext(spec.config.topic, 0, index, spec.batch)
+    runner = StageRunner(spec.topology.stages[0], acker, context, last=last)
+    fetched = fetcher_for(spec.config).fetch(task.topic, task.partition, task.plan.ranges())
+    try:
+        run_first_stage(fetched, runner, acker)
+    finally:
+        runner.close()
+    return (
+        acker,
+        runner.output,
+        FetchReport(task.partition, tuple(fetched.missing), fetched.out_of_range),
+    )
 
 
 def later_stage(spec: BatchSpec, stage: int, index: int, items: Iterable[Item]) -> Iterator[Item]:

@@ -1,0 +1,43 @@
+"""What both Spark executors share: batches run as Spark jobs from a pool of driver threads.
+
+Spark accepts jobs from several threads at once, so each submitted batch runs in its own
+thread, at most `max_batches_in_flight` together, and `submit` returns its future at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from pyspark.sql import SparkSession
+
+from kspout.config import TopicConfig
+from kspout.tasks import PartitionTask, TaskResult
+
+
+class SparkJobs:
+    """Base of the Spark executors: subclasses implement `_run(tasks, batch)`."""
+
+    def __init__(self, spark: SparkSession, config: TopicConfig) -> None:
+        self._spark = spark
+        self._config = config
+        self._pool = ThreadPoolExecutor(
+            max_workers=config.max_batches_in_flight, thread_name_prefix="kspout-batch"
+        )
+        self._batches = itertools.count()
+
+    def submit(self, tasks: Sequence[PartitionTask]) -> Future[list[TaskResult]]:
+        """Start the batch's Spark job in the background; the future holds its results."""
+        return self._pool.submit(self._job, list(tasks), next(self._batches))
+
+    def close(self) -> None:
+        """Wait for running jobs; the SparkSession stays up (it may be the user's)."""
+        self._pool.shutdown(wait=True)
+
+    def _job(self, tasks: list[PartitionTask], batch: int) -> list[TaskResult]:
+        self._spark.sparkContext.setJobDescription(f"kspout {self._config.topic} batch {batch}")
+        return self._run(tasks, batch)
+
+    def _run(self, tasks: list[PartitionTask], batch: int) -> list[TaskResult]:
+        raise NotImplementedError
