@@ -56,6 +56,7 @@ import confluent_kafka
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from pyspark.sql import SparkSession
 
+from bench.report import table
 from kspout import BasicBolt, KafkaSpout, Shuffle, Tuple
 from kspout.bolts import BasicCollector
 from kspout.config import TopicConfig, parse_config
