@@ -621,14 +621,14 @@ def print_report(results: Results, n: int) -> None:
     rows = results.throughput
     value, fields = rows[0].sample, rows[1].sample
     fastest = min(r.sample.seconds for r in rows if r.case.startswith("bare loop, .value()"))
-    rows = []
+    cells = []
     for row in rows:
         sample = row.sample
         verdict = ""
         if row.target:
             ratios = (value.seconds / sample.seconds, fastest / sample.seconds)
             verdict = "/".join("PASS" if r >= TARGET else "MISS" for r in ratios)
-        rows.append(
+        cells.append(
             [
                 row.case,
                 f"{n / sample.seconds:,.0f}",
@@ -665,7 +665,7 @@ def print_report(results: Results, n: int) -> None:
                 "target",
                 "note",
             ],
-            rows,
+            cells,
             "<>>>>>>><<",
         )
     )
