@@ -1,8 +1,10 @@
-"""`kspout run`: consume a topic with a plain Python function per record, in-process.
+"""`kspout run`: consume a topic through a handler or bolt chain, in-process or on Spark.
 
-The same driver loop the Spark backend uses, with the local executor. Ctrl-C stops after the
-batch in flight and commits before exiting; a second Ctrl-C exits at once (nothing is lost:
-uncommitted offsets are processed again on the next start).
+`--handler module:attr` names a function (called per record), a bolt, or a list of bolts and
+groupings. Without `--spark` batches run in this process; with `--spark MASTER` each batch is
+a Spark job. Ctrl-C stops after the batches in flight and commits before exiting; a second
+Ctrl-C exits at once (nothing is lost: uncommitted offsets are processed again on the next
+start).
 """
 
 from __future__ import annotations
