@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from functools import cache
 
 import redis
@@ -79,8 +80,17 @@ class SlowOnce(Bolt):
         collector.ack(tuple_)
 
 
+@dataclass(frozen=True, slots=True)
+class RecordEffect:
+    """Remembers each (partition, offset) handled, in a Redis set named after the topic."""
+
+    redis_url: str
+
+    def __call__(self, record: Record) -> None:
+        client(self.redis_url).sadd(f"{record.topic}:done", f"{record.partition}:{record.offset}")
+        time.sleep(0.001)  # slow enough that a kill lands mid-run
+
+
 def record_effect(record: Record) -> None:
-    """The CLI test's handler: remember each (partition, offset) seen, in Redis."""
-    url = os.environ["KSPOUT_REDIS_URL"]
-    client(url).sadd(f"{record.topic}:done", f"{record.partition}:{record.offset}")
-    time.sleep(0.001)  # slow enough that a kill lands mid-run
+    """The CLI test's handler: `RecordEffect` on the Redis that `kspout run` was pointed at."""
+    RecordEffect(os.environ["KSPOUT_REDIS_URL"])(record)

@@ -14,7 +14,6 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 import redis
 from confluent_kafka import Producer
 from pyspark.sql import DataFrame, SparkSession
@@ -24,7 +23,7 @@ from kspout.config import TopicConfig
 from kspout.devstack import DevStack
 from kspout.topology import ChainItem
 from tests.integration.helpers import PARTITIONS, highs, kspout_command, produce, stored, topic_file
-from tests.integration.spark_jobs import Count, SlowOnce, Split
+from tests.integration.spark_jobs import Count, RecordEffect, SlowOnce, Split
 from tests.integration.word_count import check_word_count, sentence
 
 
@@ -124,20 +123,10 @@ def test_a_killed_driver_restarts_and_loses_nothing(
         driver.wait(30)
     assert redis_client.scard(done) < 3000 * len(PARTITIONS)
 
-    progress = KafkaSpout(config, spark).run(_record_effect, until_caught_up=True)
+    progress = KafkaSpout(config, spark).run(
+        RecordEffect(stack.info.redis_url), until_caught_up=True
+    )
 
     assert redis_client.scard(done) == 3000 * len(PARTITIONS)  # every message, none lost
     assert progress.total("acked") > 0
     assert stored(config) == highs(config)
-
-
-def _record_effect(record: object) -> None:
-    from tests.integration.spark_jobs import record_effect
-
-    record_effect(record)  # type: ignore[arg-type]
-
-
-@pytest.fixture(autouse=True)
-def _redis_env(stack: DevStack, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`record_effect` reads the Redis URL from the environment (as the CLI child does)."""
-    monkeypatch.setenv("KSPOUT_REDIS_URL", stack.info.redis_url)
