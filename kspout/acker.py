@@ -107,6 +107,16 @@ class Acker(Generic[RootKey]):
             return RootState.PENDING
         return RootState.DUPLICATE if mark is Mark.DUPLICATE else RootState.COMPLETE
 
+    def states(self) -> Iterator[tuple[RootKey, RootState, str | None]]:
+        """`(root, state, error)` for every root, in one pass (what `state` gives per root)."""
+        marks, errors = self._marks, self._errors
+        pending, complete = RootState.PENDING, RootState.COMPLETE
+        for root, value in self._values.items():
+            if root in marks:
+                yield root, self.state(root), errors.get(root)
+            else:
+                yield root, pending if value else complete, None
+
     def error(self, root: RootKey) -> str | None:
         """The error that failed `root`, if it failed."""
         return self._errors.get(root)

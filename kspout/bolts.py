@@ -39,7 +39,7 @@ class Tuple:
     __slots__ = ("fields", "roots", "values")
 
     def __init__(self, values: Values, fields: tuple[str, ...], roots: dict[RootKey, int]) -> None:
-        self.values = tuple(values)
+        self.values = values if type(values) is tuple else tuple(values)
         self.fields = fields
         self.roots = roots
 
@@ -55,7 +55,7 @@ class Tuple:
     @property
     def record(self) -> Record:
         """The Kafka record of a root tuple (the first bolt's input)."""
-        value = self["record"]
+        value = self.values[0] if self.fields is ROOT_FIELDS else self["record"]
         assert isinstance(value, Record)
         return value
 
@@ -204,7 +204,11 @@ class BasicBolt(Bolt):
         raise NotImplementedError
 
     def execute(self, tuple_: Tuple, collector: Collector) -> None:
-        self.process(tuple_, BasicCollector(collector, tuple_))
+        basic = self.__dict__.get("_basic")
+        if basic is None or basic._collector is not collector:
+            basic = self.__dict__["_basic"] = BasicCollector(collector, tuple_)
+        basic._input = tuple_
+        self.process(tuple_, basic)
         collector.ack(tuple_)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from kspout.acker import Acker, RootState, reseed
@@ -32,6 +33,7 @@ from kspout.bolts import (
     root_tuple,
 )
 from kspout.errors import ChainError
+from kspout.gc_pause import cyclic_gc_paused
 from kspout.kafka import FetchResult
 from kspout.outcomes import FailReason, OutcomeKind
 from kspout.tasks import Handler, OutcomeLog, PartitionTask, TaskResult
@@ -145,8 +147,9 @@ class StageRunner:
     def run(self, tuples: Sequence[Tuple]) -> None:
         """The stage's first bolt takes all the task's input in one batch; whatever it emits
         then runs through the next bolts, tuple by tuple."""
-        self._bolts[0].execute_batch(tuples, self._collectors[0])
-        self._forward(0)
+        with cyclic_gc_paused():
+            self._bolts[0].execute_batch(tuples, self._collectors[0])
+            self._forward(0)
 
     def _feed(self, tuple_: Tuple, index: int) -> None:
         """Execute `tuple_` in bolt `index`, then whatever it emitted in the next bolts."""
@@ -174,7 +177,9 @@ class StageRunner:
 def run_first_stage(fetched: FetchResult, runner: StageRunner, acker: Acker[RootKey]) -> None:
     """Feed the fetched records into the chain as root tuples."""
     reseed()
-    runner.run([root_tuple(record, acker) for record in fetched.records])
+    with cyclic_gc_paused():
+        roots = [root_tuple(record, acker) for record in fetched.records]
+    runner.run(roots)
 
 
 def run_stage(tuples: Iterable[Tuple], runner: StageRunner) -> None:
@@ -205,11 +210,11 @@ def task_results(
 ) -> list[TaskResult]:
     """One `TaskResult` per task from the merged ledger of every root in the batch."""
     by_partition: dict[int, list[tuple[int, RootState, str | None]]] = {}
-    for root in acker.roots():
-        partition, offset = root
-        by_partition.setdefault(partition, []).append(
-            (offset, acker.state(root), acker.error(root))
-        )
+    for (partition, offset), state, error in acker.states():
+        entries = by_partition.get(partition)
+        if entries is None:
+            entries = by_partition[partition] = []
+        entries.append((offset, state, error))
     missing: dict[int, list[tuple[int, int]]] = {}
     out_of_range: dict[int, tuple[int, int]] = {}
     for report in reports:
@@ -219,10 +224,13 @@ def task_results(
     results = []
     for task in tasks:
         log = OutcomeLog(task)
-        for offset, state, error in sorted(by_partition.get(task.partition, ())):
-            if state is RootState.COMPLETE:
+        entries = by_partition.get(task.partition, [])
+        entries.sort(key=itemgetter(0))
+        complete, pending = RootState.COMPLETE, RootState.PENDING
+        for offset, state, error in entries:
+            if state is complete:
                 log.ack(offset)
-            elif state is not RootState.PENDING:
+            elif state is not pending:
                 log.add(offset, *_SETTLED[state], error)
         results.append(
             TaskResult(

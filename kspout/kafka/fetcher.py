@@ -16,16 +16,15 @@ query before every fetch would cost the same round trip on every call instead.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from kspout.config import TopicConfig
 from kspout.errors import FetchTimeout, KafkaRequestFailed
+from kspout.gc_pause import cyclic_gc_paused
 from kspout.kafka._client import consumer_settings, watermarks
 from kspout.kafka.records import FetchResult, Record, RecordBuilder, make_record
 
@@ -120,25 +119,6 @@ class _Progress:
             self.cursor, self.end = self.spans[self.index]
 
 
-@contextlib.contextmanager
-def _cyclic_gc_paused() -> Iterator[None]:
-    """Pause CPython's cycle collector while a fetch builds its records.
-
-    A fetch keeps every record it builds, and the collector scans a generation for every 700
-    objects that stay alive: with 100k records those scans took ~45% of the fetch time
-    (measured: 260k vs 450k records/s). Fetching creates no reference cycles, so nothing
-    waits for the collector meanwhile; reference counting still frees all garbage at once.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
 def _record(topic: str, partition: int, offset: int, msg: Message) -> Record:
     headers = msg.headers()
     return make_record(
@@ -191,7 +171,7 @@ class PartitionFetcher:
         if not wanted:
             return FetchResult([], [])
         try:
-            with _cyclic_gc_paused():
+            with cyclic_gc_paused():
                 return self._read(self._consumer, topic, partition, wanted)
         finally:
             # Stop prefetching: an idle assigned partition would fill librdkafka's queue
