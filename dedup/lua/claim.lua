@@ -24,6 +24,7 @@
 -- A caller re-claiming its own live lease gets CLAIMED with a fresh token at the same attempt
 -- (a lease renewal: the old token goes stale); the same id twice in one call is DEFERRED the
 -- second time, so one call never fences its own claim.
+-- Needs Redis >= 7.0 (SET with both NX and GET).
 
 local fence = redis.call('HMGET', KEYS[1], 'epoch', 'seq')
 if not fence[1] or not fence[2] then
@@ -44,15 +45,38 @@ local owner = ARGV[2]
 local lease = tonumber(ARGV[3])
 local tail = ':' .. string.format('%d', now + lease) .. ':' .. owner
 local epoch_hex = string.format('%x', tonumber(ARGV[1]))
+local head = 'I:' .. epoch_hex -- a claim's record: head, counter (%010x), ':', attempts, tail
+local fresh_tail = ':1' .. tail -- a new id's: attempt 1
 local codes = {}
 local k = 0
+-- an absent id (the common case) takes one command, SET NX GET: it writes the claim and answers
+-- false, or answers the present record and writes nothing; a present one takes a GET, cheaper.
+-- Each id is tried the way that fits the previous one (batches are mostly new, or mostly replays)
+local expect_absent = true
 
 for i = 2, #KEYS do
   local key = KEYS[i]
-  local record = redis.call('GET', key)
-  local attempts = '1'
-  local code = nil
+  local record = nil -- false once known absent (and claimed at attempt 1), else the record
+  if expect_absent then
+    local fresh = head .. string.format('%010x', base + k + 1) .. fresh_tail
+    record = redis.pcall('SET', key, fresh, 'NX', 'GET')
+    if type(record) == 'table' then
+      -- an error: at maxmemory Redis refuses a script's first write, so read instead (a DONE
+      -- id still answers DUPLICATE); a write below then fails as it would have anyway, and
+      -- other errors (WRONGTYPE) come back from GET
+      record = nil
+    end
+  end
+  if record == nil then
+    record = redis.call('GET', key)
+    if not record then
+      redis.call('SET', key, head .. string.format('%010x', base + k + 1) .. fresh_tail)
+    end
+  end
+  expect_absent = not record
+  local code = '1'
   if record then
+    local attempts = nil -- set when the id is CLAIMED over its record
     local state = string.byte(record, 1)
     if state == 68 then -- 'D'
       code = '0'
@@ -72,12 +96,13 @@ for i = 2, #KEYS do
         attempts = held
       end
     end
+    if attempts then
+      code = tostring(attempts)
+      redis.call('SET', key, head .. string.format('%010x', base + k + 1) .. ':' .. code .. tail)
+    end
   end
-  if not code then
+  if code ~= '0' and string.byte(code, 1) ~= 45 then -- neither DUPLICATE nor DEFERRED ('-')
     k = k + 1
-    code = tostring(attempts)
-    local token = epoch_hex .. string.format('%010x', base + k)
-    redis.call('SET', key, 'I:' .. token .. ':' .. code .. tail)
   end
   codes[i - 1] = code
 end

@@ -20,6 +20,7 @@ import redis
 from kazoo.client import KazooClient
 
 from dedup import (
+    Claim,
     ClaimStatus,
     EffectNotAllowed,
     EpochConflict,
@@ -208,6 +209,25 @@ def test_an_id_twice_in_one_claim_is_deferred_the_second_time(store: Idempotency
     assert second.status is DEFERRED
     assert store.settle([Settlement("m", first.token, True)]) == [SETTLED]
     assert store.claim(["m"], "w1")[0].status is DUPLICATE
+
+
+def test_at_maxmemory_done_ids_still_answer_duplicate_and_new_ids_fail_unchanged(
+    store_factory: StoreFactory, own_client: redis.Redis
+) -> None:
+    store = store_factory(client=own_client)
+    [done] = store.claim(["done"], "w1")
+    assert store.settle([Settlement("done", done.token, True)]) == [SETTLED]
+    fence = own_client.hgetall(f"{{{store.namespace}}}:fence")
+    try:
+        own_client.config_set("maxmemory", 1)  # every write is refused (noeviction)
+        assert store.claim(["done", "done"], "w2") == [Claim(DUPLICATE, 0, 0, 0)] * 2
+        with pytest.raises(redis.ResponseError, match="maxmemory"):
+            store.claim(["done", "new"], "w2")
+    finally:
+        own_client.config_set("maxmemory", 0)
+
+    assert store.record("new") is None
+    assert own_client.hgetall(f"{{{store.namespace}}}:fence") == fence
 
 
 def test_refused_settlements_change_nothing(store: IdempotencyStore) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from dedup import EffectNotAllowed, IdempotencyStore, Record, RecordState
+from dedup import Claim, ClaimStatus, EffectNotAllowed, IdempotencyStore, Record, RecordState
 from dedup.store import check_effect
 
 
@@ -60,3 +60,37 @@ def test_the_constructor_refuses_bad_settings(
             done_ttl_ms=done_ttl_ms,
             epoch_source=FixedEpoch(),
         )
+
+
+FIRST = (3 << 40) + 7  # the counter before a claim call's first token
+
+
+@pytest.mark.parametrize("codes", [b"1", b"1,1,1", "1,1,1"])
+def test_claim_codes_of_all_new_ids_decode_to_consecutive_tokens(codes: bytes | str) -> None:
+    n = (len(codes) + 1) // 2
+    claims = IdempotencyStore._claims(FIRST, codes, n)
+
+    expected = [Claim(ClaimStatus.CLAIMED, FIRST + k, 1, 0) for k in range(1, n + 1)]
+    assert claims == expected
+    assert all(type(claim) is Claim for claim in claims)
+    assert claims[0].status is ClaimStatus.CLAIMED and claims[-1].token == FIRST + n
+
+
+@pytest.mark.parametrize(
+    ("codes", "n"), [(b"1,11,0,-250,1", 5), (b"11", 1), (b"1,0", 2), (b"0,1,1", 3)]
+)
+def test_claim_codes_decode_by_code_when_not_all_new(codes: bytes, n: int) -> None:
+    claims = IdempotencyStore._claims(FIRST, codes, n)
+
+    expected: list[Claim] = []
+    token = FIRST
+    for code in map(int, codes.split(b",")):
+        if code > 0:
+            token += 1
+            expected.append(Claim(ClaimStatus.CLAIMED, token, code, 0))
+        elif code == 0:
+            expected.append(Claim(ClaimStatus.DUPLICATE, 0, 0, 0))
+        else:
+            expected.append(Claim(ClaimStatus.DEFERRED, 0, 0, -code))
+    assert claims == expected
+    assert all(type(claim) is Claim for claim in claims)
