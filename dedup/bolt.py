@@ -100,10 +100,19 @@ def _redis(args: tuple[tuple[str, object], ...]) -> redis.Redis:
     return redis.Redis.from_url(**dict(args))  # type: ignore[arg-type]
 
 
-@cache
-def _zookeeper(hosts: str) -> KazooClient:
-    client = KazooClient(hosts=hosts, timeout=10.0)
-    client.start(timeout=15.0)
+_zookeepers: dict[str, KazooClient] = {}
+
+
+def _zookeeper(config: TopicConfig) -> KazooClient:
+    """This worker's ZooKeeper client for the config's ensemble and credentials (with
+    `[zookeeper_auth]`, the epoch znode gets the same digest ACL as the offsets)."""
+    args = config.kazoo_args()
+    key = repr(sorted(args.items()))
+    client = _zookeepers.get(key)
+    if client is None:
+        client = KazooClient(**args, timeout=10.0)
+        client.start(timeout=15.0)
+        _zookeepers[key] = client
     return client
 
 
@@ -113,7 +122,13 @@ _stores: dict[tuple[object, ...], IdempotencyStore] = {}
 def _store(config: TopicConfig, namespace: str) -> IdempotencyStore:
     """This Python worker's store for the namespace (clients are made here, not shipped)."""
     redis_args = tuple(sorted(config.redis_args().items()))
-    key = (redis_args, config.zookeeper, config.zk_root, namespace, config.dedup)
+    key = (
+        redis_args,
+        repr(sorted(config.kazoo_args().items())),
+        config.zk_root,
+        namespace,
+        config.dedup,
+    )
     store = _stores.get(key)
     if store is None:
         path = f"{config.zk_root}/dedup/{namespace}/epoch"
@@ -122,13 +137,19 @@ def _store(config: TopicConfig, namespace: str) -> IdempotencyStore:
             namespace=namespace,
             lease_ms=int(config.dedup.lease * 1000),
             done_ttl_ms=int(config.dedup.ttl * 1000),
-            epoch_source=ZkEpoch(_zookeeper(config.zookeeper), path),
+            epoch_source=ZkEpoch(_zookeeper(config), path),
         )
     return store
 
 
 class IdempotencyBolt(Bolt):
-    """Runs `handler(record, effects)` at most once to completion per message id."""
+    """Runs `handler(record, effects)` at most once to completion per message id.
+
+    The handler is the user code: the bolt emits nothing, so it ends its chain (a bolt after
+    it would never run; `Topology.of` refuses that chain).
+    """
+
+    terminal = True
 
     def __init__(
         self, handler: EffectHandler, config: TopicConfig, *, namespace: str | None = None

@@ -171,6 +171,7 @@ class Bolt:
     """
 
     outputs: tuple[str, ...] = ()
+    terminal = False  # True for a bolt that never emits: no bolt may follow it in a chain
 
     def prepare(self, context: TaskContext) -> None:
         """Called once per task before the first `execute`."""

@@ -81,6 +81,12 @@ class Topology:
                 )
             elif isinstance(item, Bolt):
                 bolts.append(item)
+                if item.terminal and position < len(items) - 1:
+                    raise ChainError(
+                        f"{type(item).__name__} at position {position} emits nothing, so what "
+                        "follows it would never run: make it the last item (its handler is "
+                        "where the user code goes)"
+                    )
             elif callable(item):
                 bolts.append(FunctionBolt(item, on_record=position == 0))
             else:

@@ -17,14 +17,18 @@ from typing import Any, cast
 import pytest
 import redis
 from confluent_kafka import Consumer, Producer, TopicPartition
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError
 
 from dedup import ClaimStatus, Effects, IdempotencyBolt, Settlement, SettleStatus
 from dedup.bolt import _store
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack, RedisServer
 from kspout.driver import Driver, Progress
+from kspout.errors import ChainError
 from kspout.kafka import Record
 from kspout.local_executor import LocalExecutor
+from kspout.topology import Topology
 from tests.integration.helpers import PARTITIONS, highs, produce, stored
 
 
@@ -252,3 +256,27 @@ def test_json_ids_are_read_from_the_value(tmp_path: Path) -> None:
     record = Record("t", 0, 0, None, json.dumps({"order": 5}).encode(), -1, ())
     assert read(record) == ("5", "")
     assert read(Record("t", 0, 0, None, b"not json", -1, ()))[0] is None
+
+
+def test_with_zookeeper_auth_the_epoch_is_kept_under_the_same_digest_acl(
+    dedup_config: Callable[..., TopicConfig],
+    producer: Producer,
+    redis_client: redis.Redis,
+    zk: KazooClient,
+) -> None:
+    config = dedup_config(zookeeper_auth={"credential": "kspout:s3cret"})
+    produce(producer, config.topic, {0: range(20)}, key=keyed)
+    key = f"{config.topic}:applied"
+
+    progress = run(config, IdempotencyBolt(Apply(key), config))
+
+    assert progress.total("acked") == 20 and len(applied(redis_client, key)) == 20
+    epoch = f"{config.zk_root}/dedup/{config.spout_id}/epoch"
+    with pytest.raises(NoAuthError):
+        zk.get(epoch)  # an anonymous client can neither read nor move the fencing epoch
+
+
+def test_a_bolt_after_the_dedup_bolt_is_refused(dedup_config: Callable[..., TopicConfig]) -> None:
+    config = dedup_config()
+    with pytest.raises(ChainError, match="emits nothing"):
+        Topology.of([IdempotencyBolt(Apply("unused"), config), lambda t: None])
