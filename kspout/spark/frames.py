@@ -5,9 +5,9 @@ fetched from Kafka by executors whenever `f` evaluates it (Spark's Kafka source 
 key, value, topic, partition, offset, timestamp, headers). The batch is acked as a whole when
 `f` returns and failed as a whole, with EXCEPTION, when it raises.
 
-Offsets that retention deleted while the batch ran cannot be claimed as processed: after `f`
-returns the low watermarks are read again, and any planned offset below one is reported out
-of range (handled by the partition's policy) instead of acked.
+Offsets Kafka no longer had while the batch ran cannot be claimed as processed: after `f`
+returns the watermarks are read again, and any planned offset outside `[low, high)` is
+reported out of range (handled by the partition's policy) instead of acked.
 """
 
 from __future__ import annotations
@@ -83,10 +83,16 @@ def fetch_rows(config: TopicConfig, tasks: Iterable[PartitionTask]) -> Iterator[
 
 
 class FrameExecutor(SparkJobs):
-    """Runs `f(df, batch_id)` per micro-batch and settles the batch by its outcome."""
+    """Runs `f(df, batch_id)` per micro-batch and settles the batch by its outcome.
+
+    Calls of `f` never overlap and come in batch order, as with Spark's `foreachBatch`: one
+    batch is in flight at a time whatever `max_batches_in_flight` says. `batch_id` numbers the
+    batches of this run (from 0); it is not kept across restarts, so an idempotent writer
+    should key on the offsets in the frame, not on `batch_id`.
+    """
 
     def __init__(self, spark: SparkSession, config: TopicConfig, function: BatchFunction) -> None:
-        super().__init__(spark, config)
+        super().__init__(spark, config.model_copy(update={"max_batches_in_flight": 1}))
         self._function = function
         self._metadata = KafkaMetadata(config)
         self._metadata.start()
@@ -120,19 +126,24 @@ class FrameExecutor(SparkJobs):
 def _settled(
     task: PartitionTask, *, error: str | None = None, low: int = 0, high: int = 0
 ) -> TaskResult:
-    """A whole task acked (from `low` up) or failed with `error`."""
+    """A whole task failed with `error`, or acked within Kafka's `[low, high)`.
+
+    Planned offsets outside `[low, high)` were not in the DataFrame `f` saw (retention deleted
+    them, or the log was truncated below them): they are reported out of range, never acked.
+    """
     outcomes: list[Outcome] = []
     lost = False
     for span in task.plan.spans:
-        start = max(span.start, low) if error is None else span.start
-        lost = lost or start > span.start
-        if start >= span.end:
-            continue
-        count = span.end - start
-        if error is None:
-            outcomes.append(Outcome(start, OutcomeKind.ACK, span.attempt, count=count))
-        else:
+        start, end = span.start, span.end
+        if error is not None:
             reason = FailReason.EXCEPTION
-            outcomes.append(Outcome(start, OutcomeKind.FAIL, span.attempt, reason, error, count))
+            outcomes.append(
+                Outcome(start, OutcomeKind.FAIL, span.attempt, reason, error, end - start)
+            )
+            continue
+        start, end = max(start, low), min(end, high)
+        lost = lost or (start, end) != (span.start, span.end)
+        if start < end:
+            outcomes.append(Outcome(start, OutcomeKind.ACK, span.attempt, count=end - start))
     out_of_range = (low, high) if lost else None
     return TaskResult(task.topic, task.partition, task.plan.epoch, outcomes, out_of_range)

@@ -70,13 +70,24 @@ def test_a_bolt_sleeping_past_message_timeout_times_out_and_is_retried(
 def test_foreach_batch_hands_a_dataframe_and_settles_the_batch_as_a_whole(
     spark: SparkSession, make_config: Callable[..., TopicConfig], producer: Producer
 ) -> None:
-    config = make_config(batch_size=100, max_retries=3)
+    config = make_config(batch_size=100, max_retries=3, max_batches_in_flight=3)
     produce(producer, config.topic, {p: range(250) for p in PARTITIONS})
     seen: Counter[tuple[int, int]] = Counter()
     calls: list[int] = []
+    running: list[int] = []
+    overlaps: list[list[int]] = []
 
     def per_batch(df: DataFrame, batch_id: int) -> None:
+        running.append(batch_id)
+        if len(running) > 1:
+            overlaps.append(list(running))
         calls.append(batch_id)
+        try:
+            check(df, batch_id)
+        finally:
+            running.remove(batch_id)
+
+    def check(df: DataFrame, batch_id: int) -> None:
         assert df.columns == [
             "key", "value", "topic", "partition", "offset", "timestamp", "headers"
         ]  # fmt: skip
@@ -89,6 +100,8 @@ def test_foreach_batch_hands_a_dataframe_and_settles_the_batch_as_a_whole(
 
     progress = KafkaSpout(config, spark).foreach_batch(per_batch, until_caught_up=True)
 
+    assert not overlaps  # one call at a time, as Spark's foreachBatch
+    assert calls == list(range(len(calls)))  # in batch order
     assert set(seen) == {(p, o) for p in PARTITIONS for o in range(250)}
     assert progress.total("acked") == 250 * len(PARTITIONS)
     assert progress.total("retried") > 0  # the failed batch's offsets came again
