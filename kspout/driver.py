@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
+from types import TracebackType
 
 from kspout.config import TopicConfig
 from kspout.errors import TopicNotFound
@@ -166,8 +167,21 @@ class Driver:
         finally:
             self._disconnect()
 
-    def _disconnect(self) -> None:
-        self._executor.close()
+    def abort(self) -> None:
+        """Stop now (a second Ctrl-C): cancel batches in flight, commit what was applied.
+
+        Nothing is lost: offsets of abandoned batches are not committed, so they run again on
+        the next start.
+        """
+        try:
+            if self._pms:
+                self._collect()
+                self.commit()
+        finally:
+            self._disconnect(cancel=True)
+
+    def _disconnect(self, *, cancel: bool = False) -> None:
+        self._executor.close(cancel=cancel)
         self._payloads.close()
         self._dlq.close()
         self._store.close()
@@ -177,8 +191,16 @@ class Driver:
         self.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if exc_type is not None and not issubclass(exc_type, Exception):
+            self.abort()  # KeyboardInterrupt, SystemExit: do not wait for running batches
+        else:
+            self.close()
 
     # -- the loop ----------------------------------------------------------------------------
 

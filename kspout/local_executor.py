@@ -52,7 +52,8 @@ class LocalExecutor:
         self._batches += 1
         return future
 
-    def close(self) -> None:
+    def close(self, *, cancel: bool = False) -> None:
+        """Close the fetcher (batches run inside `submit`, so none is ever left running)."""
         self._fetcher.close()
         self._started = False
 

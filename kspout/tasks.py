@@ -58,7 +58,9 @@ class Executor(Protocol):
 
     def submit(self, tasks: Sequence[PartitionTask]) -> Future[list[TaskResult]]: ...
 
-    def close(self) -> None: ...
+    def close(self, *, cancel: bool = False) -> None:
+        """Release resources; with `cancel`, abandon batches still running (an interrupt)."""
+        ...
 
 
 class OutcomeLog:

@@ -97,8 +97,8 @@ class FrameExecutor(SparkJobs):
         self._metadata = KafkaMetadata(config)
         self._metadata.start()
 
-    def close(self) -> None:
-        super().close()
+    def close(self, *, cancel: bool = False) -> None:
+        super().close(cancel=cancel)
         self._metadata.close()
 
     def frame(self, tasks: Sequence[PartitionTask]) -> DataFrame:

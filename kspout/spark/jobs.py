@@ -26,17 +26,22 @@ class SparkJobs:
             max_workers=config.max_batches_in_flight, thread_name_prefix="kspout-batch"
         )
         self._batches = itertools.count()
+        self._group = f"kspout-{config.topic}-{id(self):x}"  # every job of this executor
 
     def submit(self, tasks: Sequence[PartitionTask]) -> Future[list[TaskResult]]:
         """Start the batch's Spark job in the background; the future holds its results."""
         return self._pool.submit(self._job, list(tasks), next(self._batches))
 
-    def close(self) -> None:
-        """Wait for running jobs; the SparkSession stays up (it may be the user's)."""
-        self._pool.shutdown(wait=True)
+    def close(self, *, cancel: bool = False) -> None:
+        """Wait for running jobs, or with `cancel` stop them in Spark and return at once; the
+        SparkSession stays up (it may be the user's)."""
+        if cancel:
+            self._spark.sparkContext.cancelJobGroup(self._group)
+        self._pool.shutdown(wait=not cancel, cancel_futures=cancel)
 
     def _job(self, tasks: list[PartitionTask], batch: int) -> list[TaskResult]:
-        self._spark.sparkContext.setJobDescription(f"kspout {self._config.topic} batch {batch}")
+        description = f"kspout {self._config.topic} batch {batch}"
+        self._spark.sparkContext.setJobGroup(self._group, description, interruptOnCancel=True)
         return self._run(tasks, batch)
 
     def _run(self, tasks: list[PartitionTask], batch: int) -> list[TaskResult]:

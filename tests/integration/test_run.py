@@ -720,7 +720,8 @@ class HoldingExecutor:
         while self._held:
             self.release()
 
-    def close(self) -> None:
+    def close(self, *, cancel: bool = False) -> None:
+        self.events.append("cancel" if cancel else "close")
         self._inner.close()
 
 
@@ -773,3 +774,30 @@ def test_a_batch_running_past_message_timeout_times_out_while_it_runs(
         finally:
             executor.release_all()
     assert stored(config) == dict.fromkeys(PARTITIONS, 50)
+
+
+def test_an_interrupt_abandons_batches_in_flight_and_commits_only_what_was_applied(
+    make_config: Callable[..., TopicConfig], producer: Producer
+) -> None:
+    config = make_config(batch_size=50, max_batches_in_flight=2, commit_interval=3600)
+    produce(producer, config.topic, {p: range(100) for p in PARTITIONS})
+    executor = HoldingExecutor(LocalExecutor(config, Recorder()))
+    interrupted: list[BaseException] = []
+
+    def run_until_interrupted() -> None:
+        try:
+            with Driver(config, executor) as driver:
+                assert driver.step() and driver.step()  # two batches in flight
+                executor.release()  # the first finishes; the second never will
+                raise KeyboardInterrupt  # the second Ctrl-C
+        except KeyboardInterrupt as exc:
+            interrupted.append(exc)
+
+    worker = threading.Thread(target=run_until_interrupted, daemon=True)
+    worker.start()
+    worker.join(timeout=20)
+    assert not worker.is_alive(), "the driver waited for a batch that never finishes"
+    assert interrupted and executor.events == ["submit", "submit", "cancel"]
+    # The finished batch was applied and committed; the abandoned one runs again next time.
+    assert stored(config) == dict.fromkeys(PARTITIONS, 50)
+    executor.release_all()
