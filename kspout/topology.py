@@ -33,7 +33,7 @@ from kspout.bolts import (
     root_tuple,
 )
 from kspout.errors import ChainError
-from kspout.gc_pause import cyclic_gc_paused
+from kspout.gc_pause import cyclic_gc_frozen, cyclic_gc_paused
 from kspout.kafka import FetchResult
 from kspout.outcomes import FailReason, OutcomeKind
 from kspout.tasks import Handler, OutcomeLog, PartitionTask, TaskResult
@@ -153,7 +153,7 @@ class StageRunner:
     def run(self, tuples: Sequence[Tuple]) -> None:
         """The stage's first bolt takes all the task's input in one batch; whatever it emits
         then runs through the next bolts, tuple by tuple."""
-        with cyclic_gc_paused():
+        with cyclic_gc_frozen():
             self._bolts[0].execute_batch(tuples, self._collectors[0])
             self._forward(0)
 
