@@ -34,7 +34,7 @@ def _text(raw: bytes | None) -> str | None:
     try:
         return raw.decode()
     except UnicodeDecodeError:
-        return raw.hex()  # still a stable id, just not readable
+        return "x:" + raw.hex()  # stable, and unlike any text id (those cannot hold b"x:")
 
 
 def _from_key(record: Record) -> IdResult:

@@ -117,7 +117,7 @@ class TopicConfig(_Section):
     on_retries_exhausted: Literal["dead_letter", "skip"] = "dead_letter"
     retry_backoff: RetryBackoff = RetryBackoff()
     message_timeout: float = Field(30.0, gt=0)
-    defer_delay: float = Field(1.0, ge=0)  # seconds before a DEFERRED message is offered again
+    defer_delay: float = Field(1.0, gt=0)  # seconds before a DEFERRED message is offered again
     max_uncommitted: int | None = Field(None, gt=0)
     batch_size: int = Field(10_000, gt=0)
     max_batches_in_flight: int = Field(2, gt=0)

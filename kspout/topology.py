@@ -8,8 +8,9 @@ stages; everything here is pure logic.
 
 Every stage's task keeps an `Acker` ledger. Ledgers travel beside the tuples and are merged per
 root after the last stage; `task_results` turns the merged ledger into each partition's
-outcomes: complete roots are acked, failed ones fail with EXCEPTION, and pending ones (some
-tuple never acked) are left in flight for the PartitionManager's `message_timeout`.
+outcomes: complete roots are acked (or DUPLICATE), failed ones fail with EXCEPTION (INVALID
+when a bolt found the message unprocessable), deferred ones are DEFERRED, and pending ones
+(some tuple never acked) are left in flight for the PartitionManager's `message_timeout`.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import uuid
 from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
@@ -73,6 +74,10 @@ def demo(config_path: str, messages: int, master: str, dev_stack: bool) -> None:
             os.environ.update(dev.info.env())
             console.print(f"stack up: Kafka {dev.info.brokers}, ZooKeeper {dev.info.zookeeper}")
         config = load_config(config_path)
+        # A long-lived `kspout dev up` stack keeps earlier runs' messages, offsets and dedup
+        # records: give this run its own topic and job names there.
+        run = f"-{uuid.uuid4().hex[:8]}" if dev_stack else ""
+        config = config.model_copy(update={"topic": config.topic + run})
         with console.status(f"producing {messages} sentences to {config.topic}..."):
             stream = produce_sentences(config, messages)
         injected = ", ".join(f"{n} {kind}" for kind, n in sorted(stream.injected.items()))
@@ -85,14 +90,16 @@ def demo(config_path: str, messages: int, master: str, dev_stack: bool) -> None:
         stack.callback(spark.stop)
 
         slow = config.message_timeout + 4  # replays find the original still running
-        storm = job_config(config, "demo-storm")
-        console.print("running demo-storm: split -> fields(word) -> count, at least once")
-        final = run_job(console, spark, storm, word_count_chain(storm, "demo-storm", slow))
-        ok = report_word_count(out, storm, stream, final, read_counts(storm, "demo-storm:counts"))
+        job = "demo-storm" + run
+        storm = job_config(config, job)
+        console.print(f"running {job}: split -> fields(word) -> count, at least once")
+        final = run_job(console, spark, storm, word_count_chain(storm, job, slow))
+        ok = report_word_count(out, storm, stream, final, read_counts(storm, f"{job}:counts"))
 
-        once = job_config(config, "demo-exactly-once")
-        bolt = exactly_once_chain(once, "demo-exactly-once", slow)
-        console.print("running demo-exactly-once: the dedup bolt around a counting handler")
+        job = "demo-exactly-once" + run
+        once = job_config(config, job)
+        bolt = exactly_once_chain(once, job, slow)
+        console.print(f"running {job}: the dedup bolt around a counting handler")
         final = run_job(console, spark, once, bolt)
         ok = report_exactly_once(out, once, stream, final, bolt.warnings) and ok
         if not ok:

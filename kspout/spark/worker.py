@@ -11,7 +11,6 @@ the batch's ack bookkeeping for one Kafka partition, merged at the end.
 
 from __future__ import annotations
 
-import atexit
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -41,13 +40,6 @@ def fetcher_for(config: TopicConfig) -> PartitionFetcher:
         fetcher.start()
         _fetchers[key] = fetcher
     return fetcher
-
-
-@atexit.register
-def _close_fetchers() -> None:
-    for fetcher in _fetchers.values():
-        fetcher.close()
-    _fetchers.clear()
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,10 +102,10 @@ def _stage_zero(
     spec: BatchSpec, index: int, task: PartitionTask, *, last: bool
 ) -> tuple[Acker[RootKey], list[Tuple], FetchReport]:
     """Fetch a task's records and run the chain's first stage on them."""
+    fetched = fetcher_for(spec.config).fetch(task.topic, task.partition, task.plan.ranges())
     acker: Acker[RootKey] = Acker()
     context = TaskContext(spec.config.topic, 0, index, spec.batch)
-    runner = StageRunner(spec.topology.stages[0], acker, context, last=last)
-    fetched = fetcher_for(spec.config).fetch(task.topic, task.partition, task.plan.ranges())
+    runner = StageRunner(spec.topology.stages[0], acker, context, last=last)  # prepares bolts
     try:
         run_first_stage(fetched, runner, acker)
     finally:
