@@ -34,7 +34,6 @@ class LocalExecutor:
     ) -> None:
         self._config = config
         self._topology = chain if isinstance(chain, Topology) else Topology.of(chain)
-        self._topology.start()
         self._fetcher = PartitionFetcher(config)
         self._started = False
         self._batches = 0
@@ -42,6 +41,7 @@ class LocalExecutor:
     def submit(self, tasks: Sequence[PartitionTask]) -> Future[list[TaskResult]]:
         """Run the batch now; the returned future is already done."""
         if not self._started:
+            self._topology.start()
             self._fetcher.start()
             self._started = True
         future: Future[list[TaskResult]] = Future()

@@ -42,7 +42,9 @@ class SparkExecutor(SparkJobs):
     def __init__(self, spark: SparkSession, config: TopicConfig, topology: Topology) -> None:
         super().__init__(spark, config)
         self._topology = topology
-        topology.start()
+
+    def _start(self) -> None:
+        self._topology.start()
 
     def _run(self, tasks: list[PartitionTask], batch: int) -> list[TaskResult]:
         sc = self._spark.sparkContext

@@ -95,6 +95,8 @@ class FrameExecutor(SparkJobs):
         super().__init__(spark, config.model_copy(update={"max_batches_in_flight": 1}))
         self._function = function
         self._metadata = KafkaMetadata(config)
+
+    def _start(self) -> None:
         self._metadata.start()
 
     def close(self, *, cancel: bool = False) -> None:

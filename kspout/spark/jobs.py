@@ -27,10 +27,17 @@ class SparkJobs:
         )
         self._batches = itertools.count()
         self._group = f"kspout-{config.topic}-{id(self):x}"  # every job of this executor
+        self._started = False
 
     def submit(self, tasks: Sequence[PartitionTask]) -> Future[list[TaskResult]]:
         """Start the batch's Spark job in the background; the future holds its results."""
+        if not self._started:
+            self._start()
+            self._started = True
         return self._pool.submit(self._job, list(tasks), next(self._batches))
+
+    def _start(self) -> None:
+        """Connect what the executor needs on the driver, once, before the first batch."""
 
     def close(self, *, cancel: bool = False) -> None:
         """Wait for running jobs, or with `cancel` stop them in Spark and return at once; the
