@@ -81,7 +81,7 @@ def root_tuple(record: Record, acker: Acker[RootKey]) -> Tuple:
 class Collector:
     """What a bolt emits, acks and fails through; every call updates the ack ledger."""
 
-    __slots__ = ("_acker", "_fields", "_out")
+    __slots__ = ("_acker", "_basic", "_fields", "_out")
 
     def __init__(
         self, acker: Acker[RootKey], fields: tuple[str, ...], out: list[Tuple] | None
@@ -89,6 +89,14 @@ class Collector:
         self._acker = acker
         self._fields = fields
         self._out = out  # None: the last bolt, whose emits go nowhere
+        self._basic = BasicCollector(self, None)
+
+    def basic(self, input_: Tuple) -> BasicCollector:
+        """The `BasicCollector` for `input_` (one object per task, re-pointed per input: the
+        bolt itself keeps no per-task state, so it pickles as it was built)."""
+        basic = self._basic
+        basic._input = input_
+        return basic
 
     def emit(self, anchors: Tuple | Sequence[Tuple] | None, values: Values) -> None:
         """Emit `values`, anchored to `anchors` (one tuple, several, or None for unanchored)."""
@@ -143,12 +151,13 @@ class BasicCollector:
 
     __slots__ = ("_collector", "_input")
 
-    def __init__(self, collector: Collector, input_: Tuple) -> None:
+    def __init__(self, collector: Collector, input_: Tuple | None) -> None:
         self._collector = collector
         self._input = input_
 
     def emit(self, values: Values) -> None:
         """Emit `values` anchored to the tuple being executed."""
+        assert self._input is not None, "emit outside process()"
         self._collector.emit(self._input, values)
 
 
@@ -205,11 +214,7 @@ class BasicBolt(Bolt):
         raise NotImplementedError
 
     def execute(self, tuple_: Tuple, collector: Collector) -> None:
-        basic = self.__dict__.get("_basic")
-        if basic is None or basic._collector is not collector:
-            basic = self.__dict__["_basic"] = BasicCollector(collector, tuple_)
-        basic._input = tuple_
-        self.process(tuple_, basic)
+        self.process(tuple_, collector.basic(tuple_))
         collector.ack(tuple_)
 
 

@@ -851,3 +851,25 @@ def test_tuple_fields_by_name_and_position() -> None:
     with pytest.raises(KeyError, match="no field 'lang'"):
         t["lang"]
     assert repr(t) == "Tuple(word='w', count=2)"
+
+
+class EmitOffset(BasicBolt):
+    outputs = ("x",)
+
+    def process(self, tuple_: Tuple, collector: BasicCollector) -> None:
+        collector.emit((tuple_.record.offset,))
+
+
+def test_a_basic_bolt_keeps_no_task_state_so_it_pickles_as_built() -> None:
+    """Spark ships the bolt object with every job: one that ran in-process before (a local
+    run, a warm-up) must not carry that run's collector, ledger or tuples along."""
+    bolt = EmitOffset()
+    built = pickle.dumps(bolt)
+    acker: Acker[RootKey] = Acker()
+    runner = StageRunner(
+        Topology.of([bolt]).stages[0], acker, TaskContext("t", 0, 0, 0), last=False
+    )
+    run_first_stage(FetchResult([record(0, o) for o in range(500)], []), runner, acker)
+    runner.close()
+    assert len(runner.output) == 500
+    assert pickle.dumps(bolt) == built
