@@ -92,11 +92,15 @@ class Acker(Generic[RootKey]):
         """Mark `root` failed with EXCEPTION; the first error is kept."""
         self.mark(root, Mark.FAILED, error)
 
+    def add(self, root: RootKey, value: int, mark: Mark, error: str | None) -> None:
+        """Fold in one entry of a partial ledger, as `entries` gives it."""
+        self.xor(root, value)
+        self.mark(root, mark, error)
+
     def merge(self, other: Acker[RootKey]) -> None:
         """Fold another (partial) ledger into this one."""
-        for root, value, mark, error in other.entries():
-            self.xor(root, value)
-            self.mark(root, mark, error)
+        for entry in other.entries():
+            self.add(*entry)
 
     def state(self, root: RootKey) -> RootState:
         """Where `root` stands now."""
@@ -116,14 +120,6 @@ class Acker(Generic[RootKey]):
                 yield root, self.state(root), errors.get(root)
             else:
                 yield root, pending if value else complete, None
-
-    def error(self, root: RootKey) -> str | None:
-        """The error that failed `root`, if it failed."""
-        return self._errors.get(root)
-
-    def roots(self) -> Iterator[RootKey]:
-        """Every root this ledger has seen."""
-        return iter(self._values)
 
     def entries(self) -> Iterator[tuple[RootKey, int, Mark, str | None]]:
         """`(root, ack value, mark, error)` per root: what ships between tasks."""

@@ -23,6 +23,7 @@ from types import TracebackType
 from kspout.config import TopicConfig
 from kspout.errors import TopicNotFound
 from kspout.kafka import DeadLetter, DeadLetterWriter, KafkaMetadata, PartitionFetcher
+from kspout.lifecycle import Lifecycle
 from kspout.offsets import ZkOffsetStore
 from kspout.outcomes import describe_error
 from kspout.partition_manager import OutOfRangeReset, PartitionManager, Stats
@@ -71,7 +72,7 @@ class Progress:
         return sum(p.lag for p in self.partitions)
 
 
-class Driver:
+class Driver(Lifecycle):
     """Runs a topic through an executor with Storm's guarantees, committing to ZooKeeper.
 
     Construct, `start()` (connects, registers, loads stored offsets), `run()` or `step()`,
@@ -186,10 +187,6 @@ class Driver:
         self._dlq.close()
         self._store.close()
         self._metadata.close()
-
-    def __enter__(self) -> Driver:
-        self.start()
-        return self
 
     def __exit__(
         self,

@@ -30,8 +30,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, TypeVar
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
@@ -64,6 +63,7 @@ from kspout.errors import (
     ZooKeeperAccessDenied,
     ZooKeeperUnavailable,
 )
+from kspout.lifecycle import Lifecycle
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def _str_field(section: Any, key: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-class ZkOffsetStore:
+class ZkOffsetStore(Lifecycle):
     """Reads and fences writes of one spout's offset records; registers live instances.
 
     Constructing does no I/O; `start()` connects (or raises `ZooKeeperUnavailable`) and
@@ -184,18 +184,6 @@ class ZkOffsetStore:
         if client is not None:
             client.stop()
             client.close()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # -- offsets -----------------------------------------------------------------------------
 

@@ -37,13 +37,12 @@ import subprocess
 import sys
 import urllib.request
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 from kspout.devstack.ports import LOOPBACK, free_port
 from kspout.devstack.processes import GRACE, log_tail, stop_pid, wait_ready
 from kspout.devstack.tools import PYSPARK_INSTALL, find_java
 from kspout.errors import StackError
+from kspout.lifecycle import Lifecycle
 
 START_TIMEOUT = 90.0  # seconds; each daemon's JVM needs ~2-4 s idle, far more on a busy 2-core CI
 DAEMON_MEMORY = "256m"  # heap of the master and the worker JVMs (Spark's default is 1g): they
@@ -109,7 +108,7 @@ class _Daemon:
             process.wait()
 
 
-class SparkStandalone:
+class SparkStandalone(Lifecycle):
     """A Spark standalone master and one worker on loopback ports, living in `workdir`.
 
     `workdir/master/master.log` and `workdir/worker/worker.log` are the daemons' logs; the
@@ -333,21 +332,13 @@ class SparkStandalone:
         """SIGKILL both daemons and the executors, as a crash would."""
         self.stop(grace=0)
 
+    def close(self) -> None:
+        """`stop()` with the default grace period (what `with` calls)."""
+        self.stop()
+
     def log_tails(self, lines: int = 20) -> str:
         """The last lines of both logs, for a failing test's message."""
         return "\n".join(
             f"--- {daemon.log_path}\n{log_tail(daemon.log_path, lines)}"
             for daemon in (self._master, self._worker)
         )
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()

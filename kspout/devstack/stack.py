@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from types import TracebackType
 from typing import TypeVar
 
 from kspout.devstack.components import (
@@ -17,11 +16,12 @@ from kspout.devstack.components import (
 from kspout.devstack.processes import GRACE
 from kspout.devstack.state import COMPONENTS, StackInfo, StackState
 from kspout.errors import StackError
+from kspout.lifecycle import Lifecycle
 
 C = TypeVar("C", bound=Component)
 
 
-class DevStack:
+class DevStack(Lifecycle):
     """The servers demos and integration tests run against, under `workdir`.
 
     `start()` starts the chosen components in order (stopping the started ones if one fails);
@@ -97,16 +97,8 @@ class DevStack:
         for component in reversed(self.components.values()):
             component.stop(grace)
 
-    def __enter__(self) -> DevStack:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def close(self) -> None:
+        """`stop()` with the default grace period (what `with` calls)."""
         self.stop()
 
     def _get(self, kind: type[C]) -> C:

@@ -16,6 +16,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from kspout.config import TopicConfig
 from kspout.errors import DeadLetterWriteFailed
 from kspout.kafka.records import DeadLetter
+from kspout.lifecycle import Lifecycle
 
 HEADER_PREFIX = "kspout."
 # flush() waits this much longer than librdkafka's own delivery timeout, so every letter has
@@ -40,7 +41,7 @@ def letter_headers(letter: DeadLetter) -> list[tuple[str, str | bytes | None]]:
     return original + [(HEADER_PREFIX + name, value.encode()) for name, value in ours.items()]
 
 
-class DeadLetterWriter:
+class DeadLetterWriter(Lifecycle):
     """Produces dead letters with an idempotent producer (a retried send is never doubled)."""
 
     def __init__(self, config: TopicConfig) -> None:
@@ -64,13 +65,6 @@ class DeadLetterWriter:
         producer, self._producer = self._producer, None
         if producer is not None:
             producer.flush(self._config.fetch_timeout + FLUSH_MARGIN)
-
-    def __enter__(self) -> DeadLetterWriter:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def write(self, letters: Sequence[DeadLetter]) -> None:
         """Produce every letter and wait for Kafka's acknowledgements.

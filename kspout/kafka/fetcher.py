@@ -27,6 +27,7 @@ from kspout.errors import FetchTimeout, KafkaRequestFailed
 from kspout.gc_pause import cyclic_gc_paused
 from kspout.kafka._client import consumer_settings, watermarks
 from kspout.kafka.records import FetchResult, Record, RecordBuilder, make_record
+from kspout.lifecycle import Lifecycle
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ def _record(topic: str, partition: int, offset: int, msg: Message) -> Record:
     )
 
 
-class PartitionFetcher:
+class PartitionFetcher(Lifecycle):
     """Fetches planned offsets of one topic through one assigned consumer, reused per call.
 
     Not thread-safe: one fetcher per Python worker, one fetch at a time.
@@ -151,13 +152,6 @@ class PartitionFetcher:
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             consumer.close()
-
-    def __enter__(self) -> PartitionFetcher:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def fetch(self, topic: str, partition: int, spans: Sequence[tuple[int, int]]) -> FetchResult:
         """Fetch the offsets in `spans` (sorted, disjoint, half-open `[start, end)` ranges).

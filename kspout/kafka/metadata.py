@@ -13,6 +13,7 @@ from kspout.config import TopicConfig
 from kspout.kafka._client import REQUEST_TIMEOUT, call_kafka, consumer_settings, watermarks
 from kspout.kafka.fetcher import PartitionFetcher
 from kspout.kafka.records import FetchResult
+from kspout.lifecycle import Lifecycle
 from kspout.policy import Position, PositionKind
 
 # When the broker says no record is at/after a timestamp, this many of the newest offsets are
@@ -22,7 +23,7 @@ TAIL_CHECK = 100
 SCAN_STEP = 10_000
 
 
-class KafkaMetadata:
+class KafkaMetadata(Lifecycle):
     """Metadata questions about a topic's partitions, answered through one consumer."""
 
     def __init__(self, config: TopicConfig) -> None:
@@ -41,13 +42,6 @@ class KafkaMetadata:
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             consumer.close()
-
-    def __enter__(self) -> KafkaMetadata:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _client(self) -> Consumer:
         if self._consumer is None:

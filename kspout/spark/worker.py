@@ -159,8 +159,7 @@ def combine(
         partitions.add(ledger.partition)
         p = ledger.partition
         for offset, value, mark, error in ledger.entries:
-            acker.xor((p, offset), value)
-            acker.mark((p, offset), mark, error)
+            acker.add((p, offset), value, mark, error)
         if ledger.report is not None:
             reports.append(ledger.report)
     mine = [task for task in tasks if task.partition in partitions]

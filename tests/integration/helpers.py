@@ -7,8 +7,9 @@ import sys
 import textwrap
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import cast
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
@@ -86,3 +87,23 @@ def topic_file(path: Path, stack: DevStack, config: TopicConfig) -> Path:
         )
     )
     return path
+
+
+def dead_letter_headers(config: TopicConfig, brokers: str) -> list[dict[str, str]]:
+    """The decoded headers of every record on the topic's dead-letter topic (read until the
+    topic has been quiet for 1.5 s)."""
+    consumer = Consumer({"bootstrap.servers": brokers, "group.id": "dlq-reader"})
+    try:
+        topic = consumer.list_topics(config.dlq_topic, timeout=10).topics[config.dlq_topic]
+        consumer.assign([TopicPartition(config.dlq_topic, p, 0) for p in topic.partitions])
+        found: list[dict[str, str]] = []
+        idle = 0
+        while idle < 3:
+            messages = [m for m in consumer.consume(1000, timeout=0.5) if m.error() is None]
+            idle = 0 if messages else idle + 1
+            for message in messages:
+                pairs = cast(list[tuple[str, bytes]], message.headers() or [])
+                found.append({k: v.decode() for k, v in pairs})
+        return found
+    finally:
+        consumer.close()

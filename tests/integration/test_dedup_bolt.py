@@ -7,7 +7,6 @@ the record's DONE, so `applied()` shows exactly what took effect.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -16,7 +15,7 @@ from typing import Any, cast
 
 import pytest
 import redis
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
@@ -29,7 +28,7 @@ from kspout.errors import ChainError
 from kspout.kafka import Record
 from kspout.local_executor import LocalExecutor
 from kspout.topology import Topology
-from tests.integration.helpers import PARTITIONS, highs, produce, stored
+from tests.integration.helpers import PARTITIONS, dead_letter_headers, highs, produce, stored
 
 
 class Apply:
@@ -116,7 +115,7 @@ def test_a_message_without_an_id_is_dead_lettered_with_the_reason_and_counted(
     assert sorted(applied(redis_client, key)) == sorted(
         keyed(0, o).decode() for o in range(10) if o not in (2, 7)
     )
-    letters = read_dead_letters(config, stack.info.brokers, expected=2)
+    letters = dead_letter_headers(config, stack.info.brokers)
     assert sorted(int(h["kspout.source.offset"]) for h in letters) == [2, 7]
     for headers in letters:
         assert headers["kspout.reason"].startswith("invalid")
@@ -227,35 +226,6 @@ def test_start_warns_when_redis_could_lose_records(
 def evalsha_calls(client: redis.Redis) -> int:
     stats = cast(dict[str, dict[str, int]], client.info("commandstats"))
     return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
-
-
-def read_dead_letters(config: TopicConfig, brokers: str, expected: int) -> list[dict[str, str]]:
-    """The headers of the records on the dead-letter topic, decoded."""
-    consumer = Consumer({"bootstrap.servers": brokers, "group.id": "dlq-test"})
-    try:
-        parts = consumer.list_topics(config.dlq_topic, timeout=10).topics[config.dlq_topic]
-        consumer.assign([TopicPartition(config.dlq_topic, p, 0) for p in parts.partitions])
-        found: list[dict[str, str]] = []
-        for _ in range(20):
-            for message in consumer.consume(100, timeout=0.5):
-                if message.error() is None:
-                    pairs = cast(list[tuple[str, bytes]], message.headers() or [])
-                    found.append({k: v.decode() for k, v in pairs})
-            if len(found) >= expected:
-                break
-        return found
-    finally:
-        consumer.close()
-
-
-def test_json_ids_are_read_from_the_value(tmp_path: Path) -> None:
-    """A unit-level check of the reader the bolt uses for `json:<field>`."""
-    from dedup.ids import id_reader
-
-    read = id_reader("json:order")
-    record = Record("t", 0, 0, None, json.dumps({"order": 5}).encode(), -1, ())
-    assert read(record) == ("5", "")
-    assert read(Record("t", 0, 0, None, b"not json", -1, ()))[0] is None
 
 
 def test_with_zookeeper_auth_the_epoch_is_kept_under_the_same_digest_acl(

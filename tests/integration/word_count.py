@@ -8,15 +8,13 @@ fails it). `check_word_count` verifies a finished run against what was produced.
 from __future__ import annotations
 
 from collections import Counter
-from typing import cast
 
 import redis
-from confluent_kafka import Consumer, TopicPartition
 
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
 from kspout.driver import Progress
-from tests.integration.helpers import PARTITIONS, highs, stored
+from tests.integration.helpers import PARTITIONS, dead_letter_headers, highs, stored
 
 WORDS = ("alpha", "beta", "gamma", "delta", "epsilon")
 
@@ -52,28 +50,6 @@ def expected_counts(per_partition: int, attempts: int) -> tuple[Counter[str], in
     return counts, poison
 
 
-def dead_lettered_offsets(config: TopicConfig, brokers: str) -> set[tuple[int, int]]:
-    """(partition, offset) of every record on the topic's dead-letter topic."""
-    consumer = Consumer({"bootstrap.servers": brokers, "group.id": "dlq-reader"})
-    try:
-        metadata = consumer.list_topics(config.dlq_topic, timeout=10)
-        parts = metadata.topics[config.dlq_topic].partitions
-        consumer.assign([TopicPartition(config.dlq_topic, p, 0) for p in parts])
-        found: set[tuple[int, int]] = set()
-        idle = 0
-        while idle < 3:
-            messages = consumer.consume(1000, timeout=1.0)
-            idle = 0 if messages else idle + 1
-            for m in messages:
-                if m.error() is None:
-                    headers = dict(cast(list[tuple[str, bytes]], m.headers() or []))
-                    source = headers["kspout.source.partition"], headers["kspout.source.offset"]
-                    found.add((int(source[0]), int(source[1])))
-        return found
-    finally:
-        consumer.close()
-
-
 def check_word_count(
     progress: Progress,
     config: TopicConfig,
@@ -93,7 +69,9 @@ def check_word_count(
     poison_sentences = {
         (p, o) for p in PARTITIONS for o in range(per_partition) if b"poison" in sentence(p, o)
     }
-    assert dead_lettered_offsets(config, stack.info.brokers) == poison_sentences
+    letters = dead_letter_headers(config, stack.info.brokers)
+    sources = [(int(h["kspout.source.partition"]), int(h["kspout.source.offset"])) for h in letters]
+    assert sorted(sources) == sorted(poison_sentences)  # each exactly once
     assert stored(config) == highs(config)
 
 
