@@ -62,7 +62,7 @@ class KafkaSpout:
 
         topology = chain if isinstance(chain, Topology) else Topology.of(chain)
         executor = SparkExecutor(self.spark, self.config, topology)
-        return self._drive(executor, max_batches, until_caught_up, stop, on_progress)
+        return self._drive(self.config, executor, max_batches, until_caught_up, stop, on_progress)
 
     def foreach_batch(
         self,
@@ -73,19 +73,25 @@ class KafkaSpout:
         stop: threading.Event | None = None,
         on_progress: Callable[[Progress], None] | None = None,
     ) -> Progress:
-        """Call `function(df, batch_id)` per micro-batch; returning acks it, raising fails it."""
+        """Call `function(df, batch_id)` per micro-batch; returning acks it, raising fails it.
+
+        Calls never overlap, so one batch is planned at a time: a batch waiting behind a slow
+        call would only see its `message_timeout` run out.
+        """
         from kspout.spark import FrameExecutor
 
-        executor = FrameExecutor(self.spark, self.config, function)
-        return self._drive(executor, max_batches, until_caught_up, stop, on_progress)
+        config = self.config.model_copy(update={"max_batches_in_flight": 1})
+        executor = FrameExecutor(self.spark, config, function)
+        return self._drive(config, executor, max_batches, until_caught_up, stop, on_progress)
 
     def _drive(
         self,
+        config: TopicConfig,
         executor: Executor,
         max_batches: int | None,
         until_caught_up: bool,
         stop: threading.Event | None,
         on_progress: Callable[[Progress], None] | None,
     ) -> Progress:
-        with Driver(self.config, executor, on_progress=on_progress) as driver:
+        with Driver(config, executor, on_progress=on_progress) as driver:
             return driver.run(max_batches=max_batches, until_caught_up=until_caught_up, stop=stop)

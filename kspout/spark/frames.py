@@ -85,8 +85,9 @@ def fetch_rows(config: TopicConfig, tasks: Iterable[PartitionTask]) -> Iterator[
 class FrameExecutor(SparkJobs):
     """Runs `f(df, batch_id)` per micro-batch and settles the batch by its outcome.
 
-    Calls of `f` never overlap and come in batch order, as with Spark's `foreachBatch`: one
-    batch is in flight at a time whatever `max_batches_in_flight` says. `batch_id` numbers the
+    Calls of `f` never overlap and come in batch order, as with Spark's `foreachBatch`: batches
+    run one at a time, in the order submitted, whatever `max_batches_in_flight` says (the
+    spout's driver also plans only one at a time for this executor). `batch_id` numbers the
     batches of this run (from 0); it is not kept across restarts, so an idempotent writer
     should key on the offsets in the frame, not on `batch_id`.
     """

@@ -21,6 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from kspout import Fields, KafkaSpout
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
+from kspout.driver import Progress
 from kspout.topology import ChainItem
 from tests.integration.helpers import PARTITIONS, highs, kspout_command, produce, stored, topic_file
 from tests.integration.spark_jobs import Count, RecordEffect, SlowOnce, Split
@@ -142,4 +143,29 @@ def test_a_killed_driver_restarts_and_loses_nothing(
 
     assert redis_client.scard(done) == 3000 * len(PARTITIONS)  # every message, none lost
     assert progress.total("acked") > 0
+    assert stored(config) == highs(config)
+
+
+def test_foreach_batch_plans_one_batch_at_a_time(
+    spark: SparkSession, make_config: Callable[..., TopicConfig], producer: Producer
+) -> None:
+    """A batch planned while another call runs would only wait, its message_timeout running."""
+    config = make_config(batch_size=10, max_batches_in_flight=3)
+    produce(producer, config.topic, {p: range(30) for p in PARTITIONS})
+    finished: list[int] = []
+    planned_ahead: list[int] = []
+
+    def slow(df: DataFrame, batch_id: int) -> None:
+        time.sleep(0.6)  # the driver reports progress every 0.25 s meanwhile
+        finished.append(batch_id)
+
+    def watch(progress: Progress) -> None:
+        planned_ahead.append(progress.batches - len(finished))
+
+    progress = KafkaSpout(config, spark).foreach_batch(
+        slow, until_caught_up=True, on_progress=watch
+    )
+
+    assert planned_ahead and max(planned_ahead) <= 1
+    assert progress.total("acked") == 30 * len(PARTITIONS)
     assert stored(config) == highs(config)
