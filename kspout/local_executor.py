@@ -69,9 +69,7 @@ class LocalExecutor:
             for task in tasks:
                 fetched = self._fetcher.fetch(task.topic, task.partition, task.plan.ranges())
                 run_first_stage(fetched, runner, acker)
-                reports.append(
-                    FetchReport(task.partition, tuple(fetched.missing), fetched.out_of_range)
-                )
+                reports.append(FetchReport.of(task.partition, fetched))
         finally:
             runner.close()
         for stage in range(1, len(stages)):

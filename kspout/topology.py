@@ -211,6 +211,11 @@ class FetchReport:
     missing: tuple[tuple[int, int], ...]
     out_of_range: tuple[int, int] | None
 
+    @classmethod
+    def of(cls, partition: int, fetched: FetchResult) -> FetchReport:
+        """What `fetched` found besides its records."""
+        return cls(partition, tuple(fetched.missing), fetched.out_of_range)
+
 
 def task_results(
     tasks: Sequence[PartitionTask], acker: Acker[RootKey], reports: Iterable[FetchReport]

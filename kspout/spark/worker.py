@@ -113,7 +113,7 @@ def _stage_zero(
     return (
         acker,
         runner.output,
-        FetchReport(task.partition, tuple(fetched.missing), fetched.out_of_range),
+        FetchReport.of(task.partition, fetched),
     )
 
 

@@ -124,7 +124,7 @@ def run_chain(
             runner.close()
         route(runner, 0, buckets)
         run.ackers.append(acker)
-        run.reports.append(FetchReport(partition, tuple(fetched.missing), fetched.out_of_range))
+        run.reports.append(FetchReport.of(partition, fetched))
     run.stages.append(copies)
     for s in range(1, n):
         inputs, buckets = buckets, [[] for _ in range(width)]
