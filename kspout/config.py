@@ -58,7 +58,7 @@ class _Section(BaseModel):
 
 
 class RetryBackoff(_Section):
-    """`[retry_backoff]`: delay before retry n is `initial * multiplier**(n-1)`, at most `max`."""
+    """`[retry_backoff]`, `[infra_backoff]`: wait n is `initial * multiplier**(n-1)`, <= `max`."""
 
     initial: float = Field(0.5, ge=0)
     multiplier: float = Field(2.0, ge=1)
@@ -116,6 +116,8 @@ class TopicConfig(_Section):
     max_retries: int = Field(5, ge=0)
     on_retries_exhausted: Literal["dead_letter", "skip"] = "dead_letter"
     retry_backoff: RetryBackoff = RetryBackoff()
+    # Waits of a partition's circuit breaker while a dependency (Kafka, Redis, ZooKeeper) is down.
+    infra_backoff: RetryBackoff = RetryBackoff(initial=1.0, multiplier=2.0, max=30.0)
     message_timeout: float = Field(30.0, gt=0)
     defer_delay: float = Field(1.0, gt=0)  # seconds before a DEFERRED message is offered again
     max_uncommitted: int | None = Field(None, gt=0)

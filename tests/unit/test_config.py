@@ -92,7 +92,7 @@ def test_orders_example_shows_every_key() -> None:
     them all (a key added to TopicConfig must be added to the example too)."""
     data = tomllib.loads((TOPICS_DIR / "orders.example.toml").read_text(encoding="utf-8"))
     assert set(data) == set(TopicConfig.model_fields)
-    for section in ("retry_backoff", "zookeeper_auth", "redis", "dedup"):
+    for section in ("retry_backoff", "infra_backoff", "zookeeper_auth", "redis", "dedup"):
         model = type(getattr(load_config(TOPICS_DIR / "orders.example.toml"), section))
         assert set(data[section]) == set(model.model_fields), section
     kafka = data["kafka"]
@@ -183,6 +183,12 @@ def test_orders_example_shows_every_key() -> None:
             "retry_backoff.initial",
             ["greater than or equal to 0", "-0.5"],
             id="negative-backoff",
+        ),
+        pytest.param(
+            MINIMAL + "[infra_backoff]\nmultiplier = 0.5\n",
+            "infra_backoff.multiplier",
+            ["greater than or equal to 1", "0.5"],
+            id="shrinking-infra_backoff",
         ),
         pytest.param(
             MINIMAL + '[dedup]\nid_source = "body"\n',
@@ -349,6 +355,17 @@ def test_derived_paths_and_defaults(write_topic: WriteTopic) -> None:
     assert config.dlq_topic == "orders.dlq"
     assert config.start == Position(PositionKind.EARLIEST)
     assert config.partition_policy() == PartitionPolicy()
+
+
+def test_infra_backoff_parses_and_has_its_own_defaults(write_topic: WriteTopic) -> None:
+    """The circuit breaker's waits: a section of their own, independent of `[retry_backoff]`."""
+    default = load_config(write_topic(MINIMAL)).infra_backoff
+    assert (default.initial, default.multiplier, default.max) == (1.0, 2.0, 30.0)
+    path = write_topic(MINIMAL + "[infra_backoff]\ninitial = 0.25\nmultiplier = 3\nmax = 12.5\n")
+    config = load_config(path)
+    backoff = config.infra_backoff
+    assert (backoff.initial, backoff.multiplier, backoff.max) == (0.25, 3.0, 12.5)
+    assert config.retry_backoff == load_config(write_topic(MINIMAL)).retry_backoff, "untouched"
 
 
 # -- secrets -----------------------------------------------------------------------------------
