@@ -61,7 +61,7 @@ class PartitionStopped(OffsetOutOfRange):
             hint=(
                 'out_of_range = "fail" stops the partition here; move it with '
                 f"`kspout offsets set --config <file> --partition {partition} --to earliest` "
-                "(or latest, a number, timestamp:<ms>) and start again"
+                "(or latest, a number, timestamp:<ms>); a running spout resumes it from there"
             ),
         )
 

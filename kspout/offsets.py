@@ -6,10 +6,14 @@ from kspout's records::
 
     {"topology": {"id": "<instance>", "name": "<topology>"}, "offset": <next offset>,
      "partition": <n>, "broker": {"host": "<host>", "port": <port>}, "topic": "<topic>",
-     "kspout": {"version": 1, "committed_at": <ms>, "source": "spout" | "operator"}}
+     "kspout": {"version": 1, "committed_at": <ms>, "source": "spout" | "operator",
+                "stopped": "<reason>"}}
 
 The `kspout` key is ours; storm-kafka ignores unknown keys, and records it wrote (without that
-key, and without `topic` in its oldest versions) are read as they are.
+key, and without `topic` in its oldest versions) are read as they are. `stopped` is present only
+while `out_of_range = "fail"` holds the partition: the driver writes it with a commit, and an
+operator's `move` (`kspout offsets set`) writes the record without it, which resumes the
+partition.
 
 Writes are fenced: a commit names the znode version it read, so a driver that lost ownership of
 a partition gets `OffsetConflict` instead of overwriting a newer commit. Transient ZooKeeper
@@ -72,6 +76,7 @@ T = TypeVar("T")
 RECORD_VERSION = 1  # version of the fields under the "kspout" key
 PARTITION_NODE = re.compile(r"^partition_(\d+)$")
 INSTANCES_NODE = "instances"
+STOPPED_KEY = "stopped"  # under "kspout": why `out_of_range = "fail"` stopped the partition
 MOVE_ATTEMPTS = 50  # an operator move that loses this many races in a row gives up
 
 # Worth retrying: the request may not have reached ZooKeeper, or the session is being rebuilt.
@@ -103,6 +108,9 @@ class StoredOffset:
     version: int
     topic: str | None  # None only in records written by the oldest storm-kafka versions
     data: dict[str, Any]  # the raw record
+    # Why `out_of_range = "fail"` stopped the partition (never empty); None when it runs, and
+    # in every record storm-kafka wrote.
+    stopped: str | None = None
 
     @property
     def writer_name(self) -> str | None:
@@ -226,15 +234,25 @@ class ZkOffsetStore(Lifecycle):
         version: int | None,
         broker: tuple[str, int] = ("", -1),
         extra: Mapping[str, Any] | None = None,
+        stopped: str | None = None,
     ) -> int:
         """Write the commit point if the record is still at `version`; return the new version.
 
         `version=None` creates the first record. `extra` adds fields under the `kspout` key.
+        `stopped` (a reason, for people) marks the partition as stopped by `out_of_range =
+        "fail"`; a commit without it writes a record without the mark.
         Raises `OffsetConflict` (`OffsetRecordExists` for a create) when someone else wrote
         first: this instance no longer owns the partition. That is never retried.
         """
+        if extra is not None and STOPPED_KEY in extra:
+            raise ValueError(f"pass the stop reason as `stopped=`, not in `extra[{STOPPED_KEY!r}]`")
+        if stopped is not None and not stopped.strip():
+            raise ValueError("`stopped` must say why the partition stopped")
         path = self.partition_path(partition)
-        payload = _encode(self._record(partition, offset, broker, "spout", extra))
+        fields = dict(extra or {})
+        if stopped is not None:
+            fields[STOPPED_KEY] = stopped
+        payload = _encode(self._record(partition, offset, broker, "spout", fields))
         attempts = 0
 
         def write(zk: Any) -> int:
@@ -259,7 +277,9 @@ class ZkOffsetStore(Lifecycle):
 
         A read-modify-write retried when another writer wins the race (compare-and-set on the
         znode version). A record that is not valid JSON is overwritten (this is how an operator
-        repairs it); a record for another topic raises `TopicMismatch`.
+        repairs it); a record for another topic raises `TopicMismatch`. The new record has no
+        stop mark, so a partition stopped by `out_of_range = "fail"` resumes from `offset` (a
+        running driver notices the change).
         """
         for _ in range(MOVE_ATTEMPTS):
             moved = self._move_once(partition, offset)
@@ -274,13 +294,14 @@ class ZkOffsetStore(Lifecycle):
         found = self._call(f"read {path}", path, lambda zk: self._get(zk, path))
         broker: tuple[str, int] = ("", -1)
         moved_from: int | None = None
+        was_stopped: str | None = None
         if found is not None:
             try:
                 old = self._decode(partition, path, *found)
             except OffsetRecordInvalid:
                 log.warning("%s: overwriting an invalid record (operator move)", path)
             else:
-                broker, moved_from = _broker_of(old.data), old.offset
+                broker, moved_from, was_stopped = _broker_of(old.data), old.offset, old.stopped
         record = self._record(partition, offset, broker, "operator", {"moved_from": moved_from})
         payload = _encode(record)
         expected = None if found is None else found[1]
@@ -291,6 +312,8 @@ class ZkOffsetStore(Lifecycle):
         except FENCING_ERRORS:
             return None
         log.info("%s moved from %s to %d", path, moved_from, offset)
+        if was_stopped is not None:
+            log.info("%s: the stop is cleared (it was: %s)", path, was_stopped)
         return StoredOffset(partition, offset, version, self.config.topic, record)
 
     # -- live instances ----------------------------------------------------------------------
@@ -376,7 +399,7 @@ class ZkOffsetStore(Lifecycle):
             raise OffsetRecordInvalid(path, f"`topic` must be a string, got {topic!r}")
         elif topic != self.config.topic:
             raise TopicMismatch(path, topic, self.config.topic)
-        return StoredOffset(partition, offset, version, topic, data)
+        return StoredOffset(partition, offset, version, topic, data, _stopped_of(data))
 
     def _version_if_holds(self, path: str, payload: bytes) -> int | None:
         """The znode version if the node holds exactly `payload`, else None."""
@@ -458,3 +481,17 @@ def _broker_of(record: Mapping[str, Any]) -> tuple[str, int]:
     host = _str_field(broker, "host") or ""
     port = broker.get("port") if isinstance(broker, dict) else None
     return host, port if isinstance(port, int) else -1
+
+
+def _stopped_of(record: Mapping[str, Any]) -> str | None:
+    """The stop reason under the `kspout` key; None when the partition is not stopped.
+
+    A mark that is not a reason text still means stopped (an operator move clears it).
+    """
+    ours = record.get("kspout")
+    mark = ours.get(STOPPED_KEY) if isinstance(ours, dict) else None
+    if mark is None:
+        return None
+    if isinstance(mark, str) and mark.strip():
+        return mark
+    return f"stopped (the stop mark is not a reason: {json.dumps(mark)})"

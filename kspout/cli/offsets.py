@@ -1,14 +1,17 @@
 """`kspout offsets show|set`: inspect and move a spout's offsets stored in ZooKeeper.
 
 `show` puts each partition's stored commit point next to Kafka's watermarks, with the lag and
-the last writer. `set` is the operator's move (after an `out_of_range = "fail"` stop, or to
-replay or skip data); it refuses while a spout instance is registered, because the running spout
-would lose its next commit for those partitions.
+the last writer, and marks the partitions `out_of_range = "fail"` stopped, with the `set` command
+that resumes each. `set` is the operator's move (after such a stop, or to replay or skip data);
+it refuses while a spout instance is registered, because the running spout would lose its next
+commit for those partitions, unless every partition it moves is stopped: nobody commits those,
+and the running spout resumes them from the new offset.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 import socket
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -16,11 +19,12 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from kspout.cli import main
 from kspout.cli.options import config_option, json_option, kspout_errors
 from kspout.config import TopicConfig, load_config
-from kspout.errors import OffsetOutOfRange, SpoutRunning
+from kspout.errors import OffsetOutOfRange, OffsetRecordInvalid, SpoutRunning
 from kspout.kafka import KafkaMetadata
 from kspout.offsets import StoredOffset, ZkOffsetStore
 from kspout.policy import Position
@@ -44,6 +48,7 @@ class PartitionView:
     high: int | None
     lag: int | None  # high - stored_offset
     out_of_range: bool  # the stored offset is outside Kafka's [low, high]
+    stopped: str | None  # why `out_of_range = "fail"` stopped it; None when it is not stopped
     start: dict[str, Any] | None  # where `start` would begin, when nothing is stored
     writer_name: str | None
     writer_id: str | None
@@ -74,6 +79,7 @@ def _view(
             and high is not None
             and not low <= offset <= high
         ),
+        stopped=stored.stopped if stored is not None else None,
         start=None if stored is not None else {"position": str(start), "offset": start_offset},
         writer_name=stored.writer_name if stored is not None else None,
         writer_id=writer_id,
@@ -110,11 +116,28 @@ def _lag_text(view: PartitionView) -> str:
     return f"{view.lag} (out of range)" if view.out_of_range else str(view.lag)
 
 
-def _print_table(config: TopicConfig, views: list[PartitionView], live: list[str]) -> None:
+def resume_command(config_path: str, partition: int) -> str:
+    """The `kspout offsets set` command that resumes a stopped partition from Kafka's earliest."""
+    return (
+        f"kspout offsets set --config {shlex.quote(config_path)} --partition {partition} "
+        "--to earliest"
+    )
+
+
+def _status(view: PartitionView) -> Text:
+    if view.stopped is None:
+        return Text("-")
+    return Text(f"STOPPED: {view.stopped}", style="bold red")
+
+
+def _print_table(
+    config: TopicConfig, config_path: str, views: list[PartitionView], live: list[str]
+) -> None:
     table = Table(title=f"{config.topic}: spout {config.zk_spout_path}")
     for name in ("partition", "stored", "low", "high"):
         table.add_column(name, justify="right")
     table.add_column("lag")
+    table.add_column("status", overflow="fold")
     table.add_column("last writer", overflow="fold")
     table.add_column("live")
     for view in views:
@@ -125,25 +148,35 @@ def _print_table(config: TopicConfig, views: list[PartitionView], live: list[str
             _dash(view.low),
             _dash(view.high),
             _lag_text(view),
-            writer,
+            _status(view),
+            Text(writer),
             "yes" if view.writer_live else ("-" if view.writer_id is None else "no"),
         )
     table.caption = f"live instances: {', '.join(live)}" if live else "no live instance registered"
     Console().print(table)
+    stopped = [view for view in views if view.stopped is not None]
+    if stopped:
+        # Plain echo, not rich: a command must not be wrapped or read as markup.
+        click.echo(
+            f'{len(stopped)} partition(s) stopped by out_of_range = "fail"; moving the offset '
+            "resumes one (--to latest, an offset or timestamp:<ms> work too):"
+        )
+        for view in stopped:
+            click.echo(f"  {resume_command(config_path, view.partition)}")
 
 
 @offsets.command()
 @config_option
 @json_option
 def show(config_path: str, as_json: bool) -> None:
-    """Stored offset, watermarks, lag and last writer of every partition of the topic."""
+    """Stored offset, watermarks, lag, stop and last writer of every partition of the topic."""
     with kspout_errors():
         config = load_config(config_path)
         views, live = _collect(config)
     if as_json:
         click.echo(json.dumps([asdict(view) for view in views], indent=2))
     else:
-        _print_table(config, views, live)
+        _print_table(config, config_path, views, live)
 
 
 # -- set -------------------------------------------------------------------------------------
@@ -190,6 +223,18 @@ def _targets(
     return chosen
 
 
+def _all_stopped(store: ZkOffsetStore, partitions: list[int]) -> bool:
+    """Every partition's record carries a stop mark: no running spout commits them."""
+    for partition in partitions:
+        try:
+            record = store.read(partition)
+        except OffsetRecordInvalid:
+            return False  # `--force` repairs it
+        if record is None or record.stopped is None:
+            return False
+    return True
+
+
 @offsets.command(name="set")
 @config_option
 @click.option("--partition", "partitions", type=int, multiple=True, help="Repeatable.")
@@ -221,12 +266,16 @@ def set_offsets(
             KafkaMetadata(config) as kafka,
         ):
             live = store.live_instances()
+            chosen = sorted(set(partitions or kafka.partitions(config.topic)))
             if live and not force:
-                raise SpoutRunning(store.path, live)
-            if live:
+                if not _all_stopped(store, chosen):
+                    raise SpoutRunning(store.path, live)
+                click.echo(
+                    f"moving stopped partitions; live instances {live} resume them", err=True
+                )
+            elif live:
                 click.echo(f"warning: moving offsets under live instances {live}", err=True)
-            chosen = list(partitions) or kafka.partitions(config.topic)
-            moves = _targets(config, kafka, sorted(set(chosen)), target)
+            moves = _targets(config, kafka, chosen, target)
             done = [(p, store.move(p, offset)) for p, offset in moves.items()]
     report = [
         {"partition": p, "from": moved.data["kspout"]["moved_from"], "to": moved.offset}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 
@@ -71,6 +72,7 @@ def test_show_reports_lag_and_where_start_would_begin(
             "high": 10,
             "lag": 6,
             "out_of_range": False,
+            "stopped": None,
             "start": None,
             "writer_name": "orders",
             "writer_id": "orders-run1",
@@ -144,3 +146,59 @@ def test_set_usage_errors(kspout: Callable[..., Result]) -> None:
     assert bad.exit_code == 2 and "timestamp:<ms>" in bad.stderr
     missing = kspout("set", "--partition", "9", "--to", "0")
     assert missing.exit_code == 2 and "no partition 9" in missing.stderr
+
+
+REASON = "offset 100 is out of range: Kafka holds [0, 10)"
+
+
+def test_show_marks_a_stopped_partition_and_its_resume_command_resumes_it(
+    topic_file: Path, kspout: Callable[..., Result]
+) -> None:
+    with ZkOffsetStore(load_config(topic_file), instance_id="orders-run2") as spout:
+        spout.commit(0, 100, version=None, stopped=REASON)
+        spout.commit(1, 2, version=None)
+        spout.register_instance()  # the driver keeps running the other partitions
+
+        result = kspout("show", "--json")
+        assert result.exit_code == 0, result.output
+        rows = {row["partition"]: row for row in json.loads(result.stdout)}
+        assert rows[0]["stopped"] == REASON and rows[0]["out_of_range"] is True
+        assert rows[1]["stopped"] is None and rows[2]["stopped"] is None
+
+        table = kspout("show")
+        assert table.exit_code == 0, table.output
+        lines = table.stdout.splitlines()
+        row_0 = next(line for line in lines if "orders/orders-run2" in line and "STOPPED" in line)
+        assert "Kafka holds [0, 10)" in row_0  # the reason, on the stopped partition's row
+        assert sum("STOPPED" in line for line in lines) == 1
+        command = f"kspout offsets set --config {topic_file} --partition 0 --to earliest"
+        resume = [line.strip() for line in lines if line.strip().startswith("kspout offsets set")]
+        assert resume == [command]
+
+        # The printed command, run as printed, works under the live instance without --force.
+        moved = CliRunner().invoke(main, shlex.split(command)[1:])
+        assert moved.exit_code == 0, moved.output
+        assert moved.stdout.strip().endswith("[0]: 100 -> 0")
+        with ZkOffsetStore(load_config(topic_file)) as store:
+            stored = store.read(0)
+        assert stored is not None and (stored.offset, stored.stopped) == (0, None)
+
+        after = kspout("show")
+        assert after.exit_code == 0, after.output
+        assert "STOPPED" not in after.stdout and "kspout offsets set" not in after.stdout
+        rows = {row["partition"]: row for row in json.loads(kspout("show", "--json").stdout)}
+        assert rows[0]["stopped"] is None and rows[0]["stored_offset"] == 0
+
+
+def test_set_under_a_live_instance_still_needs_force_unless_every_partition_is_stopped(
+    topic_file: Path, kspout: Callable[..., Result]
+) -> None:
+    with ZkOffsetStore(load_config(topic_file), instance_id="orders-live") as spout:
+        spout.commit(0, 100, version=None, stopped=REASON)
+        spout.commit(1, 2, version=None)
+        spout.register_instance()
+        refused = kspout("set", "--partition", "0", "--partition", "1", "--to", "earliest")
+        assert refused.exit_code == 1 and "--force" in refused.stderr
+        missing = kspout("set", "--partition", "2", "--to", "earliest")  # no record: not stopped
+        assert missing.exit_code == 1 and "--force" in missing.stderr
+        assert stored_offsets(topic_file) == {0: 100, 1: 2}

@@ -94,6 +94,7 @@ def test_reads_storm_kafka_record(make_config: Callable[..., TopicConfig], zk: K
         assert stored is not None
         assert stored.offset == 4242  # resumes where Storm stopped
         assert (stored.writer_name, stored.writer_id) == ("wordcount", "wordcount-1-1700000000")
+        assert stored.stopped is None
         store.commit(3, 5000, version=stored.version, broker=("kafka1.example.com", 9092))
     written = json.loads(zk.get(f"{config.zk_spout_path}/partition_3")[0])
     assert set(written) == set(storm) | {"kspout"}  # storm-kafka's fields, plus ours
@@ -212,6 +213,67 @@ def test_move_creates_a_missing_record(make_config: Callable[..., TopicConfig]) 
         moved = store.move(5, 42)
         stored = store.read(5)
         assert stored is not None and stored.offset == 42 and moved.version == stored.version
+
+
+REASON = "offset 100 is out of range: Kafka holds [150, 900)"
+
+
+def test_stop_mark_is_written_read_and_cleared_by_the_next_commit(
+    make_config: Callable[..., TopicConfig], zk: KazooClient
+) -> None:
+    config = make_config()
+    path = f"{config.zk_spout_path}/partition_2"
+    with ZkOffsetStore(config) as store:
+        version = store.commit(2, 100, version=None, broker=("b1", 9092))
+        stored = store.read(2)
+        assert stored is not None and stored.stopped is None
+        stopped_version = store.commit(2, 100, version=version, broker=("b1", 9092), stopped=REASON)
+        assert stopped_version == version + 1
+        stored = store.read(2)
+        assert stored is not None
+        assert (stored.offset, stored.version, stored.stopped) == (100, stopped_version, REASON)
+        assert store.read_all()[2].stopped == REASON
+        written = json.loads(zk.get(path)[0])
+        # storm-kafka's fields unchanged; the mark is in kspout's own section
+        assert set(written) == {"topology", "offset", "partition", "broker", "topic", "kspout"}
+        assert (written["offset"], written["partition"], written["topic"]) == (100, 2, "events")
+        assert written["broker"] == {"host": "b1", "port": 9092}
+        assert written["kspout"]["stopped"] == REASON
+        with pytest.raises(OffsetConflict):  # the stop is fenced like every commit
+            store.commit(2, 100, version=version, stopped=REASON)
+        store.commit(2, 160, version=stopped_version)
+        stored = store.read(2)
+        assert stored is not None and stored.offset == 160 and stored.stopped is None
+        assert "stopped" not in json.loads(zk.get(path)[0])["kspout"]
+
+
+def test_move_clears_the_stop_mark(make_config: Callable[..., TopicConfig]) -> None:
+    with ZkOffsetStore(make_config()) as store:
+        store.commit(0, 100, version=None, stopped=REASON)
+        moved = store.move(0, 150)
+        assert moved.stopped is None and "stopped" not in moved.data["kspout"]
+        stored = store.read(0)
+        assert stored is not None
+        assert (stored.offset, stored.version, stored.stopped) == (150, moved.version, None)
+        assert stored.data["kspout"]["moved_from"] == 100
+
+
+def test_a_stop_mark_without_a_reason_still_reads_as_stopped(
+    make_config: Callable[..., TopicConfig], zk: KazooClient
+) -> None:
+    config = make_config()
+    record = {"offset": 5, "partition": 0, "topic": "events", "kspout": {"stopped": True}}
+    zk.create(f"{config.zk_spout_path}/partition_0", json.dumps(record).encode(), makepath=True)
+    with ZkOffsetStore(config) as store:
+        stored = store.read(0)
+        assert stored is not None and stored.stopped is not None
+        assert "true" in stored.stopped
+        with pytest.raises(ValueError, match="stopped"):
+            store.commit(0, 5, version=stored.version, stopped=" ")
+        with pytest.raises(ValueError, match="stopped="):
+            store.commit(0, 5, version=stored.version, extra={"stopped": REASON})
+        stored = store.read(0)
+        assert stored is not None and stored.version == 0  # nothing was written
 
 
 def test_instance_registration_is_ephemeral(make_config: Callable[..., TopicConfig]) -> None:
