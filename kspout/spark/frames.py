@@ -2,20 +2,33 @@
 
 The user's `f(df, batch_id)` runs on the driver; the DataFrame is lazy, and its rows are
 fetched from Kafka by executors whenever `f` evaluates it (Spark's Kafka source columns:
-key, value, topic, partition, offset, timestamp, headers). The batch is acked as a whole when
-`f` returns and failed as a whole, with EXCEPTION, when it raises.
+key, value, topic, partition, offset, timestamp, headers). The batch is failed as a whole,
+with EXCEPTION, when `f` raises. When `f` returns, only what the frame held is acked:
 
-Offsets Kafka no longer had while the batch ran cannot be claimed as processed: after `f`
-returns the watermarks are read again, and any planned offset outside `[low, high)` is
-reported out of range (handled by the partition's policy) instead of acked.
+* Every evaluation of the frame reports, per partition, what its fetch did not return, through
+  a Spark accumulator: the planned offsets it stopped before when Kafka answered out of range
+  (retention moved the low watermark past them, or they lie at or above high), the offsets
+  Kafka does not have inside `[low, high)` (compaction, transaction markers), and the `(low,
+  high)` it saw. An offset counts as received only when every evaluation fetched it.
+* Received offsets are acked (as counted runs, at their planned attempt); offsets Kafka does
+  not have are GONE; offsets a fetch stopped before get no outcome (they stay unfinished) and
+  the task reports `out_of_range=(low, high)`, so the driver applies the partition's
+  `out_of_range` policy, which counts those below the new start as lost with their exact
+  ranges.
+* A partition no evaluation reported on (`f` never evaluated the frame, or read only a few
+  rows: Spark may stop a task early for `limit`/`take`/`show`, and its report is lost then)
+  is settled as before: the watermarks are read again after `f` returns, planned offsets
+  inside `[low, high)` are acked and any outside it reported out of range.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import partial
 
+from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql.types import (
     ArrayType,
@@ -29,7 +42,7 @@ from pyspark.sql.types import (
 )
 
 from kspout.config import TopicConfig
-from kspout.kafka import KafkaMetadata, Record
+from kspout.kafka import FetchResult, KafkaMetadata, Record
 from kspout.outcomes import FailReason, Outcome, OutcomeKind, describe_error
 from kspout.spark.jobs import SparkJobs
 from kspout.spark.worker import fetcher_for
@@ -73,11 +86,79 @@ def _row(record: Record) -> tuple[object, ...]:
     )
 
 
-def fetch_rows(config: TopicConfig, tasks: Iterable[PartitionTask]) -> Iterator[tuple[object, ...]]:
-    """Executor side: the rows of the tasks' planned offsets, fetched from Kafka."""
+Ranges = tuple[tuple[int, int], ...]  # sorted, disjoint, non-empty half-open ranges
+
+
+@dataclass(frozen=True, slots=True)
+class Unfetched:
+    """What evaluations of a frame did not fetch of one partition's planned offsets.
+
+    * `cut`: planned offsets a fetch stopped before because Kafka answered out of range; they
+      were neither returned nor known missing.
+    * `missing`: planned offsets Kafka does not have inside `[low, high)` (compacted away,
+      transaction markers).
+    * `bounds`: Kafka's `(low, high)` as the cut fetches saw it (None when none was cut).
+
+    Merging is a union (and the larger low and high), so a report counted twice (a retried
+    Spark task, an evaluation repeated) changes nothing.
+    """
+
+    cut: Ranges = ()
+    missing: Ranges = ()
+    bounds: tuple[int, int] | None = None
+
+    @classmethod
+    def of(cls, spans: Sequence[tuple[int, int]], fetched: FetchResult) -> Unfetched:
+        """What one fetch of `spans` (sorted, disjoint ranges) did not return."""
+        missing = _union(fetched.missing)
+        if fetched.out_of_range is None:  # every requested offset was returned or is missing
+            return cls((), missing, None)
+        got = _union(_runs(record.offset for record in fetched.records), missing)
+        cut = tuple((lo, hi) for lo, hi, _ in _subtract(spans, got))
+        return cls(cut, missing, fetched.out_of_range)
+
+    def merge(self, other: Unfetched) -> Unfetched:
+        """What neither evaluation missed is what both fetched: the union of the rest."""
+        if self.bounds is None or other.bounds is None:
+            bounds = self.bounds or other.bounds
+        else:
+            bounds = (max(self.bounds[0], other.bounds[0]), max(self.bounds[1], other.bounds[1]))
+        return Unfetched(_union(self.cut, other.cut), _union(self.missing, other.missing), bounds)
+
+
+# Keyed by (batch, partition): one accumulator serves every batch of a FrameExecutor.
+FetchReports = dict[tuple[int, int], Unfetched]
+
+
+class FetchReportsParam(AccumulatorParam[FetchReports]):
+    """Merges the `Unfetched` reports of a frame's evaluations, per batch and partition."""
+
+    def zero(self, value: FetchReports) -> FetchReports:
+        return {}
+
+    def addInPlace(self, value1: FetchReports, value2: FetchReports) -> FetchReports:
+        for key, report in value2.items():
+            known = value1.get(key)
+            value1[key] = report if known is None else known.merge(report)
+        return value1
+
+
+def fetch_rows(
+    config: TopicConfig,
+    reports: Accumulator[FetchReports],
+    batch: int,
+    tasks: Iterable[PartitionTask],
+) -> Iterator[tuple[object, ...]]:
+    """Executor side: the rows of the tasks' planned offsets, fetched from Kafka.
+
+    What each fetch did not return is added to `reports` before any row is handed on, so the
+    report does not depend on how many rows Spark then reads.
+    """
     fetcher = fetcher_for(config)
     for task in tasks:
-        fetched = fetcher.fetch(task.topic, task.partition, task.plan.ranges())
+        spans = task.plan.ranges()
+        fetched = fetcher.fetch(task.topic, task.partition, spans)
+        reports.add({(batch, task.partition): Unfetched.of(spans, fetched)})
         for record in fetched.records:
             yield _row(record)
 
@@ -90,12 +171,20 @@ class FrameExecutor(SparkJobs):
     spout's driver also plans only one at a time for this executor). `batch_id` numbers the
     batches of this run (from 0); it is not kept across restarts, so an idempotent writer
     should key on the offsets in the frame, not on `batch_id`.
+
+    When `f` returns, each partition is settled by what every evaluation of the frame fetched
+    (`settle_fetched`): offsets a fetch did not return are never acked. When no evaluation
+    reported on a partition (`f` never evaluated the frame, or only read a few rows of it),
+    the planned offsets Kafka still holds per a fresh watermark query are acked, and any
+    outside the watermarks reported out of range. When `f` raises, every planned offset fails
+    with EXCEPTION.
     """
 
     def __init__(self, spark: SparkSession, config: TopicConfig, function: BatchFunction) -> None:
         super().__init__(spark, config.model_copy(update={"max_batches_in_flight": 1}))
         self._function = function
         self._metadata = KafkaMetadata(config)
+        self._reports = spark.sparkContext.accumulator({}, FetchReportsParam())
 
     def _start(self) -> None:
         self._metadata.start()
@@ -104,21 +193,40 @@ class FrameExecutor(SparkJobs):
         super().close(cancel=cancel)
         self._metadata.close()
 
-    def frame(self, tasks: Sequence[PartitionTask]) -> DataFrame:
-        """The batch's records as a lazy DataFrame."""
+    def frame(self, tasks: Sequence[PartitionTask], batch: int) -> DataFrame:
+        """The batch's records as a lazy DataFrame; its evaluations report under `batch`."""
         sc = self._spark.sparkContext
         rows = sc.parallelize(list(tasks), len(tasks)).mapPartitions(
-            partial(fetch_rows, self._config)
+            partial(fetch_rows, self._config, self._reports, batch)
         )
         return self._spark.createDataFrame(rows, SCHEMA)
 
     def _run(self, tasks: list[PartitionTask], batch: int) -> list[TaskResult]:
+        error: str | None = None
         try:
-            self._function(self.frame(tasks), batch)
+            self._function(self.frame(tasks, batch), batch)
         except Exception as exc:
             error = describe_error(exc)
+        finally:
+            reports = self._take_reports(batch)
+        if error is not None:
             return [_settled(task, error=error) for task in tasks]
-        return [self._acked(task) for task in tasks]
+        results: list[TaskResult] = []
+        for task in tasks:
+            report = reports.get(task.partition)
+            results.append(self._acked(task) if report is None else settle_fetched(task, report))
+        return results
+
+    def _take_reports(self, batch: int) -> dict[int, Unfetched]:
+        """This batch's reports by partition, removed (with any late ones of earlier batches)."""
+        value = self._reports.value
+        # Jobs `f` left running could still add reports from Spark's accumulator thread:
+        # copy first (a dict copy is atomic), then remove only what was taken.
+        snapshot = dict(value)
+        for key in snapshot:
+            if key[0] <= batch:
+                value.pop(key, None)
+        return {p: report for (b, p), report in snapshot.items() if b == batch}
 
     def _acked(self, task: PartitionTask) -> TaskResult:
         """Ack the task's offsets that Kafka still has; report any it lost meanwhile."""
@@ -126,13 +234,34 @@ class FrameExecutor(SparkJobs):
         return _settled(task, low=low, high=high)
 
 
+def settle_fetched(task: PartitionTask, unfetched: Unfetched) -> TaskResult:
+    """A task whose frame `f` evaluated and returned from, settled by what was fetched.
+
+    Planned offsets every evaluation fetched are acked (counted runs at their span's attempt);
+    missing ones are GONE; cut ones get no outcome: they stay unfinished, and the result
+    carries `out_of_range=unfetched.bounds` for the partition's out-of-range policy.
+    """
+    spans = task.plan.spans
+    ranges = [(span.start, span.end) for span in spans]
+    outcomes: list[Outcome] = []
+    skipped = _union(unfetched.cut, unfetched.missing)
+    for lo, hi, i in _subtract(ranges, skipped):
+        outcomes.append(Outcome(lo, OutcomeKind.ACK, spans[i].attempt, count=hi - lo))
+    for lo, hi, i in _intersect(ranges, unfetched.missing):
+        outcomes.append(Outcome(lo, OutcomeKind.GONE, spans[i].attempt, count=hi - lo))
+    outcomes.sort(key=lambda outcome: outcome.offset)
+    return TaskResult(task.topic, task.partition, task.plan.epoch, outcomes, unfetched.bounds)
+
+
 def _settled(
     task: PartitionTask, *, error: str | None = None, low: int = 0, high: int = 0
 ) -> TaskResult:
     """A whole task failed with `error`, or acked within Kafka's `[low, high)`.
 
-    Planned offsets outside `[low, high)` were not in the DataFrame `f` saw (retention deleted
-    them, or the log was truncated below them): they are reported out of range, never acked.
+    The second is for a task no evaluation of the frame reported on, with the watermarks read
+    after `f` returned: planned offsets outside `[low, high)` are no longer in Kafka (retention
+    deleted them, or the log was truncated below them), so they are reported out of range,
+    never acked.
     """
     outcomes: list[Outcome] = []
     lost = False
@@ -150,3 +279,67 @@ def _settled(
             outcomes.append(Outcome(start, OutcomeKind.ACK, span.attempt, count=end - start))
     out_of_range = (low, high) if lost else None
     return TaskResult(task.topic, task.partition, task.plan.epoch, outcomes, out_of_range)
+
+
+# -- ranges: sorted, disjoint, half-open ---------------------------------------------------------
+
+
+def _runs(offsets: Iterable[int]) -> list[tuple[int, int]]:
+    """Ascending offsets as ranges of consecutive ones."""
+    runs: list[tuple[int, int]] = []
+    for offset in offsets:
+        if runs and runs[-1][1] == offset:
+            runs[-1] = (runs[-1][0], offset + 1)
+        else:
+            runs.append((offset, offset + 1))
+    return runs
+
+
+def _union(*parts: Iterable[tuple[int, int]]) -> Ranges:
+    """The union of any ranges, as sorted, disjoint, non-empty ranges."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(r for part in parts for r in part):
+        if hi <= lo:
+            continue
+        if out and lo <= out[-1][1]:
+            if hi > out[-1][1]:
+                out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return tuple(out)
+
+
+def _subtract(
+    ranges: Sequence[tuple[int, int]], removed: Sequence[tuple[int, int]]
+) -> Iterator[tuple[int, int, int]]:
+    """The pieces of `ranges` outside `removed`, as `(lo, hi, index in ranges)`; both sorted
+    and disjoint."""
+    j = 0
+    for i, (lo, hi) in enumerate(ranges):
+        while j < len(removed) and removed[j][1] <= lo:
+            j += 1
+        k = j
+        while lo < hi and k < len(removed) and removed[k][0] < hi:
+            if removed[k][0] > lo:
+                yield lo, removed[k][0], i
+            lo = max(lo, removed[k][1])
+            k += 1
+        if lo < hi:
+            yield lo, hi, i
+
+
+def _intersect(
+    ranges: Sequence[tuple[int, int]], kept: Sequence[tuple[int, int]]
+) -> Iterator[tuple[int, int, int]]:
+    """The pieces of `ranges` inside `kept`, as `(lo, hi, index in ranges)`; both sorted and
+    disjoint."""
+    j = 0
+    for i, (lo, hi) in enumerate(ranges):
+        while j < len(kept) and kept[j][1] <= lo:
+            j += 1
+        k = j
+        while k < len(kept) and kept[k][0] < hi:
+            a, b = max(lo, kept[k][0]), min(hi, kept[k][1])
+            if a < b:
+                yield a, b, i
+            k += 1
