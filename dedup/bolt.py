@@ -43,6 +43,7 @@ from dedup.store import (
     server_durability_warnings,
 )
 from kspout.bolts import Bolt, Collector, TaskContext, Tuple
+from kspout.channel.beacon import BEACON
 from kspout.config import TopicConfig
 from kspout.kafka import Record
 from kspout.outcomes import describe_error
@@ -197,6 +198,7 @@ class IdempotencyBolt(Bolt):
             else:
                 settlements.append(self._run(tuple_.record, id_, claim.token, claim.attempts))
                 ran.append(tuple_)
+        BEACON.current = None  # the settle below is Redis's time, not the last message's
         for tuple_, item, status in zip(ran, settlements, store.settle(settlements), strict=True):
             if status is SettleStatus.SETTLED:
                 if item.done:
@@ -212,6 +214,7 @@ class IdempotencyBolt(Bolt):
 
     def _run(self, record: Record, id_: str, token: int, attempt: int) -> Settlement:
         effects = Effects(self._store, id_, token, attempt)
+        BEACON.current = record
         try:
             self.handler(record, effects)
         except Exception as exc:

@@ -45,8 +45,9 @@ class Mark(enum.IntEnum):
     NONE = 0
     DUPLICATE = 1  # the dedup bolt found it done before: complete, counted as a duplicate
     DEFERRED = 2  # the dedup bolt found it in flight elsewhere: retry later, no attempt spent
-    FAILED = 3  # a tuple under it failed (EXCEPTION)
-    INVALID = 4  # the message cannot be processed at all (no id): dead-letter it, no retry
+    RELEASED = 3  # a task under it failed outside per-message code: retry, no attempt spent
+    FAILED = 4  # a tuple under it failed (EXCEPTION): the message's own fault wins
+    INVALID = 5  # the message cannot be processed at all (no id): dead-letter it, no retry
 
 
 class RootState(enum.Enum):
@@ -54,12 +55,14 @@ class RootState(enum.Enum):
     DUPLICATE = "duplicate"  # complete, and the dedup bolt found it done before
     PENDING = "pending"  # tuples still unacked: it completes later or times out
     DEFERRED = "deferred"  # in flight elsewhere: offer it again later
+    RELEASED = "released"  # infrastructure failed under it: offer it again, no attempt spent
     FAILED = "failed"  # some tuple under it failed
     INVALID = "invalid"  # cannot be processed: straight to the dead letters
 
 
 _MARKED = {
     Mark.DEFERRED: RootState.DEFERRED,
+    Mark.RELEASED: RootState.RELEASED,
     Mark.FAILED: RootState.FAILED,
     Mark.INVALID: RootState.INVALID,
 }

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kspout.acker import Acker, Mark, new_tuple_id
+from kspout.channel.beacon import BEACON
 from kspout.kafka import Record
 from kspout.outcomes import describe_error
 
@@ -136,6 +137,11 @@ class Collector:
         self._mark(tuple_, Mark.DEFERRED)
         self.ack(tuple_)
 
+    def release(self, tuple_: Tuple, error: str) -> None:
+        """The task handling this tuple failed outside per-message code: its roots are
+        offered again without spending an attempt."""
+        self._mark(tuple_, Mark.RELEASED, error)
+
     def invalid(self, tuple_: Tuple, reason: str) -> None:
         """The root's message cannot be processed (no id, undecodable): dead-letter it now."""
         self._mark(tuple_, Mark.INVALID, reason)
@@ -194,11 +200,14 @@ class Bolt:
         The default runs `execute` per tuple, failing the tuple whose `execute` raised. Bolts
         that pay a round trip per call (the dedup bolt) override it to make one per batch.
         """
+        beacon = BEACON
         for tuple_ in tuples:
+            beacon.current = tuple_
             try:
                 self.execute(tuple_, collector)
             except Exception as exc:
                 collector.fail(tuple_, exc)
+        beacon.current = None
 
     def cleanup(self) -> None:
         """Called once per task after the last `execute`."""

@@ -9,19 +9,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Future
+from functools import partial
 
 from kspout.acker import Acker
-from kspout.bolts import RootKey, TaskContext
+from kspout.bolts import RootKey, TaskContext, Tuple
+from kspout.channel.reporter import ChannelAddress
 from kspout.config import TopicConfig
 from kspout.kafka import PartitionFetcher
 from kspout.tasks import PartitionTask, TaskResult, run_task
 from kspout.topology import (
     ChainItem,
     FetchReport,
+    StageFailed,
     StageRunner,
     Topology,
-    run_first_stage,
-    run_stage,
+    root_tuples,
+    run_guarded,
+    run_later_stage,
     task_results,
 )
 
@@ -38,7 +42,7 @@ class LocalExecutor:
         self._started = False
         self._batches = 0
 
-    def submit(self, tasks: Sequence[PartitionTask]) -> Future[list[TaskResult]]:
+    def submit(self, batch: int, tasks: Sequence[PartitionTask]) -> Future[list[TaskResult]]:
         """Run the batch now; the returned future is already done."""
         if not self._started:
             self._topology.start()
@@ -52,6 +56,16 @@ class LocalExecutor:
         self._batches += 1
         return future
 
+    def cancel(self, batch: int) -> None:
+        """Nothing to cancel: a batch has finished by the time `submit` returns."""
+
+    def channel_host(self) -> str | None:
+        """In-process batches send no beats (they finish inside `submit`)."""
+        return None
+
+    def attach(self, address: ChannelAddress) -> None:
+        """Nothing to attach: see `channel_host`."""
+
     def close(self, *, cancel: bool = False) -> None:
         """Close the fetcher (batches run inside `submit`, so none is ever left running)."""
         self._fetcher.close()
@@ -61,24 +75,27 @@ class LocalExecutor:
         handler = self._topology.handler
         if handler is not None:
             return [run_task(self._fetcher, task, handler) for task in tasks]
-        stages = self._topology.stages
         acker: Acker[RootKey] = Acker()
-        reports = []
-        runner = self._runner(0, acker)
-        try:
-            for task in tasks:
-                fetched = self._fetcher.fetch(task.topic, task.partition, task.plan.ranges())
-                run_first_stage(fetched, runner, acker)
-                reports.append(FetchReport.of(task.partition, fetched))
-        finally:
-            runner.close()
-        for stage in range(1, len(stages)):
-            upstream = runner.output
-            runner = self._runner(stage, acker)
+        reports: list[FetchReport] = []
+        roots: list[Tuple] = []
+        for task in tasks:
             try:
-                run_stage(upstream, runner)
-            finally:
-                runner.close()
+                fetched = self._fetcher.fetch(task.topic, task.partition, task.plan.ranges())
+            except Exception as exc:  # the partition's offsets are released, not failed
+                reports.append(FetchReport.failed(task.partition, exc))
+                continue
+            roots.extend(root_tuples(fetched, acker))
+            reports.append(FetchReport.of(task.partition, fetched))
+        try:
+            output = run_guarded(roots, lambda: self._runner(0, acker)).output
+        except StageFailed as failed:
+            reports = [
+                r if r.infra_error else FetchReport(r.partition, (), None, failed.error)
+                for r in reports
+            ]
+            return task_results(tasks, acker, reports)
+        for stage in range(1, len(self._topology.stages)):
+            output = run_later_stage(output, partial(self._runner, stage, acker))
         return task_results(tasks, acker, reports)
 
     def _runner(self, stage: int, acker: Acker[RootKey]) -> StageRunner:

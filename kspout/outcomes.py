@@ -12,6 +12,7 @@ class FailReason(enum.Enum):
     EXCEPTION = "exception"  # user code raised: the attempt is over, retry within the budget
     TIMEOUT = "timeout"  # not completed within message_timeout: the original may still run
     INVALID = "invalid"  # the message itself cannot be processed (no id, undecodable): no retry
+    CRASH = "crash"  # the message killed its Python worker, proven by running it alone
 
 
 class OutcomeKind(enum.Enum):
@@ -20,6 +21,8 @@ class OutcomeKind(enum.Enum):
     DUPLICATE = "duplicate"  # the dedup bolt found it already done: counts as an ack
     DEFERRED = "deferred"  # in flight elsewhere (dedup lease): retry later, no attempt spent
     GONE = "gone"  # the offset no longer exists in Kafka (retention, compaction, markers)
+    RELEASED = "released"  # not settled for a reason outside the message (infrastructure):
+    # offered again without spending an attempt, once the partition's breaker allows
 
 
 @dataclass(frozen=True, slots=True)

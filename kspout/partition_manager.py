@@ -21,6 +21,10 @@ Transitions and why:
     IN_FLIGHT --fail(INVALID)--> DEAD_LETTER             no id, undecodable: a retry cannot help
     IN_FLIGHT --deadline passes--> fail(TIMEOUT)         the original may still be running
     IN_FLIGHT --defer--> WAITING(due=now+defer_delay)    running elsewhere; no attempt spent
+    IN_FLIGHT --release--> WAITING(due=now)              infrastructure failed (fetch, Redis,
+                                                         a lost worker): no attempt spent
+    IN_FLIGHT --hold--> IN_FLIGHT(later deadline)        its task is alive and has not reached
+                                                         it yet: queueing is not its fault
     WAITING --plan, due--> IN_FLIGHT(attempt+1)         retries interleave with new work
     WAITING/DEAD_LETTER --late ack--> DONE               the work was done after all
     WAITING below emitted_to - max_offset_behind --> DEAD_LETTER | DONE(skipped) | stays
@@ -63,7 +67,7 @@ DONE: Final = _Done()
 @dataclass(frozen=True, slots=True, eq=False)
 class InFlight:
     attempt: int  # 1 for the first attempt; +1 every time the offset is planned again
-    deferrals: int  # how many attempts ended DEFERRED (they do not spend the retry budget)
+    deferrals: int  # attempts that ended DEFERRED or RELEASED (not charged to the budget)
     deadline: float  # clock value after which the attempt fails with TIMEOUT
 
 
@@ -177,6 +181,8 @@ class Stats:
     dead_lettered: int
     lost: int
     invalid: int  # failed as INVALID (no id, undecodable): dead-lettered without a retry
+    crashed: int  # failed as CRASH: killed its worker when run alone
+    released: int  # handed back for an infrastructure failure, no attempt spent
     stale: int  # outcomes ignored: late, duplicated, or from a finished attempt
     spans: int  # memory in use: number of spans
 
@@ -192,6 +198,8 @@ class _Counters:
     dead_lettered: int = 0
     lost: int = 0
     invalid: int = 0
+    crashed: int = 0
+    released: int = 0
     stale: int = 0
 
 
@@ -276,6 +284,8 @@ class PartitionManager:
             dead_lettered=c.dead_lettered,
             lost=c.lost,
             invalid=c.invalid,
+            crashed=c.crashed,
+            released=c.released,
             stale=c.stale,
             spans=len(self._map),
         )
@@ -334,8 +344,48 @@ class PartitionManager:
                 error = f"not completed within message_timeout={self.policy.message_timeout}s"
                 self._fail_span(lo, hi, value, FailReason.TIMEOUT, error, now)
                 expired += hi - lo
-        self._c.timed_out += expired
         return expired
+
+    def hold(self, lo: int, hi: int, attempt: int, until: float) -> None:
+        """Push the deadline of `[lo, hi)`, in flight at `attempt`, to at least `until`.
+
+        The driver holds offsets whose task is alive but has not finished them (queued behind
+        other records, or waiting for a later stage): a message times out for its own
+        slowness, not for the records before it. Offsets at another attempt are left alone.
+        """
+        for a, b, value in self._map.spans(lo, hi):
+            if isinstance(value, InFlight) and value.attempt == attempt and value.deadline < until:
+                self._map.assign(a, b, InFlight(value.attempt, value.deferrals, until))
+
+    def release(self, lo: int, hi: int, attempt: int | None, error: str | None = None) -> int:
+        """Hand `[lo, hi)` back without spending an attempt: infrastructure failed under it.
+
+        Only offsets still in flight (at `attempt`, when given) are released; they are due at
+        once (the partition's circuit breaker decides when it is planned again). Returns how
+        many were released.
+        """
+        return self._wait_range(lo, hi, attempt, 0.0, error, deferred=False)
+
+    def unsettled(self, lo: int, hi: int, attempt: int) -> list[tuple[int, int]]:
+        """The runs of `[lo, hi)` still in flight at `attempt` (what a lost task left open)."""
+        out: list[tuple[int, int]] = []
+        for a, b, value in self._map.spans(lo, hi):
+            if isinstance(value, InFlight) and value.attempt == attempt:
+                if out and out[-1][1] == a:
+                    out[-1] = (out[-1][0], b)
+                else:
+                    out.append((a, b))
+        return out
+
+    def restart_at(self, offset: int) -> list[tuple[int, int]]:
+        """Start over at `offset` (an operator moved the partition); returns the unfinished
+        ranges given up. Outcomes of earlier plans no longer apply (a new epoch)."""
+        if offset < 0:
+            raise ValueError(f"offset must be >= 0, got {offset}")
+        abandoned = self._unfinished(self.commit_point, self.emitted_to)
+        self._map.reset(offset)
+        self._epoch += 1
+        return abandoned
 
     # -- outcomes ----------------------------------------------------------------------------
 
@@ -473,6 +523,8 @@ class PartitionManager:
             self._ack_range(o.offset, hi, duplicate=True)
         elif kind is OutcomeKind.DEFERRED:
             self._defer_range(o.offset, hi, o.attempt)
+        elif kind is OutcomeKind.RELEASED:
+            self.release(o.offset, hi, o.attempt, o.error)
         else:
             self._lose(o.offset, hi)
 
@@ -638,7 +690,11 @@ class PartitionManager:
         `index`, when the caller already found the span holding `[lo, hi)`, saves a lookup:
         single `fail` calls are a hot path.
         """
-        if reason is FailReason.INVALID:  # retrying cannot help: straight to the dead letters
+        if reason is FailReason.TIMEOUT:
+            self._c.timed_out += hi - lo
+        elif reason is FailReason.CRASH:
+            self._c.crashed += hi - lo
+        elif reason is FailReason.INVALID:  # retrying cannot help: straight to the dead letters
             self._c.invalid += hi - lo
             self._give_up(
                 lo, hi, ExhaustedPolicy.DEAD_LETTER, value.attempt, reason, error, "not retried"
@@ -659,15 +715,33 @@ class PartitionManager:
             self._enforce_behind()
 
     def _defer_range(self, lo: int, hi: int, attempt: int | None) -> None:
-        due = self._clock() + self.policy.defer_delay
+        self._wait_range(lo, hi, attempt, self.policy.defer_delay, None, deferred=True)
+
+    def _wait_range(
+        self,
+        lo: int,
+        hi: int,
+        attempt: int | None,
+        delay: float,
+        error: str | None,
+        *,
+        deferred: bool,
+    ) -> int:
+        """In-flight offsets of `[lo, hi)` wait `delay` for another attempt that is not
+        charged to them (a deferral or a release); returns how many."""
+        due = self._clock() + delay
         handled = 0
         for a, b, value in self._map.spans(lo, hi):
             if isinstance(value, InFlight) and (attempt is None or attempt == value.attempt):
-                waiting = Waiting(value.attempt, value.deferrals + 1, due, None, None)
+                waiting = Waiting(value.attempt, value.deferrals + 1, due, None, error)
                 self._map.assign(a, b, waiting)
                 handled += b - a
-        self._c.deferred += handled
-        self._c.stale += (hi - lo) - handled
+        if deferred:
+            self._c.deferred += handled
+            self._c.stale += (hi - lo) - handled
+        else:  # releases are the driver sweeping a lost task: what was settled is no news
+            self._c.released += handled
+        return handled
 
     def _lose(self, lo: int, hi: int) -> None:
         lost = self._unfinished(max(lo, self._map.first), min(hi, self._map.end))

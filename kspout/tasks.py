@@ -13,11 +13,15 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from kspout.channel.beacon import BEACON
 from kspout.kafka import FetchResult, PartitionFetcher, Record
 from kspout.outcomes import FailReason, Outcome, OutcomeKind, describe_error
 from kspout.partition_manager import Plan
+
+if TYPE_CHECKING:
+    from kspout.channel.reporter import ChannelAddress
 
 Handler = Callable[[Record], object]
 
@@ -48,15 +52,43 @@ class TaskResult:
     epoch: int
     outcomes: list[Outcome]
     out_of_range: tuple[int, int] | None = None  # (low, high) when Kafka no longer had some
+    # Set when the task failed outside per-message code (fetch, a bolt's prepare/cleanup/
+    # execute_batch): its unsettled offsets are RELEASED, and the partition's breaker opens.
+    infra_error: str | None = None
+    # A previous attempt of this task died (Spark retried it): nothing ran; the driver
+    # isolates the offsets that attempt left open to find the record that kills workers.
+    attempt_died: bool = False
+
+
+def released(task: PartitionTask, error: str) -> TaskResult:
+    """Every offset of `task` handed back for an infrastructure failure, no attempt spent."""
+    outcomes = [
+        Outcome(span.start, _RELEASED, span.attempt, error=error, count=span.end - span.start)
+        for span in task.plan.spans
+    ]
+    return TaskResult(task.topic, task.partition, task.plan.epoch, outcomes, infra_error=error)
 
 
 class Executor(Protocol):
     """Runs a micro-batch of partition tasks somewhere and reports their results.
 
-    `submit` returns at once; the driver keeps up to `max_batches_in_flight` futures.
+    `submit` returns at once; the driver keeps up to `max_batches_in_flight` futures. Each
+    batch has its own id, so one stuck batch can be cancelled without touching the others.
     """
 
-    def submit(self, tasks: Sequence[PartitionTask]) -> Future[list[TaskResult]]: ...
+    def submit(self, batch: int, tasks: Sequence[PartitionTask]) -> Future[list[TaskResult]]: ...
+
+    def cancel(self, batch: int) -> None:
+        """Stop a running batch (its tasks are killed); its future then fails."""
+        ...
+
+    def channel_host(self) -> str | None:
+        """Where the driver should listen for this executor's beats (None: it sends none)."""
+        ...
+
+    def attach(self, address: ChannelAddress) -> None:
+        """Tell the executor where the driver listens, before the first batch."""
+        ...
 
     def close(self, *, cancel: bool = False) -> None:
         """Release resources; with `cancel`, abandon batches still running (an interrupt)."""
@@ -98,6 +130,12 @@ class OutcomeLog:
         self._flush()
         self._start, self._end, self._attempt = lo, hi, attempt
 
+    @property
+    def outcomes(self) -> list[Outcome]:
+        """The outcomes written so far (grows while the task runs; not sorted until
+        `finish`). The task's reporter thread reads it to stream failures early."""
+        return self._outcomes
+
     def fail(self, offset: int, error: str) -> None:
         """A failure with EXCEPTION (user code raised or failed the tuple)."""
         self.add(offset, _FAIL, FailReason.EXCEPTION, error)
@@ -124,17 +162,31 @@ class OutcomeLog:
 
 
 _ACK, _FAIL, _GONE = OutcomeKind.ACK, OutcomeKind.FAIL, OutcomeKind.GONE
+_RELEASED = OutcomeKind.RELEASED
+
+OnFetched = Callable[[Sequence[tuple[int, int]], list[Outcome]], None]
 
 
-def settle(task: PartitionTask, fetched: FetchResult, handler: Handler) -> TaskResult:
+def settle(
+    task: PartitionTask,
+    fetched: FetchResult,
+    handler: Handler,
+    on_fetched: OnFetched | None = None,
+) -> TaskResult:
     """Run `handler` on every fetched record and report what happened, compactly.
 
     A handler that returns normally acks its record; one that raises fails it with EXCEPTION
-    and the error text. Offsets Kafka does not have become GONE.
+    and the error text. Offsets Kafka does not have become GONE. `on_fetched(missing,
+    outcomes)` lets a reporter stream the outcomes while they grow; `BEACON.current` names
+    the record being handled.
     """
     log = OutcomeLog(task)
+    if on_fetched is not None:
+        on_fetched(fetched.missing, log.outcomes)
+    beacon = BEACON
     start = end = -1  # the run of acked offsets not yet handed to the log
     for record in fetched.records:
+        beacon.current = record
         try:
             handler(record)
         except Exception as exc:
@@ -147,13 +199,26 @@ def settle(task: PartitionTask, fetched: FetchResult, handler: Handler) -> TaskR
         if end > start:
             log.ack_run(start, end)
         start, end = offset, offset + 1
+    beacon.current = None
     if end > start:
         log.ack_run(start, end)
     outcomes = log.finish(fetched.missing)
     return TaskResult(task.topic, task.partition, task.plan.epoch, outcomes, fetched.out_of_range)
 
 
-def run_task(fetcher: PartitionFetcher, task: PartitionTask, handler: Handler) -> TaskResult:
-    """Fetch a task's offsets from Kafka and settle them with `handler`."""
-    fetched = fetcher.fetch(task.topic, task.partition, task.plan.ranges())
-    return settle(task, fetched, handler)
+def run_task(
+    fetcher: PartitionFetcher,
+    task: PartitionTask,
+    handler: Handler,
+    on_fetched: OnFetched | None = None,
+) -> TaskResult:
+    """Fetch a task's offsets from Kafka and settle them with `handler`.
+
+    A failed fetch is the infrastructure's fault, not the messages': the task's offsets are
+    released (no attempt spent) and the error is reported for the partition's breaker.
+    """
+    try:
+        fetched = fetcher.fetch(task.topic, task.partition, task.plan.ranges())
+    except Exception as exc:
+        return released(task, describe_error(exc))
+    return settle(task, fetched, handler, on_fetched)

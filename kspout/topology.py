@@ -33,11 +33,12 @@ from kspout.bolts import (
     Tuple,
     root_tuple,
 )
+from kspout.channel.beacon import BEACON
 from kspout.errors import ChainError
 from kspout.gc_pause import cyclic_gc_frozen, cyclic_gc_paused
 from kspout.kafka import FetchResult
-from kspout.outcomes import FailReason, OutcomeKind
-from kspout.tasks import Handler, OutcomeLog, PartitionTask, TaskResult
+from kspout.outcomes import FailReason, OutcomeKind, describe_error
+from kspout.tasks import Handler, OutcomeLog, PartitionTask, TaskResult, released
 
 ChainItem = Bolt | Grouping | Callable[[Any], object]
 
@@ -161,6 +162,7 @@ class StageRunner:
     def _feed(self, tuple_: Tuple, index: int) -> None:
         """Execute `tuple_` in bolt `index`, then whatever it emitted in the next bolts."""
         collector = self._collectors[index]
+        BEACON.current = tuple_
         try:
             self._bolts[index].execute(tuple_, collector)
         except Exception as exc:
@@ -176,28 +178,55 @@ class StageRunner:
                 self._feed(child, index + 1)
 
     def close(self) -> None:
-        """Let every bolt clean up."""
+        """Let every bolt clean up (all of them, even when one raises; the first error wins)."""
+        error: Exception | None = None
         for bolt in self._bolts:
-            bolt.cleanup()
+            try:
+                bolt.cleanup()
+            except Exception as exc:
+                error = error or exc
+        if error is not None:
+            raise error
+
+    def release(self, tuple_: Tuple, error: str) -> None:
+        """Mark `tuple_`'s roots RELEASED: the stage failed around it, not because of it."""
+        self._collectors[0].release(tuple_, error)
 
 
-def run_first_stage(fetched: FetchResult, runner: StageRunner, acker: Acker[RootKey]) -> None:
-    """Feed the fetched records into the chain as root tuples."""
+def root_tuples(fetched: FetchResult, acker: Acker[RootKey]) -> list[Tuple]:
+    """The fetched records as the chain's root tuples, registered with `acker`."""
     reseed()
     with cyclic_gc_paused():
-        roots = [root_tuple(record, acker) for record in fetched.records]
-    runner.run(roots)
+        return [root_tuple(record, acker) for record in fetched.records]
 
 
-def run_stage(tuples: Iterable[Tuple], runner: StageRunner) -> None:
-    """Feed tuples routed here by a grouping into a later stage."""
+def run_later_stage(tuples: list[Tuple], make_runner: Callable[[], StageRunner]) -> list[Tuple]:
+    """Run tuples routed here by a grouping through a later stage; returns what it emitted.
+
+    When the stage fails outside per-message code, every root of its input is marked
+    RELEASED on the stage's acker (through a collector) and nothing is emitted onward.
+    """
     reseed()
-    runner.run(list(tuples))
+    runner: StageRunner | None = None
+
+    def make() -> StageRunner:
+        nonlocal runner
+        runner = make_runner()
+        return runner
+
+    try:
+        return run_guarded(tuples, make).output
+    except StageFailed as failed:
+        if runner is not None:
+            for tuple_ in tuples:
+                runner.release(tuple_, failed.error)
+        return []
 
 
 _SETTLED = {
     RootState.DUPLICATE: (OutcomeKind.DUPLICATE, None),
     RootState.DEFERRED: (OutcomeKind.DEFERRED, None),
+    RootState.RELEASED: (OutcomeKind.RELEASED, None),
     RootState.FAILED: (OutcomeKind.FAIL, FailReason.EXCEPTION),
     RootState.INVALID: (OutcomeKind.FAIL, FailReason.INVALID),
 }
@@ -210,11 +239,50 @@ class FetchReport:
     partition: int
     missing: tuple[tuple[int, int], ...]
     out_of_range: tuple[int, int] | None
+    infra_error: str | None = None  # the task failed outside per-message code: release all
+    attempt_died: bool = False  # an earlier attempt of the task died; this one ran nothing
 
     @classmethod
     def of(cls, partition: int, fetched: FetchResult) -> FetchReport:
         """What `fetched` found besides its records."""
         return cls(partition, tuple(fetched.missing), fetched.out_of_range)
+
+    @classmethod
+    def failed(cls, partition: int, exc: BaseException) -> FetchReport:
+        """A first-stage task that failed outside per-message code: its roots are released."""
+        return cls(partition, (), None, describe_error(exc))
+
+
+def run_guarded(tuples: Sequence[Tuple], make_runner: Callable[[], StageRunner]) -> StageRunner:
+    """Prepare a stage's bolts, run `tuples` through them, clean up; raise `StageFailed` when
+    any of that raised outside per-message code (every bolt's `cleanup` still runs)."""
+    try:
+        runner = make_runner()
+    except Exception as exc:
+        raise StageFailed(describe_error(exc)) from exc
+    error: BaseException | None = None
+    try:
+        runner.run(tuples)
+    except Exception as exc:
+        error = exc
+    finally:
+        BEACON.current = None
+        try:
+            runner.close()
+        except Exception as exc:
+            error = error or exc
+    if error is not None:
+        raise StageFailed(describe_error(error)) from error
+    return runner
+
+
+class StageFailed(Exception):
+    """A stage's task failed outside per-message code (prepare, execute_batch, cleanup): the
+    infrastructure's fault, so its roots are released without spending an attempt."""
+
+    def __init__(self, error: str) -> None:
+        super().__init__(error)
+        self.error = error
 
 
 def task_results(
@@ -229,21 +297,38 @@ def task_results(
         entries.append((offset, state, error))
     missing: dict[int, list[tuple[int, int]]] = {}
     out_of_range: dict[int, tuple[int, int]] = {}
+    failed: dict[int, str] = {}
+    died: set[int] = set()
     for report in reports:
+        if report.attempt_died:
+            died.add(report.partition)
         missing.setdefault(report.partition, []).extend(report.missing)
         if report.out_of_range is not None:
             out_of_range[report.partition] = report.out_of_range
+        if report.infra_error is not None:
+            failed[report.partition] = report.infra_error
     results = []
     for task in tasks:
+        if task.partition in died:
+            results.append(
+                TaskResult(task.topic, task.partition, task.plan.epoch, [], attempt_died=True)
+            )
+            continue
+        if task.partition in failed:
+            results.append(released(task, failed[task.partition]))
+            continue
         log = OutcomeLog(task)
         entries = by_partition.get(task.partition, [])
         entries.sort(key=itemgetter(0))
         complete, pending = RootState.COMPLETE, RootState.PENDING
+        infra_error = None
         for offset, state, error in entries:
             if state is complete:
                 log.ack(offset)
             elif state is not pending:
                 log.add(offset, *_SETTLED[state], error)
+                if state is RootState.RELEASED and infra_error is None:
+                    infra_error = error or "a later stage failed"
         results.append(
             TaskResult(
                 task.topic,
@@ -251,6 +336,7 @@ def task_results(
                 task.plan.epoch,
                 log.finish(missing.get(task.partition, [])),
                 out_of_range.get(task.partition),
+                infra_error,
             )
         )
     return results

@@ -3,6 +3,7 @@
 `loop.Driver` is the loop itself; each of its jobs is a small component beside it.
 """
 
-from kspout.driver.loop import Driver, PartitionView, Progress
+from kspout.driver.loop import Driver
+from kspout.driver.progress import PartitionView, Progress
 
 __all__ = ["Driver", "PartitionView", "Progress"]

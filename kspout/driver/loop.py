@@ -1,13 +1,24 @@
-"""The driver loop: one PartitionManager per partition, micro-batches out, outcomes in.
+"""The driver loop: plan, submit, watch, apply, commit.
 
-Each step plans every partition (due retries plus new offsets up to `batch_size`), submits
-the plans as one micro-batch to an `Executor` (in-process for `kspout run`, Spark for the
-Spark backend), keeps up to `max_batches_in_flight` batches running, applies the outcomes
-that come back, writes dead letters, and commits each partition's commit point to ZooKeeper
-every `commit_interval` seconds and on close.
+One PartitionManager per partition decides what to run; each step of the loop
+
+1. takes in what running tasks said over the outcome channel (streamed outcomes, beats) and
+   the results of batches that ended, and applies them (`_collect`);
+2. times out the roots tasks are stuck on, holds the records queued behind them, and cancels
+   batches whose every open task is stuck (`BatchTracker.watch`);
+3. plans and submits the next batch: a group of suspects to run alone if one waits
+   (`Isolation`), else due retries and new offsets of every partition whose circuit breaker
+   lets it run (`_submit`);
+4. hands dead letters to the background writer and confirms the ones it wrote;
+5. commits every `commit_interval` seconds, and resumes stopped partitions an operator moved.
+
+Whose fault a failure is decides what it costs (design.md, "Failures: whose fault"): a
+message's own failure spends its retry budget; an infrastructure failure releases the
+offsets without spending anything and opens the partition's breaker; a dead worker makes
+its task's open offsets suspects until isolation finds the one record that kills workers.
 
 The driver handles offsets only; payloads stay on the executors (dead letters are the one
-exception: their payload is fetched again here, so the DLQ record carries the message).
+exception: the writer fetches their payload again, so the DLQ record carries the message).
 """
 
 from __future__ import annotations
@@ -16,60 +27,33 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import dataclass, field
+from concurrent.futures import FIRST_COMPLETED, wait
 from types import TracebackType
 
+from kspout.channel.listener import OutcomeChannel
 from kspout.config import TopicConfig
+from kspout.driver.batches import BatchTracker, Ended, RunningBatch
+from kspout.driver.breaker import BreakerState, CircuitBreaker
+from kspout.driver.commits import Committer
+from kspout.driver.dead_letters import DeadLetterWorker
+from kspout.driver.failures import JobFailure, classify
+from kspout.driver.isolation import Isolation, Suspects
+from kspout.driver.out_of_range import OutOfRangeHandler
+from kspout.driver.progress import PartitionView, Progress
+from kspout.driver.watermarks import WatermarkCache
 from kspout.errors import TopicNotFound
-from kspout.kafka import DeadLetter, DeadLetterWriter, KafkaMetadata, PartitionFetcher
+from kspout.kafka import KafkaMetadata
 from kspout.lifecycle import Lifecycle
 from kspout.offsets import ZkOffsetStore
-from kspout.outcomes import describe_error
-from kspout.partition_manager import OutOfRangeReset, PartitionManager, Stats
-from kspout.policy import PositionKind
+from kspout.outcomes import FailReason
+from kspout.partition_manager import PartitionManager, Plan, Span
+from kspout.policy import Backoff
 from kspout.tasks import Executor, PartitionTask, TaskResult
 
 log = logging.getLogger(__name__)
 
 IDLE_WAIT = 0.05  # seconds to wait when nothing is plannable (retries backing off, no data)
-WATERMARK_MAX_AGE = 1.0  # seconds a partition's watermarks are reused while it has a backlog
-
-
-@dataclass(slots=True)
-class PartitionView:
-    """One partition as the driver last saw it."""
-
-    partition: int
-    stats: Stats
-    low: int
-    high: int
-    committed: int | None  # the offset last written to ZooKeeper
-
-    @property
-    def lag(self) -> int:
-        """Offsets Kafka holds that are not finished yet."""
-        return max(0, self.high - self.stats.commit_point)
-
-
-@dataclass(slots=True)
-class Progress:
-    """A snapshot for progress displays and the final report."""
-
-    topic: str
-    batches: int
-    elapsed: float
-    partitions: list[PartitionView]
-    resets: list[tuple[int, OutOfRangeReset]] = field(default_factory=list)
-    batch_errors: int = 0
-
-    def total(self, name: str) -> int:
-        """Sum one `Stats` field over the partitions."""
-        return sum(int(getattr(p.stats, name)) for p in self.partitions)
-
-    @property
-    def lag(self) -> int:
-        return sum(p.lag for p in self.partitions)
+DRAIN_DEAD_LETTERS = 30.0  # seconds close() waits for dead letters still being written
 
 
 class Driver(Lifecycle):
@@ -98,20 +82,25 @@ class Driver(Lifecycle):
         self._last_progress = float("-inf")
         self._metadata = KafkaMetadata(config)
         self._store = ZkOffsetStore(config)
-        self._dlq = DeadLetterWriter(config)
-        self._payloads = PartitionFetcher(config)  # re-reads dead letters' payloads
+        self._dead_letters = DeadLetterWorker(config)
+        self._watermarks = WatermarkCache(self._metadata, config.topic, clock)
+        self._out_of_range = OutOfRangeHandler(config, self._metadata, self._watermarks)
+        self._committer = Committer(self._store, clock, lambda: self._leaders)
+        self._batches = BatchTracker(config.message_timeout)
+        self._isolation = Isolation()
+        self._channel: OutcomeChannel | None = None
         self._pms: dict[int, PartitionManager] = {}
-        self._versions: dict[int, int | None] = {}
-        self._committed: dict[int, int | None] = {}
-        self._watermarks: dict[int, tuple[int, int]] = {}
-        self._watermarks_at: dict[int, float] = {}
+        self._breakers: dict[int, CircuitBreaker] = {}
+        self._dlq_breaker = CircuitBreaker(f"{config.dlq_topic} writes", self._infra_backoff())
         self._leaders: dict[int, tuple[str, int]] = {}
-        self._in_flight: list[Future[list[TaskResult]]] = []
-        self._resets: list[tuple[int, OutOfRangeReset]] = []
-        self._batches = 0
+        self._submitted = 0
         self._batch_errors = 0
         self._started_at = 0.0
         self._last_commit = 0.0
+
+    def _infra_backoff(self) -> Backoff:
+        b = self.config.infra_backoff
+        return Backoff(b.initial, b.multiplier, b.max)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -131,37 +120,49 @@ class Driver(Lifecycle):
         self._started_at = self._last_commit = self._clock()
         self._metadata.start()
         self._store.start()
-        self._dlq.start()
-        self._payloads.start()
+        self._dead_letters.start()
         partitions = self._metadata.partitions(self.config.topic)
         if not partitions:
             raise TopicNotFound(self.config.topic, self.config.brokers)
         policy = self.config.partition_policy()
+        topic = self.config.topic
         for p in partitions:
             stored = self._store.read(p)
             if stored is not None:
-                start, version = stored.offset, stored.version
-                log.info("%s[%d] resumes at stored offset %d", self.config.topic, p, start)
+                start = stored.offset
+                log.info("%s[%d] resumes at stored offset %d", topic, p, start)
+                if stored.stopped:
+                    self._out_of_range.stopped[p] = stored.stopped
+                    log.error("%s[%d] is stopped: %s", topic, p, stored.stopped)
             else:
-                start = self._metadata.resolve(self.config.start, self.config.topic, p)
-                version = None
+                start = self._metadata.resolve(self.config.start, topic, p)
                 log.info(
                     "%s[%d] has no stored offset; starts at %s = %d",
-                    self.config.topic,
+                    topic,
                     p,
                     self.config.start,
                     start,
                 )
-            self._pms[p] = PartitionManager(
-                policy, start, self._clock, topic=self.config.topic, partition=p
+            self._pms[p] = PartitionManager(policy, start, self._clock, topic=topic, partition=p)
+            self._committer.track(
+                p,
+                start if stored is not None else None,
+                stored.version if stored is not None else None,
+                stored.stopped if stored is not None else None,
             )
-            self._versions[p] = version
-            self._committed[p] = start if stored is not None else None
-        self._leaders = self._metadata.leaders(self.config.topic)
+            self._breakers[p] = CircuitBreaker(f"{topic}[{p}]", self._infra_backoff(), self._clock)
+        self._leaders = self._metadata.leaders(topic)
         self._store.register_instance()
+        host = self._executor.channel_host()
+        if host is not None:
+            self._channel = OutcomeChannel(host)
+            self._channel.start()
+            assert self._channel.address is not None
+            self._executor.attach(self._channel.address)
 
     def close(self) -> None:
-        """Wait for batches in flight, apply them, commit, and disconnect."""
+        """Wait for batches in flight, apply them, write pending dead letters, commit, and
+        disconnect."""
         try:
             if self._pms:
                 self._drain()
@@ -183,8 +184,9 @@ class Driver(Lifecycle):
 
     def _disconnect(self, *, cancel: bool = False) -> None:
         self._executor.close(cancel=cancel)
-        self._payloads.close()
-        self._dlq.close()
+        self._dead_letters.close()
+        if self._channel is not None:
+            self._channel.close()
         self._store.close()
         self._metadata.close()
 
@@ -210,7 +212,7 @@ class Driver(Lifecycle):
     ) -> Progress:
         """Step until `stop` is set, `max_batches` ran, or (optionally) everything is finished."""
         while not (stop is not None and stop.is_set()):
-            if max_batches is not None and self._batches >= max_batches:
+            if max_batches is not None and self._submitted >= max_batches:
                 break
             submitted = self.step()
             if until_caught_up and self.caught_up():
@@ -221,25 +223,17 @@ class Driver(Lifecycle):
         return self.progress()
 
     def step(self) -> bool:
-        """Plan and submit one micro-batch if possible, collect finished ones; True if submitted.
-
-        With `max_batches_in_flight` batches running, it waits briefly for one to finish; if
-        none does, it only expires offsets past `message_timeout` (a batch may run for longer
-        than that: its roots time out and are retried while it still runs, as in Storm).
-        """
+        """One turn of the loop (see the module docstring); True if a batch was submitted."""
         if self._full():
             self._wait(IDLE_WAIT)
         self._collect()
-        tasks: list[PartitionTask] = []
+        submitted = False
         if self._full():
             for pm in self._pms.values():
-                pm.expire()
+                pm.expire()  # the fallback for batches whose tasks are silent
         else:
-            tasks = self._plan()
-        if tasks:
-            self._in_flight.append(self._executor.submit(tasks))
-            self._batches += 1
-        self._collect()
+            submitted = self._submit()
+            self._collect()  # an in-process batch is already done
         self._write_dead_letters()
         if self._clock() - self._last_commit >= self.config.commit_interval:
             self.commit()
@@ -247,165 +241,269 @@ class Driver(Lifecycle):
         if self._on_progress is not None and now - self._last_progress >= self._progress_interval:
             self._last_progress = now
             self._on_progress(self.progress())
-        return bool(tasks)
+        return submitted
 
     def caught_up(self) -> bool:
-        """True when nothing is in flight and every partition is finished up to its high mark."""
-        if self._in_flight:
+        """True when nothing runs or waits and every running partition is finished up to its
+        high mark (a stopped partition waits for an operator, not for the loop)."""
+        if len(self._batches) or len(self._isolation) or self._dead_letters.pending:
             return False
         for p, pm in self._pms.items():
-            high = self._watermarks.get(p, (0, 0))[1]
+            if p in self._out_of_range.stopped:
+                continue
+            high = self._watermarks.known(p)[1]
             if pm.commit_point < high or pm.emitted_to != pm.commit_point:
                 return False
         return True
 
     def commit(self) -> None:
-        """Write every partition's commit point that moved since the last write."""
+        """Resume stopped partitions an operator moved; write every commit point that moved."""
         self._last_commit = self._clock()
+        stopped = self._out_of_range.stopped
+        for p, offset in self._committer.moved(stopped).items():
+            abandoned = self._pms[p].restart_at(offset)
+            self._out_of_range.resumed(p)
+            self._isolation.drop_partition(p)
+            if abandoned:
+                log.warning(
+                    "%s[%d]: unfinished offsets %s left behind by the move",
+                    self.config.topic,
+                    p,
+                    abandoned,
+                )
+        self._committer.commit(self._pms, stopped)
         for p, pm in self._pms.items():
-            offset = pm.commit_point
-            if offset == self._committed[p]:
-                continue
-            self._versions[p] = self._store.commit(
-                p, offset, version=self._versions[p], broker=self._leaders.get(p, ("", -1))
-            )
-            self._committed[p] = offset
+            self._isolation.forget_below(p, pm.commit_point)
 
     def progress(self) -> Progress:
-        """A snapshot of every partition's counts, watermarks and commits."""
-        views = [
-            PartitionView(p, pm.stats(), *self._watermarks.get(p, (0, 0)), self._committed[p])
-            for p, pm in self._pms.items()
-        ]
+        """A snapshot of every partition's counts, watermarks, breakers and commits."""
+        views = []
+        for p, pm in self._pms.items():
+            breaker = self._breakers[p].view()
+            views.append(
+                PartitionView(
+                    p,
+                    pm.stats(),
+                    *self._watermarks.known(p),
+                    self._committer.committed[p],
+                    None if breaker.state is BreakerState.CLOSED else breaker,
+                    self._out_of_range.stopped.get(p),
+                )
+            )
         return Progress(
             self.config.topic,
-            self._batches,
+            self._submitted,
             self._clock() - self._started_at,
             views,
-            list(self._resets),
+            list(self._out_of_range.resets),
             self._batch_errors,
+            self._batches.cancelled,
+            self._isolation.runs,
         )
 
-    # -- internals ---------------------------------------------------------------------------
+    # -- collecting --------------------------------------------------------------------------
 
     def _full(self) -> bool:
-        return len(self._in_flight) >= self.config.max_batches_in_flight
+        return len(self._batches) >= self.config.max_batches_in_flight
 
     def _wait(self, timeout: float) -> None:
         """Until a batch in flight finishes, or `timeout` seconds (sleeps when none runs)."""
-        if self._in_flight:
-            wait(self._in_flight, timeout=timeout, return_when=FIRST_COMPLETED)
+        futures = self._batches.futures()
+        if futures:
+            wait(futures, timeout=timeout, return_when=FIRST_COMPLETED)
         else:
             self._sleep(timeout)
 
     def _drain(self) -> None:
         """Apply every batch still in flight, write pending dead letters, commit."""
-        while self._in_flight:
-            wait(self._in_flight, return_when=FIRST_COMPLETED)
+        while len(self._batches):
+            self._wait(IDLE_WAIT)
             self._collect()
+        self._write_dead_letters()
+        if self._dead_letters.pending and not self._dead_letters.wait(DRAIN_DEAD_LETTERS):
+            log.error("dead letters still unwritten at close: their offsets stay uncommitted")
         self._write_dead_letters()
         self.commit()
 
+    def _collect(self) -> None:
+        """Apply what tasks streamed and what ended batches returned; watch the rest."""
+        now = self._clock()
+        messages = self._channel.drain() if self._channel is not None else []
+        for batch, result in self._batches.absorb(messages, now):
+            self._apply(batch, result)
+        for ended in self._batches.ended():
+            self._end(ended)
+        for batch_id in self._batches.watch(self._pms, now):
+            log.warning("batch %d: every task left in it is stuck; cancelling it", batch_id)
+            self._executor.cancel(batch_id)
+        for group in self._isolation.waiting():
+            self._batches.hold_group(group, self._pms[group.partition], now)
+
+    def _apply(self, batch: RunningBatch, result: TaskResult) -> None:
+        p = result.partition
+        pm = self._pms.get(p)
+        if pm is None:
+            return
+        if result.attempt_died:  # Spark ran the task again after its worker died
+            self._crashed(batch, p, "an earlier attempt of the task died")
+            return
+        pm.apply(result.outcomes, epoch=result.epoch)
+        breaker = self._breakers[p]
+        if result.infra_error is not None:
+            breaker.failure(result.infra_error)
+        else:
+            breaker.success()
+        if result.out_of_range is not None:
+            self._out_of_range.hint(p, pm, result.epoch)
+
+    def _end(self, ended: Ended) -> None:
+        """A batch's job is over: apply its results, or decide what its failure costs."""
+        batch = ended.batch
+        for result in ended.results:
+            self._apply(batch, result)
+        if ended.error is None:
+            return
+        open_partitions = [p for p in batch.tasks if p not in batch.finished]
+        if batch.cancelled:
+            for p in open_partitions:
+                self._release(batch, p, "its batch was cancelled: another record in it hung")
+            for p in ended.hung_partitions:
+                self._breakers[p].failure("a task hung outside any record (a dependency?)")
+            return
+        self._batch_errors += 1
+        error = ended.error.strip().splitlines()[0][:300]
+        if classify(ended.error) is JobFailure.CRASH:
+            log.warning(
+                "batch %d: a worker died (%s); isolating what it left open", batch.id, error
+            )
+            for p in open_partitions:
+                self._crashed(batch, p, error)
+        else:
+            log.error("batch %d failed outside any message (%s); retrying it", batch.id, error)
+            for p in open_partitions:
+                self._release(batch, p, error)
+                self._breakers[p].failure(error)
+
+    def _open(self, batch: RunningBatch, p: int) -> list[Span]:
+        """What `batch` left unsettled in partition `p`, at the attempts it ran them."""
+        pm, epoch = self._pms[p], batch.tasks[p].plan.epoch
+        if pm.epoch != epoch:
+            return []
+        return [
+            Span(lo, hi, span.attempt)
+            for span in batch.open_spans(p)
+            for lo, hi in pm.unsettled(span.start, span.end, span.attempt)
+        ]
+
+    def _release(self, batch: RunningBatch, p: int, error: str) -> None:
+        pm = self._pms[p]
+        for span in self._open(batch, p):
+            pm.release(span.start, span.end, span.attempt, error)
+
+    def _crashed(self, batch: RunningBatch, p: int, error: str) -> None:
+        """A task of `batch` died: its open offsets become suspects, or, for a record that
+        died alone, the culprit fails with CRASH."""
+        open_spans = self._open(batch, p)
+        epoch = batch.tasks[p].plan.epoch
+        group = batch.group
+        if group is None or group.partition != p:
+            self._isolation.suspect(p, epoch, open_spans)
+            return
+        culprit = self._isolation.died(group, open_spans, batch.last_seen(p))
+        if culprit is not None:
+            attempt = batch.tasks[p].plan.attempt_of(culprit)
+            reason = f"killed its Python worker when run alone ({error})"
+            log.warning("%s[%d] offset %d %s", self.config.topic, p, culprit, reason)
+            self._pms[p].fail(culprit, FailReason.CRASH, reason, attempt, epoch=epoch)
+
+    # -- planning ----------------------------------------------------------------------------
+
+    def _submit(self) -> bool:
+        """Submit one batch: a group of suspects to run alone, or the next regular plan."""
+        group = self._isolation.next()
+        if group is not None:
+            task = self._isolated(group)
+            if task is None:
+                return False
+            self._start_batch([task], group)
+            return True
+        tasks = self._plan()
+        if tasks:
+            self._start_batch(tasks, None)
+        return bool(tasks)
+
+    def _start_batch(self, tasks: list[PartitionTask], group: Suspects | None) -> None:
+        batch = self._submitted
+        self._submitted += 1
+        self._batches.add(batch, tasks, self._executor.submit(batch, tasks), group)
+
+    def _isolated(self, group: Suspects) -> PartitionTask | None:
+        """The task that runs `group` alone, limited to what is still open in it."""
+        pm = self._pms.get(group.partition)
+        if pm is None or pm.epoch != group.epoch:
+            return None
+        spans = tuple(
+            Span(lo, hi, span.attempt)
+            for span in group.spans
+            for lo, hi in pm.unsettled(span.start, span.end, span.attempt)
+        )
+        if not spans:
+            return None
+        return PartitionTask(self.config.topic, group.partition, Plan(spans, group.epoch))
+
     def _plan(self) -> list[PartitionTask]:
         tasks: list[PartitionTask] = []
-        topic = self.config.topic
-        now = self._clock()
         for p, pm in self._pms.items():
-            low, high = self._watermarks_of(p, pm, now)
-            if pm.out_of_range(low, high):
-                self._reset(p, pm, low, high)
+            if p in self._out_of_range.stopped:
+                continue
+            breaker = self._breakers[p]
+            state = breaker.state
+            if state is BreakerState.OPEN:
+                continue
+            low, high = self._watermarks.get(p, pm.emitted_to)
+            self._out_of_range.check(p, pm, low, high)
+            if p in self._out_of_range.stopped:
+                continue
+            if state is BreakerState.HALF_OPEN and not breaker.allow():
+                continue  # its probe batch is out
             plan = pm.plan(high, self.config.batch_size)
+            if not plan:
+                if state is BreakerState.HALF_OPEN:
+                    breaker.success()  # nothing to probe with: the next batch is the probe
+                continue
+            plan, alone = self._isolation.carve(p, plan)
+            self._isolation.queue_front(alone)
             if plan:
-                tasks.append(PartitionTask(topic, p, plan))
+                tasks.append(PartitionTask(self.config.topic, p, plan))
         return tasks
 
-    def _watermarks_of(self, p: int, pm: PartitionManager, now: float) -> tuple[int, int]:
-        """The partition's `(low, high)`, asked of Kafka only when the plan has reached the
-        known high mark or the last answer is older than `WATERMARK_MAX_AGE`: a query costs a
-        broker round trip, and the loop steps every few milliseconds while batches run."""
-        cached = self._watermarks.get(p)
-        if (
-            cached is not None
-            and pm.emitted_to < cached[1]
-            and now - self._watermarks_at.get(p, float("-inf")) < WATERMARK_MAX_AGE
-        ):
-            return cached
-        low, high = self._metadata.watermarks(self.config.topic, p)
-        self._watermarks[p] = (low, high)
-        self._watermarks_at[p] = now
-        return low, high
-
-    def _reset(self, p: int, pm: PartitionManager, low: int, high: int) -> None:
-        position = pm.policy.out_of_range
-        ts_offset = None
-        if position.kind is PositionKind.TIMESTAMP and position.timestamp_ms is not None:
-            ts_offset = self._metadata.offset_for_timestamp(
-                self.config.topic, p, position.timestamp_ms
-            )
-        reset = pm.on_out_of_range(low, high, timestamp_offset=ts_offset)
-        if reset is not None:
-            self._resets.append((p, reset))
-
-    def _collect(self) -> None:
-        """Apply the results of every finished batch, in whatever order they finished."""
-        finished = [f for f in self._in_flight if f.done()]
-        for future in finished:
-            self._in_flight.remove(future)
-            try:
-                results = future.result()
-            except Exception as exc:
-                # The batch's offsets stay in flight; their deadline turns them into TIMEOUT
-                # failures, which are retried. Nothing is acked that was not processed.
-                self._batch_errors += 1
-                log.error("a micro-batch failed and will be retried: %s", describe_error(exc))
-                continue
-            for result in results:
-                self._apply(result)
-
-    def _apply(self, result: TaskResult) -> None:
-        pm = self._pms[result.partition]
-        pm.apply(result.outcomes, epoch=result.epoch)
-        if result.out_of_range is not None:
-            low, high = result.out_of_range
-            self._watermarks[result.partition] = (low, high)
-            self._reset(result.partition, pm, low, high)
+    # -- dead letters ------------------------------------------------------------------------
 
     def _write_dead_letters(self) -> None:
+        """Confirm what the writer finished; hand it what the partitions gave up since."""
+        for outcome in self._dead_letters.completed():
+            pm = self._pms[outcome.partition]
+            if outcome.error is None:
+                pm.dead_lettered(outcome.offsets)
+                self._dlq_breaker.success()
+                log.warning(
+                    "%s[%d] dead-lettered %d offsets to %s",
+                    self.config.topic,
+                    outcome.partition,
+                    len(outcome.offsets),
+                    self.config.dlq_topic,
+                )
+            else:
+                pm.dead_letter_failed(outcome.offsets)  # handed out again later
+                self._dlq_breaker.failure(outcome.error)
+        breaker = self._dlq_breaker
+        if breaker.state is BreakerState.OPEN:
+            return  # the dead-letter topic keeps failing: wait, do not hammer it
         for p, pm in self._pms.items():
             tickets = pm.take_dead_letters()
             if not tickets:
                 continue
-            offsets = [t.offset for t in tickets]
-            try:
-                fetched = self._payloads.fetch(self.config.topic, p, [(o, o + 1) for o in offsets])
-                payloads = {r.offset: r for r in fetched.records}
-                self._dlq.write(
-                    [
-                        DeadLetter(
-                            self.config.topic,
-                            p,
-                            t.offset,
-                            t.attempts,
-                            f"{t.reason.value if t.reason else 'deferred'} ({t.cause})",
-                            t.error,
-                            payloads.get(t.offset),
-                        )
-                        for t in tickets
-                    ]
-                )
-            except Exception as exc:
-                pm.dead_letter_failed(offsets)  # handed out again on the next step
-                log.error(
-                    "writing %d dead letters failed, will retry: %s",
-                    len(offsets),
-                    describe_error(exc),
-                )
-                continue
-            pm.dead_lettered(offsets)
-            log.warning(
-                "%s[%d] dead-lettered %d offsets to %s",
-                self.config.topic,
-                p,
-                len(offsets),
-                self.config.dlq_topic,
-            )
+            if breaker.state is BreakerState.HALF_OPEN and not breaker.allow():
+                pm.dead_letter_failed([t.offset for t in tickets])  # after the probe's answer
+                return
+            self._dead_letters.submit(p, tickets)

@@ -17,6 +17,7 @@ from functools import partial
 from pyspark import RDD
 from pyspark.sql import SparkSession
 
+from kspout.channel.reporter import ChannelAddress
 from kspout.config import TopicConfig
 from kspout.spark.jobs import SparkJobs
 from kspout.spark.worker import (
@@ -42,17 +43,29 @@ class SparkExecutor(SparkJobs):
     def __init__(self, spark: SparkSession, config: TopicConfig, topology: Topology) -> None:
         super().__init__(spark, config)
         self._topology = topology
+        self._channel: ChannelAddress | None = None
 
     def _start(self) -> None:
         self._topology.start()
 
+    def channel_host(self) -> str | None:
+        """Executors report to the driver's host (loopback for a local master)."""
+        conf = self._spark.sparkContext.getConf()
+        if (conf.get("spark.master") or "local").startswith("local"):
+            return "127.0.0.1"
+        return conf.get("spark.driver.host") or "127.0.0.1"
+
+    def attach(self, address: ChannelAddress) -> None:
+        self._channel = address
+
     def _run(self, tasks: list[PartitionTask], batch: int) -> list[TaskResult]:
         sc = self._spark.sparkContext
-        spec = BatchSpec(self._config, self._topology, batch, tuple(t.partition for t in tasks))
+        partitions = tuple(t.partition for t in tasks)
+        spec = BatchSpec(self._config, self._topology, batch, partitions, self._channel)
         planned: RDD[PartitionTask] = sc.parallelize(tasks, len(tasks))
         stages = self._topology.stages
         if self._topology.handler is not None:
-            return planned.mapPartitions(partial(handler_tasks, spec)).collect()
+            return planned.mapPartitionsWithIndex(partial(handler_tasks, spec)).collect()
         if len(stages) == 1:
             return planned.mapPartitionsWithIndex(partial(single_stage_tasks, spec)).collect()
         width = len(tasks)
@@ -61,4 +74,4 @@ class SparkExecutor(SparkJobs):
             routed = items.partitionBy(width, _identity)
             items = routed.mapPartitionsWithIndex(partial(later_stage, spec, stage))
         merged = items.partitionBy(width, _identity)
-        return merged.mapPartitions(partial(combine, spec, tasks)).collect()
+        return merged.mapPartitionsWithIndex(partial(combine, spec, tasks)).collect()

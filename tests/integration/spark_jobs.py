@@ -63,11 +63,15 @@ class Count(BasicBolt):
 
 
 class SlowOnce(Bolt):
-    """Sleeps `seconds` on the first attempt of each record of partition 0, then acks."""
+    """Sleeps `seconds` on the first attempt of each record of partition 0 (`slowest[1]`
+    seconds at offset `slowest[0]`), then acks."""
 
-    def __init__(self, redis_url: str, seconds: float) -> None:
+    def __init__(
+        self, redis_url: str, seconds: float, slowest: tuple[int, float] | None = None
+    ) -> None:
         self.redis_url = redis_url
         self.seconds = seconds
+        self.slowest = slowest
 
     def prepare(self, context: TaskContext) -> None:
         self.redis = client(self.redis_url)
@@ -75,7 +79,8 @@ class SlowOnce(Bolt):
     def execute(self, tuple_: Tuple, collector: Collector) -> None:
         record = tuple_.record
         if record.partition == 0 and attempt(self.redis_url, record) == 1:
-            time.sleep(self.seconds)
+            slow = self.slowest is not None and record.offset == self.slowest[0]
+            time.sleep(self.slowest[1] if slow else self.seconds)  # type: ignore[index]
         self.redis.sadd(f"{record.topic}:done", f"{record.partition}:{record.offset}")
         collector.ack(tuple_)
 

@@ -29,7 +29,7 @@ from kspout.cli import main
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
 from kspout.driver import Driver, Progress
-from kspout.errors import DeadLetterWriteFailed, PartitionStopped, TopicMismatch
+from kspout.errors import DeadLetterWriteFailed, TopicMismatch
 from kspout.kafka import DeadLetter, Record
 from kspout.local_executor import LocalExecutor
 from kspout.offsets import ZkOffsetStore
@@ -375,28 +375,37 @@ def test_out_of_range_below_low_jumps_to_latest(
     assert stored(config)[0] == high
 
 
-def test_out_of_range_fail_stops_the_partition(
-    make_config: Callable[..., TopicConfig], truncated: tuple[int, int]
+def test_out_of_range_fail_stops_only_that_partition_until_an_operator_moves_it(
+    make_config: Callable[..., TopicConfig], truncated: tuple[int, int], producer: Producer
 ) -> None:
     low, high = truncated
-    config = make_config(out_of_range="fail")
+    config = make_config(out_of_range="fail", batch_size=2000)
+    produce(producer, config.topic, {1: range(100), 2: range(100)})
     handler = Recorder()
 
-    with pytest.raises(PartitionStopped) as caught:
-        run_driver(config, handler, until_caught_up=True)
+    with Driver(config, LocalExecutor(config, handler)) as driver:
+        progress = driver.run(until_caught_up=True)  # a stopped partition waits, not the run
+        stopped = progress.partitions[0]
+        assert stopped.status == "stopped"
+        assert stopped.stopped == f"offset 0 is out of range; Kafka holds [{low}, {high})"
+        assert handler.seen(0) == []
+        # The other partitions ran and committed meanwhile.
+        assert handler.seen(1) == handler.seen(2) == list(range(100))
+        assert stored(config) == {0: 0, 1: 100, 2: 100, 3: 0}
+        with ZkOffsetStore(config) as store:
+            assert store.read(0).stopped == stopped.stopped  # type: ignore[union-attr]
+            store.move(0, low)  # what `kspout offsets set --partition 0 --to earliest` does
 
-    stop = caught.value
-    assert (stop.topic, stop.partition, stop.offset, stop.low, stop.high) == (
-        config.topic,
-        0,
-        0,
-        low,
-        high,
-    )
-    assert f"{config.topic}[0]" in str(stop)
-    assert "kspout offsets set --config <file> --partition 0" in str(stop)
-    assert handler.seen(0) == []
-    assert stored(config)[0] == 0  # nothing moved until an operator does
+        deadline = time.monotonic() + 20
+        while driver.progress().partitions[0].stopped and time.monotonic() < deadline:
+            driver.step()
+            driver.commit()
+            time.sleep(0.1)
+        assert driver.progress().partitions[0].status == "running"
+        driver.run(until_caught_up=True)
+
+    assert handler.seen(0) == list(range(low, high))
+    assert stored(config)[0] == high
 
 
 def test_stored_offset_above_high_resets_to_earliest(
@@ -628,7 +637,7 @@ def test_a_failed_dead_letter_write_is_written_again(
     poison = (0, 7)
     handler = Recorder(poison={poison})
     driver = Driver(config, LocalExecutor(config, handler))
-    real_write = driver._dlq.write
+    real_write = driver._dead_letters._writer.write
     writes: list[list[int]] = []
 
     def fail_once(letters: Sequence[DeadLetter]) -> None:
@@ -638,7 +647,7 @@ def test_a_failed_dead_letter_write_is_written_again(
             raise DeadLetterWriteFailed(config.dlq_topic, failures)
         real_write(letters)
 
-    monkeypatch.setattr(driver._dlq, "write", fail_once)
+    monkeypatch.setattr(driver._dead_letters._writer, "write", fail_once)
     stop = threading.Event()
     deadline = threading.Timer(10, stop.set)  # a stalled partition would never catch up
     deadline.start()
@@ -701,8 +710,8 @@ class HoldingExecutor:
         self._held: deque[tuple[Future[list[TaskResult]], Future[list[TaskResult]]]] = deque()
         self.events: list[str] = []
 
-    def submit(self, tasks: Sequence[PartitionTask]) -> Future[list[TaskResult]]:
-        ran = self._inner.submit(tasks)
+    def submit(self, batch: int, tasks: Sequence[PartitionTask]) -> Future[list[TaskResult]]:
+        ran = self._inner.submit(batch, tasks)
         held: Future[list[TaskResult]] = Future()
         self._held.append((ran, held))
         self.events.append("submit")
@@ -719,6 +728,15 @@ class HoldingExecutor:
     def release_all(self) -> None:
         while self._held:
             self.release()
+
+    def cancel(self, batch: int) -> None:
+        self.events.append(f"cancel {batch}")
+
+    def channel_host(self) -> str | None:
+        return None
+
+    def attach(self, address: object) -> None:
+        raise AssertionError("no channel was asked for")
 
     def close(self, *, cancel: bool = False) -> None:
         self.events.append("cancel" if cancel else "close")

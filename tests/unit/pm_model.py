@@ -48,6 +48,8 @@ class Model:
                 "deferred",
                 "timed_out",
                 "invalid",
+                "crashed",
+                "released",
             )
         }
 
@@ -153,6 +155,10 @@ class Model:
     ) -> None:
         s = self._live(o)
         if s is not None and s.state == "inflight" and attempt in (None, s.attempt):
+            if reason is FailReason.TIMEOUT:
+                self.counts["timed_out"] += 1
+            elif reason is FailReason.CRASH:
+                self.counts["crashed"] += 1
             if reason is FailReason.INVALID:
                 self.counts["invalid"] += 1
                 self._give_up(o, ExhaustedPolicy.DEAD_LETTER, s.attempt)
@@ -166,6 +172,17 @@ class Model:
                 "waiting", s.attempt, s.deferrals + 1, due=now + self.policy.defer_delay
             )
             self.counts["deferred"] += 1
+
+    def release(self, o: int, now: float, attempt: int | None) -> None:
+        s = self._live(o)
+        if s is not None and s.state == "inflight" and attempt in (None, s.attempt):
+            self.offsets[o] = Off("waiting", s.attempt, s.deferrals + 1, due=now)
+            self.counts["released"] += 1
+
+    def hold(self, o: int, attempt: int, until: float) -> None:
+        s = self._live(o)
+        if s is not None and s.state == "inflight" and s.attempt == attempt:
+            s.deadline = max(s.deadline, until)
 
     def gone(self, o: int) -> None:
         if self._live(o) is not None:

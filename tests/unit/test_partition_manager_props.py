@@ -113,6 +113,24 @@ class PartitionManagerMachine(RuleBasedStateMachine):
         self.model.defer(o, self.now, attempt)
 
     @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        lo = self._offset(data)
+        hi = data.draw(st.integers(lo, lo + 12))
+        attempt = self._attempt(data, lo)
+        self.pm.release(lo, hi, attempt, "infrastructure")
+        for o in range(lo, hi):
+            self.model.release(o, self.now, attempt)
+
+    @rule(data=st.data(), dt=st.sampled_from([0.5, 5.0, 30.0]))
+    def hold(self, data: st.DataObject, dt: float) -> None:
+        lo = self._offset(data)
+        hi = data.draw(st.integers(lo, lo + 12))
+        attempt = data.draw(st.sampled_from([1, 2, 3]))
+        self.pm.hold(lo, hi, attempt, self.now + dt)
+        for o in range(lo, hi):
+            self.model.hold(o, attempt, self.now + dt)
+
+    @rule(data=st.data())
     def gone(self, data: st.DataObject) -> None:
         o = self._offset(data)
         self.pm.gone(o)
@@ -156,6 +174,8 @@ class PartitionManagerMachine(RuleBasedStateMachine):
                 self.model.fail(o, self.now, out.attempt, out.reason)
             elif out.kind is OutcomeKind.DEFERRED:
                 self.model.defer(o, self.now, out.attempt)
+            elif out.kind is OutcomeKind.RELEASED:
+                self.model.release(o, self.now, out.attempt)
             else:
                 self.model.gone(o)
 

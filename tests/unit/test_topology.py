@@ -49,8 +49,7 @@ from kspout.topology import (
     Stage,
     StageRunner,
     Topology,
-    run_first_stage,
-    run_stage,
+    root_tuples,
     task_results,
 )
 
@@ -119,7 +118,7 @@ def run_chain(
         acker: Acker[RootKey] = Acker()
         runner = StageRunner(stage, acker, TaskContext("t", 0, index, batch), last=n == 1)
         try:
-            run_first_stage(fetched, runner, acker)
+            runner.run(root_tuples(fetched, acker))
         finally:
             runner.close()
         route(runner, 0, buckets)
@@ -136,7 +135,7 @@ def run_chain(
             acker = Acker()
             runner = StageRunner(stage, acker, TaskContext("t", s, index, batch), last=s == n - 1)
             try:
-                run_stage(tuples, runner)
+                runner.run(list(tuples))
             finally:
                 runner.close()
             route(runner, s, buckets)
@@ -354,7 +353,7 @@ def test_a_later_function_receives_the_tuple() -> None:
     topology = Topology.of([Split(), seen.append])
     acker: Acker[RootKey] = Acker()
     runner = StageRunner(topology.stages[0], acker, TaskContext("t", 0, 0, 0), last=True)
-    run_first_stage(sentences(0, ["a b"]), runner, acker)
+    runner.run(root_tuples(sentences(0, ["a b"]), acker))
     assert [type(x) for x in seen] == [Tuple, Tuple]
     assert [x["word"] for x in seen if isinstance(x, Tuple)] == ["a", "b"]
     assert acker.state((0, 0)) is RootState.COMPLETE
@@ -567,7 +566,7 @@ def test_a_stage_batches_its_first_bolt_then_runs_the_rest_depth_first() -> None
     stage = Topology.of([Tag(), Mid(), sink]).stages[0]
     runner = StageRunner(stage, acker, TaskContext("t", 0, 4, 9), last=True)
     assert log == ["prepare 0/4/9"]
-    run_first_stage(sentences(0, ["x", "y"]), runner, acker)
+    runner.run(root_tuples(sentences(0, ["x", "y"]), acker))
     runner.close()
     assert log == [
         "prepare 0/4/9",
@@ -637,10 +636,10 @@ def test_dedup_verdicts_on_roots_become_their_outcomes() -> None:
 def test_run_stage_feeds_routed_tuples_into_a_later_stage_and_collects_its_output() -> None:
     acker: Acker[RootKey] = Acker()
     first = StageRunner(Stage((Split(),), None), acker, TaskContext("t", 0, 0, 0), last=False)
-    run_first_stage(sentences(0, ["a b"]), first, acker)
+    first.run(root_tuples(sentences(0, ["a b"]), acker))
     assert [t["word"] for t in first.output] == ["a", "b"]
     second = StageRunner(Stage((Count(),), Shuffle()), acker, TaskContext("t", 1, 0, 0), last=False)
-    run_stage([roundtrip(t) for t in first.output], second)
+    second.run([roundtrip(t) for t in first.output])
     assert [t.values for t in second.output] == [("a", 1), ("b", 1)]
     assert acker.state((0, 0)) is RootState.PENDING  # the stage's output is not acked yet
     for t in second.output:
@@ -869,7 +868,7 @@ def test_a_basic_bolt_keeps_no_task_state_so_it_pickles_as_built() -> None:
     runner = StageRunner(
         Topology.of([bolt]).stages[0], acker, TaskContext("t", 0, 0, 0), last=False
     )
-    run_first_stage(FetchResult([record(0, o) for o in range(500)], []), runner, acker)
+    runner.run(root_tuples(FetchResult([record(0, o) for o in range(500)], []), acker))
     runner.close()
     assert len(runner.output) == 500
     assert pickle.dumps(bolt) == built
