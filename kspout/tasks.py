@@ -60,6 +60,26 @@ class TaskResult:
     attempt_died: bool = False
 
 
+CUT_SHORT = "not fetched: the fetch stopped where Kafka no longer had an offset"
+
+
+def cut_short(task: PartitionTask, reached: int) -> list[Outcome]:
+    """RELEASED outcomes for the planned offsets at or after `reached`, where an out-of-range
+    fetch stopped: nobody handled them, so they cost no attempt; the partition's out-of-range
+    policy decides what becomes of them."""
+    return [
+        Outcome(
+            max(span.start, reached),
+            _RELEASED,
+            span.attempt,
+            error=CUT_SHORT,
+            count=span.end - max(span.start, reached),
+        )
+        for span in task.plan.spans
+        if span.end > reached
+    ]
+
+
 def released(task: PartitionTask, error: str) -> TaskResult:
     """Every offset of `task` handed back for an infrastructure failure, no attempt spent."""
     outcomes = [
@@ -202,6 +222,8 @@ def settle(
     beacon.current = None
     if end > start:
         log.ack_run(start, end)
+    if fetched.out_of_range is not None:
+        log.outcomes.extend(cut_short(task, fetched.reached(task.plan.spans[0].start)))
     outcomes = log.finish(fetched.missing)
     return TaskResult(task.topic, task.partition, task.plan.epoch, outcomes, fetched.out_of_range)
 

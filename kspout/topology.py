@@ -38,7 +38,7 @@ from kspout.errors import ChainError
 from kspout.gc_pause import cyclic_gc_frozen, cyclic_gc_paused
 from kspout.kafka import FetchResult
 from kspout.outcomes import FailReason, OutcomeKind, describe_error
-from kspout.tasks import Handler, OutcomeLog, PartitionTask, TaskResult, released
+from kspout.tasks import Handler, OutcomeLog, PartitionTask, TaskResult, cut_short, released
 
 ChainItem = Bolt | Grouping | Callable[[Any], object]
 
@@ -241,11 +241,13 @@ class FetchReport:
     out_of_range: tuple[int, int] | None
     infra_error: str | None = None  # the task failed outside per-message code: release all
     attempt_died: bool = False  # an earlier attempt of the task died; this one ran nothing
+    reached: int = 0  # with `out_of_range`: where the fetch stopped (see FetchResult.reached)
 
     @classmethod
     def of(cls, partition: int, fetched: FetchResult) -> FetchReport:
         """What `fetched` found besides its records."""
-        return cls(partition, tuple(fetched.missing), fetched.out_of_range)
+        reached = fetched.reached(0) if fetched.out_of_range is not None else 0
+        return cls(partition, tuple(fetched.missing), fetched.out_of_range, reached=reached)
 
     @classmethod
     def failed(cls, partition: int, exc: BaseException) -> FetchReport:
@@ -297,6 +299,7 @@ def task_results(
         entries.append((offset, state, error))
     missing: dict[int, list[tuple[int, int]]] = {}
     out_of_range: dict[int, tuple[int, int]] = {}
+    reached: dict[int, int] = {}
     failed: dict[int, str] = {}
     died: set[int] = set()
     for report in reports:
@@ -305,6 +308,7 @@ def task_results(
         missing.setdefault(report.partition, []).extend(report.missing)
         if report.out_of_range is not None:
             out_of_range[report.partition] = report.out_of_range
+            reached[report.partition] = report.reached
         if report.infra_error is not None:
             failed[report.partition] = report.infra_error
     results = []
@@ -329,6 +333,8 @@ def task_results(
                 log.add(offset, *_SETTLED[state], error)
                 if state is RootState.RELEASED and infra_error is None:
                     infra_error = error or "a later stage failed"
+        if task.partition in reached:
+            log.outcomes.extend(cut_short(task, reached[task.partition]))
         results.append(
             TaskResult(
                 task.topic,

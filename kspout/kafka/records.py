@@ -40,6 +40,16 @@ class FetchResult:
     missing: list[tuple[int, int]]
     out_of_range: tuple[int, int] | None = None
 
+    def reached(self, start: int) -> int:
+        """The first requested offset at or after `start` the fetch did not account for
+        (neither returned nor missing): where an out-of-range fetch stopped."""
+        ends = [start]
+        if self.records:
+            ends.append(self.records[-1].offset + 1)
+        if self.missing:
+            ends.append(self.missing[-1][1])
+        return max(ends)
+
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:

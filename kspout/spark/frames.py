@@ -46,7 +46,7 @@ from kspout.kafka import FetchResult, KafkaMetadata, Record
 from kspout.outcomes import FailReason, Outcome, OutcomeKind, describe_error
 from kspout.spark.jobs import SparkJobs
 from kspout.spark.worker import fetcher_for
-from kspout.tasks import PartitionTask, TaskResult
+from kspout.tasks import CUT_SHORT, PartitionTask, TaskResult
 
 BatchFunction = Callable[[DataFrame, int], object]
 
@@ -238,8 +238,9 @@ def settle_fetched(task: PartitionTask, unfetched: Unfetched) -> TaskResult:
     """A task whose frame `f` evaluated and returned from, settled by what was fetched.
 
     Planned offsets every evaluation fetched are acked (counted runs at their span's attempt);
-    missing ones are GONE; cut ones get no outcome: they stay unfinished, and the result
-    carries `out_of_range=unfetched.bounds` for the partition's out-of-range policy.
+    missing ones are GONE; cut ones are RELEASED (no attempt spent: `f` never saw them), and
+    the result carries `out_of_range=unfetched.bounds` for the partition's out-of-range
+    policy, which decides what becomes of them.
     """
     spans = task.plan.spans
     ranges = [(span.start, span.end) for span in spans]
@@ -249,6 +250,11 @@ def settle_fetched(task: PartitionTask, unfetched: Unfetched) -> TaskResult:
         outcomes.append(Outcome(lo, OutcomeKind.ACK, spans[i].attempt, count=hi - lo))
     for lo, hi, i in _intersect(ranges, unfetched.missing):
         outcomes.append(Outcome(lo, OutcomeKind.GONE, spans[i].attempt, count=hi - lo))
+    cut = [(lo, hi) for lo, hi, _ in _subtract(unfetched.cut, unfetched.missing)]
+    for lo, hi, i in _intersect(ranges, cut):
+        outcomes.append(
+            Outcome(lo, OutcomeKind.RELEASED, spans[i].attempt, error=CUT_SHORT, count=hi - lo)
+        )
     outcomes.sort(key=lambda outcome: outcome.offset)
     return TaskResult(task.topic, task.partition, task.plan.epoch, outcomes, unfetched.bounds)
 

@@ -16,7 +16,7 @@ from kspout.kafka import FetchResult, Record
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
 from kspout.partition_manager import Plan, Span
 from kspout.spark.frames import FetchReportsParam, Unfetched, _settled, settle_fetched
-from kspout.tasks import PartitionTask
+from kspout.tasks import CUT_SHORT, PartitionTask
 
 ACK, FAIL, GONE = OutcomeKind.ACK, OutcomeKind.FAIL, OutcomeKind.GONE
 TASK = PartitionTask("t", 2, Plan((Span(0, 4, 2), Span(4, 10, 1)), epoch=5))
@@ -49,6 +49,11 @@ def evaluations(task: PartitionTask, *fetches: FetchResult) -> Unfetched:
 
 
 # -- a batch no evaluation reported on, and a raising batch (unchanged) -----------------------
+
+
+def cut(lo: int, hi: int, attempt: int = 1) -> Outcome:
+    """A cut offset range: released (no attempt spent), left to the out-of-range policy."""
+    return Outcome(lo, OutcomeKind.RELEASED, attempt, error=CUT_SHORT, count=hi - lo)
 
 
 def test_a_returned_batch_is_acked_span_by_span() -> None:
@@ -88,14 +93,14 @@ def test_low_moving_past_the_start_of_the_plan_acks_nothing() -> None:
     assert unfetched == Unfetched(((100, 1000),), (), (150, 2000))
 
     result = settle_fetched(WIDE, unfetched)
-    assert result.outcomes == []
+    assert result.outcomes == [cut(100, 1000)]
     assert result.out_of_range == (150, 2000)
 
 
 def test_a_fetch_cut_midway_acks_only_what_it_read() -> None:
     """The fetch read 100..119, then low passed 120 (it is 150 now): only 100..119 are acked."""
     result = settle_fetched(WIDE, evaluations(WIDE, fetch(range(100, 120), (), (150, 2000))))
-    assert result.outcomes == [Outcome(100, ACK, 1, count=20)]
+    assert result.outcomes == [Outcome(100, ACK, 1, count=20), cut(120, 1000)]
     assert result.out_of_range == (150, 2000)
 
 
@@ -108,7 +113,13 @@ def test_a_cut_across_spans_of_several_attempts() -> None:
     assert unfetched.cut == ((6, 10), (20, 22), (30, 40))
 
     result = settle_fetched(task, unfetched)
-    assert result.outcomes == [Outcome(0, ACK, 2, count=4), Outcome(4, ACK, 1, count=2)]
+    assert result.outcomes == [
+        Outcome(0, ACK, 2, count=4),
+        Outcome(4, ACK, 1, count=2),
+        cut(6, 10),
+        cut(20, 22, 3),
+        cut(30, 40),
+    ]
     assert result.out_of_range == (8, 100)
 
 
@@ -138,6 +149,7 @@ def test_missing_offsets_before_a_cut_are_gone_and_the_rest_unsettled() -> None:
         Outcome(100, ACK, 1, count=2),
         Outcome(102, GONE, 1, count=3),
         Outcome(105, ACK, 1),
+        cut(106, 1000),
     ]
     assert result.out_of_range == (300, 2000)
 
@@ -145,10 +157,10 @@ def test_missing_offsets_before_a_cut_are_gone_and_the_rest_unsettled() -> None:
 def test_an_offset_counts_only_if_every_evaluation_fetched_it() -> None:
     """`f` wrote the frame twice; retention cut the second evaluation at 130."""
     whole = fetch(range(100, 1000))
-    cut = fetch(range(100, 130), out_of_range=(200, 2000))
-    for order in ((whole, cut), (cut, whole)):
+    short = fetch(range(100, 130), out_of_range=(200, 2000))
+    for order in ((whole, short), (short, whole)):
         result = settle_fetched(WIDE, evaluations(WIDE, *order))
-        assert result.outcomes == [Outcome(100, ACK, 1, count=30)]
+        assert result.outcomes == [Outcome(100, ACK, 1, count=30), cut(130, 1000)]
         assert result.out_of_range == (200, 2000)
 
 
@@ -156,7 +168,7 @@ def test_two_cut_evaluations_keep_the_union_of_cuts_and_the_latest_watermarks() 
     first = fetch(range(100, 400), out_of_range=(420, 1500))
     second = fetch([], out_of_range=(700, 2500))  # low moved on: nothing read at all
     result = settle_fetched(WIDE, evaluations(WIDE, first, second))
-    assert result.outcomes == []
+    assert result.outcomes == [cut(100, 1000)]
     assert result.out_of_range == (700, 2500)
 
 
@@ -225,8 +237,10 @@ def test_acked_is_what_every_evaluation_fetched_and_gone_what_kafka_lacks(
     fetched_by_all = set.intersection(*({r.offset for r in f.records} for f in fetches))
     missing = {o for f in fetches for lo, hi in f.missing for o in range(lo, hi)}
     acked, gone = _offsets(result.outcomes, ACK), _offsets(result.outcomes, GONE)
+    released = _offsets(result.outcomes, OutcomeKind.RELEASED)
     assert acked == sorted(fetched_by_all)
     assert gone == sorted(missing)
+    assert released == sorted(set(task.plan) - fetched_by_all - missing)
     assert [x.offset for x in result.outcomes] == sorted(x.offset for x in result.outcomes)
     for outcome in result.outcomes:  # each outcome at the attempt of the span holding it
         lo, hi = outcome.offset, outcome.offset + outcome.count

@@ -5,7 +5,7 @@ from __future__ import annotations
 from kspout.kafka import FetchResult, Record
 from kspout.outcomes import FailReason, Outcome, OutcomeKind, describe_error
 from kspout.partition_manager import Plan, Span
-from kspout.tasks import PartitionTask, settle
+from kspout.tasks import CUT_SHORT, PartitionTask, settle
 
 ACK, FAIL, GONE = OutcomeKind.ACK, OutcomeKind.FAIL, OutcomeKind.GONE
 
@@ -39,6 +39,8 @@ def test_an_exception_fails_only_its_record_and_splits_the_run() -> None:
 
 
 def test_holes_become_gone_and_out_of_range_is_passed_on() -> None:
+    """The fetch stopped at 5 (out of range): 5..9 were never handled, so they are released
+    (no attempt spent) for the partition's out-of-range policy, not left to time out."""
     plan = Plan((Span(0, 10, 1),), epoch=0)
     fetched = FetchResult([record(0), record(1), record(4)], [(2, 4)], out_of_range=(0, 5))
     result = settle(PartitionTask("t", 0, plan), fetched, lambda r: None)
@@ -46,6 +48,7 @@ def test_holes_become_gone_and_out_of_range_is_passed_on() -> None:
         Outcome(0, ACK, 1, count=2),
         Outcome(2, GONE, None, count=2),
         Outcome(4, ACK, 1),
+        Outcome(5, OutcomeKind.RELEASED, 1, error=CUT_SHORT, count=5),
     ]
     assert result.out_of_range == (0, 5)
 

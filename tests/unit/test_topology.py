@@ -42,7 +42,7 @@ from kspout.errors import ChainError, KspoutError
 from kspout.kafka import FetchResult, Record
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
 from kspout.partition_manager import Plan, Span
-from kspout.tasks import PartitionTask, TaskResult
+from kspout.tasks import CUT_SHORT, PartitionTask, TaskResult
 from kspout.topology import (
     ChainItem,
     FetchReport,
@@ -770,6 +770,7 @@ def test_gone_ranges_and_out_of_range_from_fetch_reports_appear_in_the_results()
         Outcome(0, ACK, 1, count=2),
         Outcome(2, GONE, None, count=2),
         Outcome(4, ACK, 1),
+        Outcome(5, OutcomeKind.RELEASED, 1, error=CUT_SHORT, count=5),  # never fetched
     ]
     assert results[0].out_of_range == (0, 5)
     assert (results[1].outcomes, results[1].out_of_range) == ([], None)
@@ -780,7 +781,7 @@ def test_gone_ranges_and_out_of_range_from_fetch_reports_appear_in_the_results()
 def test_missing_ranges_of_several_reports_for_one_partition_accumulate() -> None:
     acker: Acker[RootKey] = Acker()
     root_tuple(record(0, 5), acker)  # pending: no outcome
-    reports = [FetchReport(0, ((0, 2),), None), FetchReport(0, ((3, 5), (6, 8)), (3, 9))]
+    reports = [FetchReport(0, ((0, 2),), None), FetchReport(0, ((3, 5), (6, 8)), (3, 9), reached=8)]
     (result,) = task_results([task(0, Span(0, 8, 1))], acker, reports)
     assert result.outcomes == [
         Outcome(0, GONE, count=2),
