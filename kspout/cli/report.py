@@ -6,7 +6,7 @@ from typing import Any
 
 from rich.table import Table
 
-from kspout.driver import Progress
+from kspout.driver import PartitionView, Progress
 
 COUNTERS = (
     "acked",
@@ -14,13 +14,15 @@ COUNTERS = (
     "retried",
     "deferred",
     "timed_out",
+    "crashed",
+    "released",
     "skipped",
     "invalid",
     "dead_lettered",
     "lost",
 )
 # Shown in the table only when some partition has a count (JSON always has every counter).
-OCCASIONAL = {"duplicates", "deferred", "skipped", "invalid"}
+OCCASIONAL = {"duplicates", "deferred", "crashed", "released", "skipped", "invalid"}
 HEADERS = {
     "duplicates": "dup",
     "timed_out": "timeout",
@@ -36,12 +38,15 @@ def progress_table(progress: Progress, title: str | None = None) -> Table:
         title_justify="left",
     )
     counters = [c for c in COUNTERS if c not in OCCASIONAL or progress.total(c)]
-    for name in ("partition", "committed", "high", "lag", "in flight", "failed", *counters):
+    status = any(view.status != "running" for view in progress.partitions)
+    names = ("partition", *(("status",) if status else ()), "committed", "high", "lag")
+    for name in (*names, "in flight", "failed", *counters):
         table.add_column(HEADERS.get(name, name), justify="right")
     for view in progress.partitions:
         s = view.stats
         table.add_row(
             str(view.partition),
+            *((_status(view),) if status else ()),
             "-" if view.committed is None else str(view.committed),
             str(view.high),
             str(view.lag),
@@ -52,6 +57,7 @@ def progress_table(progress: Progress, title: str | None = None) -> Table:
     table.add_section()
     table.add_row(
         "all",
+        *(("",) if status else ()),
         "",
         "",
         str(progress.lag),
@@ -60,7 +66,19 @@ def progress_table(progress: Progress, title: str | None = None) -> Table:
         *(str(progress.total(name)) for name in counters),
         style="bold",
     )
+    caption = [f"{view.partition}: {view.stopped}" for view in progress.partitions if view.stopped]
+    if caption:
+        table.caption = "stopped (resume with `kspout offsets set`): " + "; ".join(caption)
     return table
+
+
+def _status(view: PartitionView) -> str:
+    """`running`, `stopped`, or an open breaker with its wait and last error."""
+    breaker = view.breaker
+    if view.stopped is not None or breaker is None:
+        return view.status
+    wait = f" {breaker.retry_in:.0f}s" if breaker.retry_in else ""
+    return f"{breaker.state.value}{wait}"
 
 
 def progress_json(progress: Progress) -> dict[str, Any]:
@@ -69,6 +87,8 @@ def progress_json(progress: Progress) -> dict[str, Any]:
         "topic": progress.topic,
         "batches": progress.batches,
         "batch_errors": progress.batch_errors,
+        "cancelled_batches": progress.cancelled,
+        "isolation_runs": progress.isolation_runs,
         "elapsed_s": round(progress.elapsed, 3),
         "lag": progress.lag,
         "totals": {name: progress.total(name) for name in COUNTERS},
@@ -82,6 +102,16 @@ def progress_json(progress: Progress) -> dict[str, Any]:
                 "in_flight": v.stats.in_flight,
                 "failed": v.stats.failed,
                 "dead_letter_pending": v.stats.dead_letter_pending,
+                "status": v.status,
+                "stopped": v.stopped,
+                "breaker": None
+                if v.breaker is None
+                else {
+                    "state": v.breaker.state.value,
+                    "failures": v.breaker.failures,
+                    "retry_in_s": round(v.breaker.retry_in, 3),
+                    "last_error": v.breaker.last_error,
+                },
                 **{name: getattr(v.stats, name) for name in COUNTERS},
             }
             for v in progress.partitions
