@@ -11,8 +11,10 @@ channel and what was already settled from it, and decides three things every dri
   can time them out.
 * **A stuck batch is cancelled.** When every task of a batch that is still running is stuck
   (on a root past its timeout, or outside any record for longer than `message_timeout`, which
-  is a hung dependency), the batch is cancelled: Spark kills its tasks, which also kills a
-  Python worker stuck in user code. What it left unsettled is released, no attempt spent.
+  is a hung dependency) and has been so for another `message_timeout` (a slow record gets
+  that long to finish: cancelling costs the work of every other record in the batch), the
+  batch is cancelled: Spark kills its tasks, which also kills a Python worker stuck in user
+  code. What it left unsettled is released, no attempt spent.
 * **Outcomes stream.** A plain handler's task reports `upto` (everything fetched below it is
   settled) and its failures; those become outcomes at once, and the final results are later
   clipped to what was not applied yet.
@@ -243,7 +245,9 @@ class BatchTracker:
             for w in open_watches:
                 if not w.stuck:
                     self._check(batch, w, pms, now)
-            if open_watches and all(w.stuck for w in open_watches):
+            if open_watches and all(
+                w.stuck and w.busy(now) >= 2 * self._timeout for w in open_watches
+            ):
                 batch.stuck_since = batch.stuck_since if batch.stuck_since is not None else now
                 if now - batch.stuck_since >= CANCEL_GRACE:
                     batch.cancelled = True
