@@ -42,7 +42,7 @@ WORDS = (
     "zookeeper", "driver", "executor", "batch", "window",
 )  # fmt: skip
 INJECTED = {"flaky": 0.03, "late": 0.02, "poison": 0.002, "noid": 0.001}
-SLOW_MESSAGES = 1  # each one holds its Spark task (and batch) for longer than message_timeout
+SLOW_MESSAGES = 1  # each one is handled for longer than message_timeout: it alone times out
 
 
 @dataclass(slots=True)
