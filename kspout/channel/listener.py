@@ -2,9 +2,10 @@
 
 A `multiprocessing.connection.Listener` with a random key: the key travels to executors inside
 each job (as Spark ships the job's closures), and every connection must prove it knows the key
-(an HMAC challenge) before anything it sends is read. One thread accepts; one thread per
-connection (one per Python worker) reads. The driver loop drains the queue; nothing here
-touches the driver's state.
+(an HMAC challenge, both ways) before anything it sends is read. One thread accepts; each
+connection (one per Python worker) gets a thread of its own that runs the challenge and then
+reads, so a peer that connects and never answers holds up nobody else. The driver loop drains
+the queue; nothing here touches the driver's state.
 """
 
 from __future__ import annotations
@@ -13,7 +14,13 @@ import logging
 import queue
 import secrets
 import threading
-from multiprocessing.connection import Connection, Listener
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import (
+    Connection,
+    Listener,
+    answer_challenge,
+    deliver_challenge,
+)
 
 from kspout.channel.messages import Message
 from kspout.channel.reporter import ChannelAddress
@@ -30,16 +37,17 @@ class OutcomeChannel(Lifecycle):
         self._listener: Listener | None = None
         self._queue: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._connections: list[Connection] = []
+        self._authkey = b""
         self._lock = threading.Lock()
         self.address: ChannelAddress | None = None
 
     def start(self) -> None:
         if self._listener is not None:
             return
-        authkey = secrets.token_bytes(32)
-        self._listener = Listener((self._host, 0), authkey=authkey)
+        self._authkey = secrets.token_bytes(32)
+        self._listener = Listener((self._host, 0))  # the challenge runs per connection
         host, port = self._listener.address
-        self.address = ChannelAddress(host, port, authkey)
+        self.address = ChannelAddress(host, port, self._authkey)
         threading.Thread(target=self._accept, name="kspout-channel", daemon=True).start()
 
     def close(self) -> None:
@@ -75,9 +83,13 @@ class OutcomeChannel(Lifecycle):
 
     def _read(self, conn: Connection) -> None:
         try:
+            deliver_challenge(conn, self._authkey)
+            answer_challenge(conn, self._authkey)
             while True:
                 self._queue.put(conn.recv())
-        except (EOFError, OSError):
+        except AuthenticationError as exc:
+            log.warning("outcome channel: refused a connection: %s", exc)
+        except Exception:  # the peer hung up, or close() closed the connection under us
             pass
         finally:
             with self._lock:

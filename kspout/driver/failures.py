@@ -15,7 +15,7 @@ import re
 # What Spark (3.5 / 4.x) reports when a task's Python worker or its executor died under it.
 _CRASH = re.compile(
     r"Python worker exited unexpectedly|worker .*crashed|ExecutorLostFailure|"
-    r"Connection reset|EOFException|killed by signal|SIGKILL|OutOfMemory",
+    r"Connection reset|Broken pipe|EOFException|killed by signal|SIGKILL|OutOfMemory",
     re.IGNORECASE,
 )
 
