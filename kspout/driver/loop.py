@@ -41,11 +41,11 @@ from kspout.driver.isolation import Isolation, Suspects
 from kspout.driver.out_of_range import OutOfRangeHandler
 from kspout.driver.progress import PartitionView, Progress
 from kspout.driver.watermarks import WatermarkCache
-from kspout.errors import TopicNotFound
+from kspout.errors import KafkaUnavailable, TopicNotFound
 from kspout.kafka import KafkaMetadata
 from kspout.lifecycle import Lifecycle
 from kspout.offsets import ZkOffsetStore
-from kspout.outcomes import FailReason
+from kspout.outcomes import FailReason, describe_error
 from kspout.partition_manager import PartitionManager, Plan, Span
 from kspout.policy import Backoff
 from kspout.tasks import Executor, PartitionTask, TaskResult
@@ -354,7 +354,10 @@ class Driver(Lifecycle):
         else:
             breaker.success()
         if result.out_of_range is not None:
-            self._out_of_range.hint(p, pm, result.epoch)
+            try:
+                self._out_of_range.hint(p, pm, result.epoch)
+            except KafkaUnavailable as exc:  # asked again when the partition is planned
+                breaker.failure(describe_error(exc))
 
     def _end(self, ended: Ended) -> None:
         """A batch's job is over: apply its results, or decide what its failure costs."""
@@ -460,12 +463,16 @@ class Driver(Lifecycle):
             state = breaker.state
             if state is BreakerState.OPEN:
                 continue
-            low, high = self._watermarks.get(p, pm.emitted_to)
+            if state is BreakerState.HALF_OPEN and not breaker.allow():
+                continue  # its probe batch is out
+            try:
+                low, high = self._watermarks.get(p, pm.emitted_to)
+            except KafkaUnavailable as exc:  # no leader, broker down: this partition waits
+                breaker.failure(describe_error(exc))
+                continue
             self._out_of_range.check(p, pm, low, high)
             if p in self._out_of_range.stopped:
                 continue
-            if state is BreakerState.HALF_OPEN and not breaker.allow():
-                continue  # its probe batch is out
             plan = pm.plan(high, self.config.batch_size)
             if not plan:
                 if state is BreakerState.HALF_OPEN:

@@ -35,8 +35,9 @@ class WatermarkCache:
         return self.fresh(partition)
 
     def fresh(self, partition: int) -> tuple[int, int]:
-        """`(low, high)` asked of Kafka now."""
-        bounds = self._metadata.watermarks(self._topic, partition)
+        """`(low, high)` asked of Kafka now, once and briefly (raises KafkaUnavailable: the
+        caller's breaker decides when to ask again)."""
+        bounds = self._metadata.watermarks(self._topic, partition, quick=True)
         self._known[partition] = bounds
         self._asked_at[partition] = self._clock()
         return bounds

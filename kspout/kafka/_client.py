@@ -80,11 +80,12 @@ def call_kafka(
     call: Callable[[], T],
     *,
     sleep: Callable[[float], None] = tenacity.nap.sleep,
+    attempts: int = RETRY_ATTEMPTS,
 ) -> T:
     """Run one broker request, retrying transient errors; raise KafkaRequestFailed otherwise."""
     retrying = tenacity.Retrying(
         retry=tenacity.retry_if_exception(_transient_exception),
-        stop=tenacity.stop_after_attempt(RETRY_ATTEMPTS),
+        stop=tenacity.stop_after_attempt(attempts),
         wait=RETRY_WAIT,
         sleep=sleep,
         reraise=True,
@@ -96,14 +97,21 @@ def call_kafka(
         if error.code() in (KafkaError._UNKNOWN_PARTITION, KafkaError.UNKNOWN_TOPIC_OR_PART):
             hint = "check that the topic and partition exist"
         elif is_transient(error):
-            hint = f"gave up after {RETRY_ATTEMPTS} tries; check that the brokers are reachable"
+            hint = f"gave up after {attempts} tries; check that the brokers are reachable"
         else:
             hint = "check the brokers, the topic and the [kafka] security settings"
         raise KafkaRequestFailed(operation, topic, partition, str(error), hint) from exc
 
 
-def watermarks(consumer: Consumer, topic: str, partition: int) -> tuple[int, int]:
-    """Fresh `(low, high)` from the partition leader.
+def watermarks(
+    consumer: Consumer,
+    topic: str,
+    partition: int,
+    *,
+    timeout: float = REQUEST_TIMEOUT,
+    attempts: int = RETRY_ATTEMPTS,
+) -> tuple[int, int]:
+    """Fresh `(low, high)` from the partition leader (`attempts` tries of `timeout` seconds).
 
     `high` is what this consumer can read up to: under the default `read_committed` isolation
     it is the last stable offset, so an open transaction's records are never reported missing.
@@ -111,11 +119,11 @@ def watermarks(consumer: Consumer, topic: str, partition: int) -> tuple[int, int
 
     def query() -> tuple[int, int]:
         result = consumer.get_watermark_offsets(
-            TopicPartition(topic, partition), timeout=REQUEST_TIMEOUT, cached=False
+            TopicPartition(topic, partition), timeout=timeout, cached=False
         )
         if result is None:  # the client's way of saying the request timed out
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
         low, high = result
         return low, high
 
-    return call_kafka("watermark query", topic, partition, query)
+    return call_kafka("watermark query", topic, partition, query, attempts=attempts)

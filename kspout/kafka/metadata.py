@@ -22,6 +22,9 @@ TAIL_CHECK = 100
 # Offsets per fetch while scanning a partition for a timestamp the broker cannot look up.
 SCAN_STEP = 10_000
 
+# Seconds a `quick` watermark query may take (the driver loop's; its breaker retries).
+QUICK_TIMEOUT = 1.0
+
 
 class KafkaMetadata(Lifecycle):
     """Metadata questions about a topic's partitions, answered through one consumer."""
@@ -79,8 +82,14 @@ class KafkaMetadata(Lifecycle):
 
         return call_kafka("metadata request", topic, None, query)
 
-    def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
-        """`(low, high)`: the first offset Kafka still has, and the next one to be written."""
+    def watermarks(self, topic: str, partition: int, *, quick: bool = False) -> tuple[int, int]:
+        """`(low, high)`: the first offset Kafka still has, and the next one to be written.
+
+        `quick` asks once, for at most `QUICK_TIMEOUT` seconds: for a loop that has a breaker
+        of its own and must not wait a minute on one partition's missing leader.
+        """
+        if quick:
+            return watermarks(self._client(), topic, partition, timeout=QUICK_TIMEOUT, attempts=1)
         return watermarks(self._client(), topic, partition)
 
     def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> int | None:

@@ -37,7 +37,7 @@ class ScriptedKafka:
         self.timestamps: dict[int, int | None] = {}
         self.timestamp_asks: list[tuple[str, int, int]] = []
 
-    def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+    def watermarks(self, topic: str, partition: int, *, quick: bool = False) -> tuple[int, int]:
         self.asked.append((topic, partition))
         assert self.answers, "the handler asked Kafka more often than the test expected"
         return self.answers.pop(0)
