@@ -151,6 +151,7 @@ class IdempotencyBolt(Bolt):
     """
 
     terminal = True
+    must_be_first = True  # after a fan-out, sibling tuples share the root's id
 
     def __init__(
         self, handler: EffectHandler, config: TopicConfig, *, namespace: str | None = None

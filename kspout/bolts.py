@@ -187,6 +187,9 @@ class Bolt:
 
     outputs: tuple[str, ...] = ()
     terminal = False  # True for a bolt that never emits: no bolt may follow it in a chain
+    # True for a bolt that tells messages apart by their root's id (the dedup bolt): it must
+    # be the chain's first bolt, where each input tuple is one message
+    must_be_first = False
 
     def prepare(self, context: TaskContext) -> None:
         """Called once per task before the first `execute`."""

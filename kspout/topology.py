@@ -62,6 +62,7 @@ class Topology:
         """Build from a function, a bolt, or a list of bolts/functions and groupings.
 
         Functions become `FunctionBolt`s: the first receives each record, later ones a tuple.
+        A `must_be_first` bolt (the dedup bolt) is refused anywhere but at the start.
         """
         items = list(spec) if isinstance(spec, Sequence) else [spec]
         if not items:
@@ -82,6 +83,8 @@ class Topology:
                     f"{item.__name__}(...)"
                 )
             elif isinstance(item, Bolt):
+                if item.must_be_first and position > 0:
+                    raise ChainError(_not_first(item, position))
                 bolts.append(item)
                 if item.terminal and position < len(items) - 1:
                     raise ChainError(
@@ -129,6 +132,23 @@ class Topology:
             if type(bolt) is FunctionBolt and bolt.on_record:
                 return bolt.function
         return None
+
+
+def _not_first(bolt: Bolt, position: int) -> str:
+    """Why `bolt` (a `must_be_first` bolt, such as the dedup bolt) cannot be at `position`."""
+    name = type(bolt).__name__
+    where = (
+        f"the chain's only item, {name}(...) alone (nothing may follow it either)"
+        if bolt.terminal
+        else "the chain's first item"
+    )
+    return (
+        f"{name} at position {position} must be {where}: it handles each message once by "
+        "the message's id, and every tuple an earlier bolt emits from one message carries "
+        "that same id, so after a bolt that emits several tuples per message only the first "
+        "would run and the others would be acked as duplicates. Move it to the start of the "
+        "chain and do the earlier bolts' work (splitting, parsing) inside its handler"
+    )
 
 
 class StageRunner:

@@ -873,3 +873,64 @@ def test_a_basic_bolt_keeps_no_task_state_so_it_pickles_as_built() -> None:
     runner.close()
     assert len(runner.output) == 500
     assert pickle.dumps(bolt) == built
+
+
+# -- the dedup bolt only at the start of the chain -----------------------------------------------
+
+
+def _dedup_bolt() -> Bolt:
+    from dedup import IdempotencyBolt
+    from kspout.config import parse_config
+
+    config = parse_config({"topic": "t", "spout_id": "s"})
+    return IdempotencyBolt(lambda record, effects: None, config)
+
+
+@pytest.mark.parametrize(
+    ("chain", "position"),
+    [
+        (lambda bolt: [Split(), bolt], 1),
+        (lambda bolt: [Split(), Shuffle(), bolt], 2),
+        (lambda bolt: [lambda record: None, bolt], 1),
+        (lambda bolt: [Split(), Fields("word"), Relay(), Global(), bolt], 4),
+    ],
+)
+def test_the_dedup_bolt_anywhere_but_first_is_refused(chain: Any, position: int) -> None:
+    """After a fan-out, sibling tuples share their root's id: the first would claim it and the
+    rest be found DONE (one effect of several applied, the root acked as DUPLICATE)."""
+    with pytest.raises(ChainError) as caught:
+        Topology.of(chain(_dedup_bolt()))
+    message = str(caught.value)
+    assert f"IdempotencyBolt at position {position} must be the chain's only item" in message
+    assert "same id" in message and "acked as duplicates" in message
+
+
+def test_the_dedup_bolt_alone_is_accepted() -> None:
+    bolt = _dedup_bolt()
+    for spec in (bolt, [bolt]):
+        topology = Topology.of(spec)
+        assert topology.stages == (Stage((bolt,), None),)
+
+
+def test_must_be_first_is_a_bolt_attribute_the_chain_checks_without_knowing_dedup() -> None:
+    """kspout never imports dedup: any bolt may ask to be first."""
+
+    class Gate(BasicBolt):
+        must_be_first = True
+
+        def process(self, tuple_: Tuple, collector: BasicCollector) -> None:
+            collector.emit(tuple_.record)
+
+    assert len(Topology.of([Gate(), Split()]).stages[0].bolts) == 2
+    with pytest.raises(ChainError, match="Gate at position 1 must be the chain's first item"):
+        Topology.of([Split(), Gate()])
+    assert not Bolt.must_be_first and not Split.must_be_first
+
+
+def test_the_topology_module_imports_nothing_from_dedup() -> None:
+    code = (
+        "import sys, kspout.topology, kspout.spout; "
+        "print(sorted(m for m in sys.modules if m == 'dedup' or m.startswith('dedup.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
