@@ -10,7 +10,8 @@ Every offset in `[commit_point, emitted_to)` is in exactly one state, kept in a 
     IN_FLIGHT(attempt, deadline)   handed out by `plan`; waits for its outcome
     WAITING(attempt, due, reason)  failed or deferred; offered again by `plan` once due
     DEAD_LETTER                    given up; waits for the driver to write it to the DLQ
-    DONE                           finished: acked, duplicate, skipped, dead-lettered or lost
+    DONE                           finished: acked, duplicate, skipped, dead-lettered, lost,
+                                   or a gap (an offset Kafka never had for this consumer)
 
 Transitions and why:
 
@@ -30,7 +31,9 @@ Transitions and why:
     WAITING below emitted_to - max_offset_behind --> DEAD_LETTER | DONE(skipped) | stays
                                                          one `behind_policy` for every offset
     DEAD_LETTER --dead_lettered--> DONE                  the DLQ record is durable
-    any unfinished --gone / out-of-range reset--> DONE(lost), counted and logged
+    any unfinished --gone--> DONE(gap)                  never data (a transaction marker, a
+                                                         compacted record): counted as gaps
+    any unfinished --out-of-range reset--> DONE(lost)   data not processed: counted, logged
 
 An in-flight offset is never given up while it runs: its deadline turns it into a TIMEOUT
 failure first, and the policies apply to failures. So nothing is orphaned: every unfinished
@@ -179,7 +182,8 @@ class Stats:
     timed_out: int
     skipped: int
     dead_lettered: int
-    lost: int
+    lost: int  # data Kafka had that was never processed (out-of-range resets)
+    gaps: int  # GONE: offsets Kafka never had for this consumer (markers, compaction)
     invalid: int  # failed as INVALID (no id, undecodable): dead-lettered without a retry
     crashed: int  # failed as CRASH: killed its worker when run alone
     released: int  # handed back for an infrastructure failure, no attempt spent
@@ -197,6 +201,7 @@ class _Counters:
     skipped: int = 0
     dead_lettered: int = 0
     lost: int = 0
+    gaps: int = 0
     invalid: int = 0
     crashed: int = 0
     released: int = 0
@@ -283,6 +288,7 @@ class PartitionManager:
             skipped=c.skipped,
             dead_lettered=c.dead_lettered,
             lost=c.lost,
+            gaps=c.gaps,
             invalid=c.invalid,
             crashed=c.crashed,
             released=c.released,
@@ -453,7 +459,8 @@ class PartitionManager:
         self._defer_range(offset, offset + 1, attempt)
 
     def gone(self, offset: int) -> None:
-        """Kafka no longer has the offset: it is finished as lost."""
+        """Kafka has no record at the offset (a transaction marker, compacted away): it is
+        finished as a gap, not lost (nothing was there to process)."""
         self._lose(offset, offset + 1)
 
     def ack_range(self, lo: int, hi: int) -> None:
@@ -744,12 +751,16 @@ class PartitionManager:
         return handled
 
     def _lose(self, lo: int, hi: int) -> None:
-        lost = self._unfinished(max(lo, self._map.first), min(hi, self._map.end))
-        for a, b in lost:
+        """GONE: offsets inside Kafka's log that hold no record for this consumer (transaction
+        markers, aborted or compacted records) are finished and counted as gaps, never as
+        `lost`, which is only for data that existed and was not processed."""
+        gaps = self._unfinished(max(lo, self._map.first), min(hi, self._map.end))
+        for a, b in gaps:
             self._map.assign(a, b, DONE)
-            self._c.lost += b - a
+            self._c.gaps += b - a
             log.info(
-                "%s[%s] offsets [%d, %d) are gone from Kafka: counted lost",
+                "%s[%s] offsets [%d, %d) are gone from Kafka (no record there: transaction "
+                "markers, compaction): counted as gaps",
                 self.topic,
                 self.partition,
                 a,

@@ -20,9 +20,10 @@ COUNTERS = (
     "invalid",
     "dead_lettered",
     "lost",
+    "gaps",  # offsets Kafka never had for this consumer (markers, compaction): not lost
 )
 # Shown in the table only when some partition has a count (JSON always has every counter).
-OCCASIONAL = {"duplicates", "deferred", "crashed", "released", "skipped", "invalid"}
+OCCASIONAL = {"duplicates", "deferred", "crashed", "released", "skipped", "invalid", "gaps"}
 HEADERS = {
     "duplicates": "dup",
     "timed_out": "timeout",

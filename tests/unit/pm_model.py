@@ -44,6 +44,7 @@ class Model:
                 "skipped",
                 "dead_lettered",
                 "lost",
+                "gaps",
                 "retried",
                 "deferred",
                 "timed_out",
@@ -185,8 +186,11 @@ class Model:
             s.deadline = max(s.deadline, until)
 
     def gone(self, o: int) -> None:
+        """A gap (no record at the offset): counted as gaps, not lost; like a loss, the
+        offset is finished without having run, which `how` records as "lost"."""
         if self._live(o) is not None:
-            self._finish(o, "lost")
+            self.offsets[o] = Off("done", how="lost")
+            self.counts["gaps"] += 1
 
     def take_dead_letters(self) -> list[int]:
         out = []

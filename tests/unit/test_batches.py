@@ -132,7 +132,7 @@ CLIPPED = [Outcome(16, ACK, 1, count=4)]
 def check_settled_once(pm: PartitionManager) -> None:
     stats = pm.stats()
     assert stats.acked == 5 + 10  # [5, 10) before; now 0, 2, 3, 10, 14..19
-    assert stats.lost == 2
+    assert (stats.gaps, stats.lost) == (2, 0)  # GONE: gaps, not lost
     assert stats.deferred == 1
     assert stats.in_flight == 0
     assert stats.failed == 3  # 1 and 11 wait for a retry, 4 was deferred

@@ -528,23 +528,6 @@ def test_duplicate_counts_as_ack(make_pm: MakePM) -> None:
     assert (s.duplicates, s.acked, s.commit_point) == (5, 5, 10)
 
 
-def test_gone_counts_as_lost(make_pm: MakePM, caplog: pytest.LogCaptureFixture) -> None:
-    """GONE (Kafka no longer has the offset: compaction, transaction markers) finishes it as
-    lost, counted and logged with its range, never retried."""
-    caplog.set_level(logging.INFO, logger="kspout.partition_manager")
-    pm, clock = make_pm()
-    pm.plan(10, 10)
-    pm.gone(2)
-    pm.apply([Outcome(o, OutcomeKind.GONE, 1) for o in (5, 6)], epoch=pm.epoch)
-    pm.ack_many([0, 1, 3, 4, 7, 8, 9])
-    s = assert_drained(pm)
-    assert (s.lost, s.acked, s.commit_point) == (3, 7, 10)
-    logged = [r.getMessage() for r in caplog.records if "gone from Kafka" in r.getMessage()]
-    assert [m.split("offsets ")[1].split(" are")[0] for m in logged] == ["[2, 3)", "[5, 7)"]
-    clock.advance(1000.0)
-    assert pm.plan(10, 10).ranges() == []
-
-
 # -- backpressure ------------------------------------------------------------------------------
 
 
