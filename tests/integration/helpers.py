@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import sys
 import textwrap
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import cast
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
@@ -104,6 +105,21 @@ def dead_letter_headers(config: TopicConfig, brokers: str) -> list[dict[str, str
             for message in messages:
                 pairs = cast(list[tuple[str, bytes]], message.headers() or [])
                 found.append({k: v.decode() for k, v in pairs})
+        return found
+    finally:
+        consumer.close()
+
+
+def read_topic(brokers: str, topic: str, expected: int) -> list[Message]:
+    """Every message of `topic` (all partitions), waiting up to 10 s for `expected` of them."""
+    consumer = Consumer({"bootstrap.servers": brokers, "group.id": "test-reader"})
+    try:
+        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+        found: list[Message] = []
+        deadline = time.monotonic() + 10
+        while len(found) < expected and time.monotonic() < deadline:
+            found += [m for m in consumer.consume(100, 0.2) if m.error() is None]
         return found
     finally:
         consumer.close()

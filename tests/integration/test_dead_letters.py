@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import cast
 
-from confluent_kafka import Consumer, Message, Producer, TopicPartition
+from confluent_kafka import Message, Producer
 
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
@@ -15,6 +15,7 @@ from kspout.driver.dead_letters import CLOSED, DeadLetterOutcome, DeadLetterWork
 from kspout.kafka import DeadLetterWriter
 from kspout.outcomes import FailReason
 from kspout.partition_manager import DeadLetterTicket
+from tests.integration.helpers import read_topic
 
 PARTITION = 1
 WAIT = 30.0  # seconds for the worker to drain (fetch_timeout is 5 s)
@@ -30,21 +31,6 @@ def produce_numbered(producer: Producer, topic: str, count: int) -> None:
             headers=[("trace", b"t%d" % i)],
         )
     assert producer.flush(30) == 0
-
-
-def read_letters(brokers: str, topic: str, expected: int) -> list[Message]:
-    """Every record of the dead-letter `topic`, waiting up to 10 s for `expected` of them."""
-    consumer = Consumer({"bootstrap.servers": brokers, "group.id": "dead-letter-test"})
-    try:
-        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
-        found: list[Message] = []
-        deadline = time.monotonic() + 10
-        while len(found) < expected and time.monotonic() < deadline:
-            found += [m for m in consumer.consume(100, 0.2) if m.error() is None]
-        return found
-    finally:
-        consumer.close()
 
 
 def headers_of(message: Message) -> dict[str, bytes]:
@@ -67,7 +53,7 @@ def test_tickets_become_letters_with_the_original_message_and_kspout_headers(
         assert worker.completed() == [DeadLetterOutcome(PARTITION, (3, 4, 5, 9), None)]
         assert worker.pending == 0
 
-    letters = read_letters(stack.info.brokers, config.dlq_topic, expected=4)
+    letters = read_topic(stack.info.brokers, config.dlq_topic, expected=4)
     by_offset = {int(headers_of(m)["kspout.source.offset"]): m for m in letters}
     assert sorted(by_offset) == [3, 4, 5, 9]
     for offset, message in by_offset.items():
@@ -100,7 +86,7 @@ def test_an_offset_kafka_never_had_becomes_a_letter_without_a_record(
         assert worker.wait(WAIT)
         assert worker.completed() == [DeadLetterOutcome(PARTITION, (7, 1_000_000), None)]
 
-    letters = read_letters(stack.info.brokers, config.dlq_topic, expected=2)
+    letters = read_topic(stack.info.brokers, config.dlq_topic, expected=2)
     by_offset = {int(headers_of(m)["kspout.source.offset"]): m for m in letters}
     assert sorted(by_offset) == [7, 1_000_000]
     present, absent = by_offset[7], by_offset[1_000_000]

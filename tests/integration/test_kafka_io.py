@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from confluent_kafka import Consumer, Message, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from kspout.config import TopicConfig, parse_config
 from kspout.devstack import DevStack
@@ -21,6 +21,7 @@ from kspout.kafka import (
     Record,
 )
 from kspout.policy import Position
+from tests.integration.helpers import read_topic
 
 Produce = Callable[..., None]
 
@@ -263,7 +264,8 @@ def test_dead_letters_carry_the_original_and_kspout_headers(
     with DeadLetterWriter(config) as writer:
         writer.write(letters)
 
-    read = read_all(mock_brokers, config.dlq_topic, expected=2)
+    read = read_topic(mock_brokers, config.dlq_topic, expected=2)
+    assert len(read) == 2
     by_offset = {dict(m.headers() or [])["kspout.source.offset"]: m for m in read}
     first, second = by_offset[b"41"], by_offset[b"7"]
     assert (first.key(), first.value()) == (b"k", b"body")
@@ -286,19 +288,3 @@ def test_dead_letters_carry_the_original_and_kspout_headers(
         "kspout.error": b"",
     }
     assert config.dlq_topic == f"{config.topic}.dlq"
-
-
-def read_all(brokers: str, topic: str, expected: int) -> list[Message]:
-    """Every message of `topic` (all partitions), waiting up to 10 s for `expected` of them."""
-    consumer = Consumer({"bootstrap.servers": brokers, "group.id": "reader"})
-    try:
-        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
-        found: list[Message] = []
-        deadline = time.monotonic() + 10
-        while len(found) < expected and time.monotonic() < deadline:
-            found += [m for m in consumer.consume(100, 0.2) if m.error() is None]
-        assert len(found) == expected
-        return found
-    finally:
-        consumer.close()
