@@ -2,7 +2,9 @@
 
 `IdempotencyBolt` (bolt.py) wraps the handler that applies a message's effects; message ids
 come from ids.py; the Redis layer is `IdempotencyStore` over Lua scripts in `dedup/lua/`; the
-fencing tokens' epochs live in ZooKeeper (`ZkEpoch`). See ../shared/design.md, "dedup".
+fencing tokens' epochs live in ZooKeeper (`ZkEpoch`). Effects in PostgreSQL go through the
+fenced SQL sink, `dedup.postgres.PostgresSink` (not imported here: it needs the `sql` extra,
+psycopg 3). See ../shared/design.md, "dedup".
 """
 
 from dedup.bolt import Effects, IdempotencyBolt
@@ -17,10 +19,13 @@ from dedup.store import (
     EpochConflict,
     EpochSource,
     IdempotencyStore,
+    NotDurable,
     Record,
     RecordState,
     Settlement,
+    SettleResult,
     SettleStatus,
+    WaitAofUnsupported,
     server_durability_warnings,
 )
 
@@ -37,10 +42,13 @@ __all__ = [
     "EpochSource",
     "IdempotencyBolt",
     "IdempotencyStore",
+    "NotDurable",
     "Record",
     "RecordState",
+    "SettleResult",
     "SettleStatus",
     "Settlement",
+    "WaitAofUnsupported",
     "ZkEpoch",
     "server_durability_warnings",
 ]

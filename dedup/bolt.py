@@ -12,6 +12,15 @@ settlement for all of them.
   holds the record. If it raises, the record is marked FAILED and the message fails with
   EXCEPTION, to be retried.
 * No id: the message goes to the dead-letter topic (INVALID), counted.
+* REJECTED (the id's record key, or one of its effects, is something Redis would refuse:
+  another type, a non-integer, an overflow): the message fails with EXCEPTION and Redis's
+  reason, alone; the rest of the batch goes on. Not INVALID: the fault is in Redis's data,
+  which an operator can repair while retries back off, and the dead letter names it if not.
+* With `[dedup] wait_replicas`/`wait_aof`, a settlement the replicas did not acknowledge in time
+  releases the messages it ran (no attempt spent, the partition backs off like for any Redis
+  fault): their DONE records may not survive a failover. A replay that finds one DONE is
+  acked as a DUPLICATE once the replicas have it (DEFERRED until then); one that finds it
+  lost runs again.
 
 So a task that dies without a word leaves a lease that expires and is claimed again (nothing
 lost); an original that times out and throws later settles FAILED, and the next replay claims
@@ -37,9 +46,11 @@ from dedup.store import (
     ClaimStatus,
     Effect,
     IdempotencyStore,
+    NotDurable,
     Settlement,
     SettleStatus,
     check_effect,
+    require_wait_aof,
     server_durability_warnings,
 )
 from kspout.bolts import Bolt, Collector, TaskContext, Tuple
@@ -55,8 +66,9 @@ class Effects:
     """One claimed message's side effects, applied atomically with marking it DONE.
 
     Add Redis writes (`hincrby`, `incrby`, `sadd`, `set`, `hset`); they happen only if the
-    handler returns and this claim still holds the message. For effects outside Redis, check
-    `still_owner()` (or pass `token` to a sink that keeps the highest token it has seen).
+    handler returns and this claim still holds the message. For effects in PostgreSQL, pass this
+    object to `dedup.postgres.PostgresSink.write`, which commits them with the `token` fenced in
+    the same transaction; `still_owner()` is no fence.
     """
 
     __slots__ = ("_store", "attempt", "commands", "id", "token")
@@ -89,7 +101,12 @@ class Effects:
         self.add("HSET", key, field, value)
 
     def still_owner(self) -> bool:
-        """True while this claim holds the message: check before an effect outside Redis."""
+        """True if this claim held the message when Redis answered, and no more than that.
+
+        Not a fence: the lease can run out and a newer claim take the message over right after
+        the answer, so a write that follows a True can still land as a zombie's. Effects outside
+        Redis need a sink that checks the token in the same transaction as the write
+        (`dedup.postgres.PostgresSink`)."""
         return self._store.fence_ok(self.id, self.token)
 
 
@@ -139,6 +156,9 @@ def _store(config: TopicConfig, namespace: str) -> IdempotencyStore:
             lease_ms=int(config.dedup.lease * 1000),
             done_ttl_ms=int(config.dedup.ttl * 1000),
             epoch_source=ZkEpoch(_zookeeper(config), path),
+            wait_replicas=config.dedup.wait_replicas,
+            wait_timeout_ms=max(1, int(config.dedup.wait_timeout * 1000)),
+            wait_aof=config.dedup.wait_aof,
         )
     return store
 
@@ -162,9 +182,16 @@ class IdempotencyBolt(Bolt):
         self.warnings: list[str] = []
         self._read_id: IdReader = id_reader(config.dedup.id_source)
 
+    def replay_window(self) -> float:
+        """DONE records live `[dedup] ttl`: a replay of older messages would apply them again."""
+        return self.config.dedup.ttl
+
     def start(self) -> None:
-        """On the driver: warn when the Redis server could lose acknowledged records."""
+        """On the driver: warn when the Redis server could lose acknowledged records; refuse
+        `wait_aof` on a server without WAITAOF."""
         client = _redis(tuple(sorted(self.config.redis_args().items())))
+        if self.config.dedup.wait_aof:
+            require_wait_aof(client)
         self.warnings = server_durability_warnings(client)
         for warning in self.warnings:
             log.warning("dedup Redis %s: %s", self.config.redis.url, warning)
@@ -196,11 +223,19 @@ class IdempotencyBolt(Bolt):
                 collector.duplicate(tuple_)
             elif claim.status is ClaimStatus.DEFERRED:
                 collector.defer(tuple_)
+            elif claim.status is ClaimStatus.REJECTED:
+                collector.fail(tuple_, f"Redis rejected the claim of {id_!r}: {claim.error}")
             else:
                 settlements.append(self._run(tuple_.record, id_, claim.token, claim.attempts))
                 ran.append(tuple_)
         BEACON.current = None  # the settle below is Redis's time, not the last message's
-        for tuple_, item, status in zip(ran, settlements, store.settle(settlements), strict=True):
+        try:
+            results = store.settle(settlements)
+        except NotDurable as exc:
+            for tuple_ in ran:
+                collector.release(tuple_, str(exc))
+            return
+        for tuple_, item, (status, error) in zip(ran, settlements, results, strict=True):
             if status is SettleStatus.SETTLED:
                 if item.done:
                     collector.ack(tuple_)
@@ -211,7 +246,7 @@ class IdempotencyBolt(Bolt):
             elif status is SettleStatus.LOST:
                 collector.fail(tuple_, f"idempotency record of {item.id!r} vanished from Redis")
             else:
-                collector.fail(tuple_, f"Redis rejected the effects of {item.id!r}")
+                collector.fail(tuple_, f"Redis rejected the settlement of {item.id!r}: {error}")
 
     def _run(self, record: Record, id_: str, token: int, attempt: int) -> Settlement:
         effects = Effects(self._store, id_, token, attempt)

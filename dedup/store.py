@@ -15,9 +15,22 @@ namespace on one Redis Cluster slot, so a batch is one script call). States and 
 * DONE: `claim` answers DUPLICATE (ack without running user code) until the key expires.
 
 A live lease held by another owner answers DEFERRED (retry later, no attempt spent). Lease
-deadlines come from Redis's clock (`TIME` inside the scripts), never from a client's. In-flight
-records have no key expiry (it would add about a quarter to the claim's server time): a claim
-nobody ever settles or claims again stays until deleted.
+deadlines come from Redis's clock (`TIME` inside the scripts), never from a client's.
+
+Every record expires, so memory stays bounded: DONE and FAILED after `done_ttl_ms` (the dedup
+window), IN_FLIGHT `lease_ms + done_ttl_ms` after its latest claim. That covers claims nobody
+settles or claims again (their messages were skipped, reset past, or dead-lettered by timeout).
+An IN_FLIGHT record that expires makes its id's next claim a new one (attempt 1, a higher
+token), which is safe: the record outlives its lease, so every holder's deadline has passed
+and a claim would take the id over anyway, and the message is not DONE (a DONE record would
+have replaced it). Keeping it a whole window past the lease lets a late holder whose lease ran
+out still settle DONE if nobody claimed the id since, as long as a DONE record would be kept.
+
+The scripts are all or nothing, as Redis does not roll a script back: they check everything a
+command could refuse before their first write, and an id whose record key or effects Redis
+would refuse is REJECTED alone (its message fails with the reason) while the rest of the batch
+is claimed or settled. The claim script reserves one counter per id before writing any record,
+so a token is never handed out twice.
 
 Fencing tokens are `epoch * 2**40 + counter`: the counter lives in the namespace's fence hash
 `{<namespace>}:fence` beside the epoch it belongs to, and epochs come from an `EpochSource`
@@ -30,6 +43,15 @@ with the data, and installing it again would restart its counter. A loss that ke
 but drops recent writes (the last second of an `appendfsync everysec` file on a machine crash, a
 failover to a lagging replica) is not detected: tokens from the lost window can be handed out
 again. `server_durability_warnings` names the settings that make losses likely.
+
+Replicas: with `wait_replicas` (and `wait_aof`), each script call is followed, on the same
+connection and in the same round trip, by `WAIT` (or `WAITAOF`, Redis >= 7.2). A settle that
+fewer replicas acknowledged in time raises `NotDurable` (its writes stay on the primary; the
+caller must not ack), and a claim's DUPLICATE answers become DEFERRED (a DONE record on the
+primary alone is not yet a reason to ack). The claim script always writes (it reserves
+counters), so its WAIT covers every DONE record it read. WAIT is not strong consistency: a
+failover may still promote a replica that did not acknowledge, and a write that timed out is
+not undone.
 """
 
 from __future__ import annotations
@@ -39,11 +61,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.resources import files
 from itertools import repeat
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import redis
+from redis.commands.core import Script
+from redis.typing import EncodableT
 
 COUNTER_BITS = 40  # the counter part of a token; the claim script asks for a new epoch at 2**40
+MAX_EFFECT_ARGS = 1000  # arguments of one effect; settle_effects.lua's MAX_ARGS (Lua's unpack)
+INT64 = range(-(2**63), 2**63)  # increments Redis accepts
 MAX_ERROR_CHARS = 1000  # error text kept in a FAILED record: enough to diagnose, bounded memory
 EPOCH_ROUNDS = 5  # epoch changes one claim may go through before it gives up (each moves forward)
 
@@ -91,6 +117,47 @@ class EpochConflict(DedupError):
         )
 
 
+class NotDurable(DedupError):
+    """Fewer replicas (or append-only files) than asked acknowledged a settlement within the
+    timeout. Its writes are on the primary but may be lost in a failover, so the caller must
+    not ack its messages: offering them again is safe (a DONE record that survives makes the
+    replay a DUPLICATE; one that was lost lets it run again). `results` are the settle's
+    per-item results as the primary saw them."""
+
+    def __init__(
+        self,
+        command: str,
+        wanted: tuple[int, ...],
+        acked: tuple[int, ...],
+        results: list[SettleResult],
+    ) -> None:
+        self.command = command  # WAIT (replicas) or WAITAOF (local fsync, replicas' fsync)
+        self.wanted = wanted
+        self.acked = acked
+        self.results = results
+        what = "replicas" if command == "WAIT" else "local fsync, replicas"
+        super().__init__(
+            f"{command} ({what}): {_counts(acked)} of {_counts(wanted)} acknowledged the "
+            "settlement in time, so a failover may lose it; its messages are offered again"
+        )
+
+
+def _counts(counts: tuple[int, ...]) -> str:
+    return ", ".join(map(str, counts))
+
+
+class WaitAofUnsupported(DedupError):
+    """`wait_aof` is on but the Redis server has no WAITAOF (it came with Redis 7.2): upgrade
+    the server, or set `[dedup] wait_aof = false` to wait for replicas only (WAIT)."""
+
+    def __init__(self, server: str) -> None:
+        self.server = server
+        super().__init__(
+            f"[dedup] wait_aof needs WAITAOF (Redis >= 7.2); the server runs Redis {server}: "
+            "upgrade it, or set wait_aof = false"
+        )
+
+
 # -- types -------------------------------------------------------------------------------------
 
 
@@ -109,7 +176,10 @@ class EpochSource(Protocol):
 class ClaimStatus(enum.Enum):
     CLAIMED = "claimed"  # run the user code with `token`; settle it afterwards
     DUPLICATE = "duplicate"  # already DONE: ack without running user code
-    DEFERRED = "deferred"  # a live lease elsewhere: retry after `retry_after_ms`, no attempt spent
+    # a live lease elsewhere, or DONE but not yet acknowledged by the replicas asked for: retry
+    # after `retry_after_ms`, no attempt spent
+    DEFERRED = "deferred"
+    REJECTED = "rejected"  # the id's key holds something else: nothing changed, see `error`
 
 
 class Claim(NamedTuple):
@@ -119,13 +189,23 @@ class Claim(NamedTuple):
     token: int
     attempts: int
     retry_after_ms: int  # DEFERRED: when the other owner's lease ends, else 0
+    error: str | None = None  # REJECTED: why
 
 
 class SettleStatus(enum.Enum):
     SETTLED = "settled"  # the record is now DONE (effects applied) or FAILED
     STALE = "stale"  # another claim holds the record, or it was already settled: nothing changed
     LOST = "lost"  # no record (expired, or Redis lost it): nothing changed
-    REJECTED = "rejected"  # an effect would fail in Redis: none applied, record FAILED with why
+    # an effect would fail in Redis (none applied, record FAILED with why), or the record's key
+    # holds another type (nothing changed)
+    REJECTED = "rejected"
+
+
+class SettleResult(NamedTuple):
+    """One item's answer to `settle`."""
+
+    status: SettleStatus
+    error: str | None = None  # REJECTED: why
 
 
 Effect = Sequence[str | bytes | int | float]
@@ -209,18 +289,21 @@ def check_effect(
     code, low, high, integers, pairs = spec
     if len(args) < low or (high is not None and len(args) > high) or (pairs and len(args) % 2):
         raise EffectNotAllowed(id, effect, f"wrong number of arguments; allowed: {_ALLOWED_TEXT}")
+    if len(args) > MAX_EFFECT_ARGS:
+        raise EffectNotAllowed(id, effect, f"more than {MAX_EFFECT_ARGS} arguments: split it")
     if not isinstance(key, str | bytes):
         raise EffectNotAllowed(id, effect, "the key must be str or bytes")
     for position, arg in enumerate(args):
         if isinstance(arg, bool) or not isinstance(arg, str | bytes | int | float):
             raise EffectNotAllowed(id, effect, f"argument {arg!r} is not str, bytes, int or float")
-        if position in integers and not isinstance(arg, int):
-            raise EffectNotAllowed(id, effect, f"the increment {arg!r} must be an int")
+        if position in integers and (not isinstance(arg, int) or arg not in INT64):
+            raise EffectNotAllowed(id, effect, f"the increment {arg!r} must be a 64-bit int")
     return code, key, args
 
 
-_SETTLE_BY_DIGIT = {ord(str(i)): status for i, status in enumerate(SettleStatus)}
-_DUPLICATE = Claim(ClaimStatus.DUPLICATE, 0, 0, 0)
+_RESULT_BY_DIGIT = {ord(str(i)): SettleResult(status) for i, status in enumerate(SettleStatus)}
+_REJECTED_DIGIT = ord("3")
+_DUPLICATE = Claim(ClaimStatus.DUPLICATE, 0, 0, 0, None)
 _CLAIMED = ClaimStatus.CLAIMED
 _DEFERRED = ClaimStatus.DEFERRED
 # Claims are built with tuple.__new__, skipping the NamedTuple's Python-level __new__ (with the
@@ -247,14 +330,29 @@ class IdempotencyStore:
         lease_ms: int,
         done_ttl_ms: int,
         epoch_source: EpochSource,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
+        wait_aof: bool = False,
     ) -> None:
         if not namespace or "{" in namespace or "}" in namespace:
             raise ValueError(f"namespace {namespace!r} must be non-empty, without braces")
         if lease_ms <= 0 or done_ttl_ms <= 0:
             raise ValueError(f"lease_ms ({lease_ms}) and done_ttl_ms ({done_ttl_ms}) must be > 0")
+        if wait_replicas < 0 or wait_timeout_ms <= 0:  # WAIT's timeout 0 would block for ever
+            raise ValueError(
+                f"wait_replicas ({wait_replicas}) must be >= 0, wait_timeout_ms "
+                f"({wait_timeout_ms}) > 0"
+            )
         self.namespace = namespace
         self.lease_ms = lease_ms
         self.done_ttl_ms = done_ttl_ms
+        self.claim_ttl_ms = lease_ms + done_ttl_ms  # IN_FLIGHT records: see the module docstring
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = wait_timeout_ms
+        self.wait_aof = wait_aof
+        # the least acceptable reply of WAIT (replicas,) or WAITAOF (1, replicas) after each
+        # script call; None before the first (WAITAOF is checked then)
+        self._wanted: tuple[int, ...] | None = None
         self._client = client
         self._source = epoch_source
         self._prefix = f"{{{namespace}}}:r:"
@@ -278,7 +376,8 @@ class IdempotencyStore:
         """Claim `ids` for `owner` in one script call; one `Claim` per id, in the same order.
 
         An epoch change (Redis lost data, or another client moved the fence) costs extra round
-        trips, once.
+        trips, once. With `wait_replicas`/`wait_aof`, DUPLICATE answers become DEFERRED when
+        the acknowledgements fell short.
         """
         if not ids:
             return []
@@ -289,9 +388,19 @@ class IdempotencyStore:
             epoch = self._epoch
             if epoch is None:
                 epoch = self._epoch = self._source.current()
-            status, base, codes = self._claim(keys=keys, args=(epoch, owner, self.lease_ms))
+            args = (epoch, owner, self.lease_ms, self.claim_ttl_ms)
+            reply, acked = self._call(self._claim, keys, args)
+            status, base, codes, reasons, *read_only = reply
             if status == 0:
-                return self._claims((epoch << COUNTER_BITS) + base, codes, len(ids))
+                claims = self._claims((epoch << COUNTER_BITS) + base, codes, reasons, len(ids))
+                if acked is not None or (read_only and self._wanted):
+                    # DONE on the primary alone (or not shown otherwise): no reason to ack yet
+                    retry = self.wait_timeout_ms
+                    claims = [
+                        Claim(_DEFERRED, 0, 0, retry) if c.status is ClaimStatus.DUPLICATE else c
+                        for c in claims
+                    ]
+                return claims
             if status == 2 and base > epoch:
                 self._adopt(base)  # another client moved the fence on: use its epoch
             else:
@@ -305,26 +414,69 @@ class IdempotencyStore:
         )
 
     @staticmethod
-    def _claims(first: int, codes: bytes | str, n: int) -> list[Claim]:
-        """Decode the claim script's codes for `n` ids; CLAIMED ids got tokens first+1, ..."""
+    def _claims(
+        first: int, codes: bytes | str, reasons: Sequence[bytes | str], n: int
+    ) -> list[Claim]:
+        """Decode the claim script's codes for `n` ids; the k-th id (from 1) has token first+k
+        if CLAIMED; `reasons` are the REJECTED ids' errors, in order."""
         raw = codes.encode() if isinstance(codes, str) else codes
+        tokens = range(first + 1, first + n + 1)
         if raw == b"1," * (n - 1) + b"1":
             # the common case, all n ids new (each CLAIMED at attempt 1): one Claim per token
-            tokens = range(first + 1, first + n + 1)
-            rows = zip(repeat(_CLAIMED), tokens, repeat(1), repeat(0), strict=False)
+            rows = zip(repeat(_CLAIMED), tokens, repeat(1), repeat(0), repeat(None), strict=False)
             return list(map(_new_tuple, repeat(Claim), rows))
         out: list[Claim] = []
         append = out.append
-        token = first
-        for code in map(int, raw.split(b",")):
-            if code > 0:
-                token += 1
-                append(_new_tuple(Claim, (_CLAIMED, token, code, 0)))
-            elif code == 0:
+        errors = map(_text, reasons)
+        for token, code in zip(tokens, raw.split(b","), strict=True):
+            if code == b"r":
+                append(Claim(ClaimStatus.REJECTED, 0, 0, 0, next(errors)))
+            elif (attempts := int(code)) > 0:
+                append(_new_tuple(Claim, (_CLAIMED, token, attempts, 0, None)))
+            elif attempts == 0:
                 append(_DUPLICATE)
             else:
-                append(_new_tuple(Claim, (_DEFERRED, 0, 0, -code)))
+                append(_new_tuple(Claim, (_DEFERRED, 0, 0, -attempts, None)))
         return out
+
+    def _call(
+        self, script: Script, keys: Sequence[str | bytes], args: Sequence[EncodableT]
+    ) -> tuple[Any, tuple[int, ...] | None]:
+        """Run `script`; with `wait_replicas` or `wait_aof`, then WAIT (or WAITAOF) on the same
+        connection, in the same round trip. Returns the script's reply, and what was
+        acknowledged if that fell short (else None)."""
+        if not (self.wait_replicas or self.wait_aof):
+            return script(keys=keys, args=args), None
+        wanted = self._wanted or self._check_wait()
+        replicas, timeout = self.wait_replicas, self.wait_timeout_ms
+        for _ in range(2):  # the second time after loading the script
+            with self._client.pipeline(transaction=False) as pipe:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                if self.wait_aof:
+                    pipe.waitaof(1, replicas, timeout)
+                else:
+                    pipe.wait(replicas, timeout)
+                reply, acked = pipe.execute(raise_on_error=False)
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                self._client.script_load(script.script)
+                continue
+            for answer in (reply, acked):
+                if isinstance(answer, Exception):
+                    raise answer
+            got = tuple(acked) if isinstance(acked, list) else (acked,)
+            short = any(a < w for a, w in zip(got, wanted, strict=True))
+            return reply, got if short else None
+        raise redis.exceptions.NoScriptError(f"script {script.sha} did not load")
+
+    def _check_wait(self) -> tuple[int, ...]:
+        """The least acceptable reply of the wait; `WaitAofUnsupported` if WAITAOF is asked for
+        and the server does not have it."""
+        if self.wait_aof:
+            require_wait_aof(self._client)
+            self._wanted = (1, self.wait_replicas)
+        else:
+            self._wanted = (self.wait_replicas,)
+        return self._wanted
 
     def _move_fence(self, seen: int) -> None:
         """Take a fresh epoch from the source and move the fence to it; if another client moved
@@ -349,13 +501,14 @@ class IdempotencyStore:
             )
         self._epoch = fence
 
-    def settle(self, items: Sequence[Settlement]) -> list[SettleStatus]:
-        """Settle claimed ids in one script call; one status per item, in the same order.
+    def settle(self, items: Sequence[Settlement]) -> list[SettleResult]:
+        """Settle claimed ids in one script call; one result per item, in the same order.
 
         Items with effects (DONE only) run them in the same script, only if the token holds.
         Effects are checked first: `EffectNotAllowed` before anything is sent. Effect keys are
         the caller's own keys; on Redis Cluster they must carry the `{namespace}` hash tag, or
-        Redis refuses the call (CROSSSLOT).
+        Redis refuses the call (CROSSSLOT). With `wait_replicas`/`wait_aof`, `NotDurable` if
+        the acknowledgements fell short.
         """
         if not items:
             return []
@@ -376,9 +529,9 @@ class IdempotencyStore:
             ]
         # one %x per token, each followed by a space: the script reads them with gmatch
         args: list[str | int] = [self.done_ttl_ms, "%x " * len(tokens) % tokens, outcomes, *texts]
-        return self._statuses(self._settle(keys=keys, args=args))
+        return self._results(*self._call(self._settle, keys, args))
 
-    def _settle_with_effects(self, items: Sequence[Settlement]) -> list[SettleStatus]:
+    def _settle_with_effects(self, items: Sequence[Settlement]) -> list[SettleResult]:
         prefix = self._prefix
         keys: list[str | bytes] = []
         effect_keys: list[str | bytes] = []
@@ -403,12 +556,24 @@ class IdempotencyStore:
                 stream.append((error or "")[:MAX_ERROR_CHARS])
             shapes.append(",")
         args = [self.done_ttl_ms, " ".join(tokens), "".join(outcomes), "".join(shapes), *stream]
-        return self._statuses(self._settle_effects(keys=keys + effect_keys, args=args))
+        return self._results(*self._call(self._settle_effects, keys + effect_keys, args))
 
-    @staticmethod
-    def _statuses(reply: bytes | str) -> list[SettleStatus]:
-        digits = reply.encode() if isinstance(reply, str) else reply
-        return [_SETTLE_BY_DIGIT[digit] for digit in digits]
+    def _results(self, reply: list[Any], acked: tuple[int, ...] | None) -> list[SettleResult]:
+        """Decode a settle script's reply; `NotDurable` if the wait after it fell short."""
+        digits, reasons = reply
+        raw = digits.encode() if isinstance(digits, str) else digits
+        results = [_RESULT_BY_DIGIT[digit] for digit in raw]
+        if reasons:
+            errors = map(_text, reasons)
+            results = [
+                SettleResult(r.status, next(errors)) if d == _REJECTED_DIGIT else r
+                for d, r in zip(raw, results, strict=True)
+            ]
+        if acked is not None:
+            assert self._wanted is not None
+            command = "WAITAOF" if self.wait_aof else "WAIT"
+            raise NotDurable(command, self._wanted, acked, results)
+        return results
 
     def record(self, id: str) -> Record | None:
         """`id`'s record as it is now, or None if there is none."""
@@ -429,6 +594,16 @@ class IdempotencyStore:
 
 
 # -- server checks -----------------------------------------------------------------------------
+
+
+def require_wait_aof(client: redis.Redis) -> None:
+    """`WaitAofUnsupported` unless the server runs WAITAOF (Redis >= 7.2, not renamed or
+    denied): tried with nothing to wait for."""
+    try:
+        client.waitaof(0, 0, 1)
+    except redis.ResponseError as exc:
+        version = client.info("server")["redis_version"]
+        raise WaitAofUnsupported(f"{version}; WAITAOF answered: {exc}") from exc
 
 
 def server_durability_warnings(client: redis.Redis) -> list[str]:

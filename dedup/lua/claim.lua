@@ -6,21 +6,34 @@
 -- ARGV[1]     the caller's epoch (decimal); claims proceed only if it equals the fence's epoch
 -- ARGV[2]     owner (any string)
 -- ARGV[3]     lease length, ms
+-- ARGV[4]     how long an IN_FLIGHT record is kept, ms (>= the lease; see store.py)
 --
 -- Records (one string per id; the owner and the error text come last, so they may hold ':'):
 --   IN_FLIGHT  I:<token hex>:<attempts>:<lease deadline, ms of Redis time>:<owner>
+--              (key expires ARGV[4] ms after the claim)
 --   DONE       D:<token hex>:<attempts>                  (key expires after done_ttl)
 --   FAILED     F:<token hex>:<attempts>:<error>          (key expires after done_ttl)
 -- A token is epoch * 2^40 + counter; its hex form is `%x` of the epoch followed by exactly
 -- ten hex digits of the counter, so Lua never does arithmetic beyond 2^53.
 --
--- Returns {status, base, codes}:
---   status 0  claimed as below; the k-th CLAIMED id (1-based, in KEYS order) got counter base + k
+-- All or nothing: the counter is advanced by one per id before any record is written, so an id
+-- at position k (1-based, in KEYS order) has counter base + k whether it is claimed or not, and
+-- no token is ever handed out twice. Every per-id command runs under pcall; an id whose key
+-- holds another type, or a string that is not a record, is REJECTED and left untouched, while
+-- the other ids are claimed. At maxmemory Redis refuses the reservation (the first write): the
+-- call then answers from reads alone if every id is DONE, and fails with Redis's error if not,
+-- having written nothing.
+--
+-- Returns {status, base, codes, reasons}:
+--   status 0  claimed as below
 --   status 1  the fence is missing: Redis lost data (or the namespace is new); nothing changed
 --   status 2  the fence holds another epoch, returned as `base`; nothing changed
 --   status 3  the counter would pass 2^40: a new epoch is needed; nothing changed
 --   codes     one comma-separated code per id: n > 0 CLAIMED at attempt n, 0 DUPLICATE (DONE),
---             -m DEFERRED (a live lease held by another owner ends in m ms)
+--             -m DEFERRED (a live lease held by another owner ends in m ms), r REJECTED
+--   reasons   an array of one error text per REJECTED id, in order
+--   a fifth element, 1, if nothing was written (the reservation was refused): a WAIT after this
+--   call then proves nothing about the DONE records it read
 -- A caller re-claiming its own live lease gets CLAIMED with a fresh token at the same attempt
 -- (a lease renewal: the old token goes stale); the same id twice in one call is DEFERRED the
 -- second time, so one call never fences its own claim.
@@ -28,27 +41,65 @@
 
 local fence = redis.call('HMGET', KEYS[1], 'epoch', 'seq')
 if not fence[1] or not fence[2] then
-  return {1, 0, ''}
+  return {1, 0, '', {}}
 end
 if fence[1] ~= ARGV[1] then
-  return {2, tonumber(fence[1]), ''}
+  return {2, tonumber(fence[1]), '', {}}
 end
 local base = tonumber(fence[2])
 local n = #KEYS - 1
 if base + n >= 1099511627776 then -- 2^40: the counter part of a token is 40 bits
-  return {3, 0, ''}
+  return {3, 0, '', {}}
+end
+
+-- the record's fields if `record` is one, else nil
+local function parse(record)
+  local state = string.byte(record, 1)
+  if state == 68 then -- 'D'
+    if string.match(record, '^D:%x+:%d+$') then
+      return 'D'
+    end
+  elseif state == 70 then -- 'F'
+    local attempts = string.match(record, '^F:%x+:(%d+):')
+    if attempts then
+      return 'F', attempts
+    end
+  elseif state == 73 then -- 'I'
+    local token, attempts, deadline, holder = string.match(record, '^I:(%x+):(%d+):(%d+):(.*)$')
+    if token then
+      return 'I', attempts, token, tonumber(deadline), holder
+    end
+  end
+  return nil
+end
+
+local NOT_A_RECORD = 'the key holds a string that is not an idempotency record'
+
+local reserved = redis.pcall('HINCRBY', KEYS[1], 'seq', n)
+if type(reserved) == 'table' then
+  -- refused (at maxmemory Redis refuses a script's first write): answer DONE ids from reads
+  local codes = {}
+  for i = 2, #KEYS do
+    local record = redis.pcall('GET', KEYS[i])
+    if type(record) ~= 'string' or parse(record) ~= 'D' then
+      return reserved
+    end
+    codes[i - 1] = '0'
+  end
+  return {0, base, table.concat(codes, ','), {}, 1}
 end
 
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local owner = ARGV[2]
 local lease = tonumber(ARGV[3])
+local keep = ARGV[4]
 local tail = ':' .. string.format('%d', now + lease) .. ':' .. owner
 local epoch_hex = string.format('%x', tonumber(ARGV[1]))
 local head = 'I:' .. epoch_hex -- a claim's record: head, counter (%010x), ':', attempts, tail
 local fresh_tail = ':1' .. tail -- a new id's: attempt 1
 local codes = {}
-local k = 0
+local reasons = {}
 -- an absent id (the common case) takes one command, SET NX GET: it writes the claim and answers
 -- false, or answers the present record and writes nothing; a present one takes a GET, cheaper.
 -- Each id is tried the way that fits the previous one (batches are mostly new, or mostly replays)
@@ -56,35 +107,30 @@ local expect_absent = true
 
 for i = 2, #KEYS do
   local key = KEYS[i]
-  local record = nil -- false once known absent (and claimed at attempt 1), else the record
+  local counter = string.format('%010x', base + i - 1)
+  local record
   if expect_absent then
-    local fresh = head .. string.format('%010x', base + k + 1) .. fresh_tail
-    record = redis.pcall('SET', key, fresh, 'NX', 'GET')
-    if type(record) == 'table' then
-      -- an error: at maxmemory Redis refuses a script's first write, so read instead (a DONE
-      -- id still answers DUPLICATE); a write below then fails as it would have anyway, and
-      -- other errors (WRONGTYPE) come back from GET
-      record = nil
-    end
-  end
-  if record == nil then
-    record = redis.call('GET', key)
-    if not record then
-      redis.call('SET', key, head .. string.format('%010x', base + k + 1) .. fresh_tail)
+    record = redis.pcall('SET', key, head .. counter .. fresh_tail, 'PX', keep, 'NX', 'GET')
+  else
+    record = redis.pcall('GET', key)
+    if record == false then
+      redis.call('SET', key, head .. counter .. fresh_tail, 'PX', keep)
     end
   end
   expect_absent = not record
   local code = '1'
-  if record then
+  if type(record) == 'table' then -- WRONGTYPE: the key is not ours; nothing was written
+    code = 'r'
+    reasons[#reasons + 1] = key .. ': ' .. record.err
+  elseif record then
+    local state, held, token, deadline, holder = parse(record)
     local attempts = nil -- set when the id is CLAIMED over its record
-    local state = string.byte(record, 1)
-    if state == 68 then -- 'D'
+    if state == 'D' then
       code = '0'
-    elseif state == 70 then -- 'F'
-      attempts = tonumber(string.match(record, '^F:%x+:(%d+)')) + 1
-    else -- 'I'
-      local token, held, deadline, holder = string.match(record, '^I:(%x+):(%d+):(%d+):(.*)$')
-      local left = tonumber(deadline) - now
+    elseif state == 'F' then
+      attempts = tonumber(held) + 1
+    elseif state == 'I' then
+      local left = deadline - now
       if left <= 0 then
         attempts = tonumber(held) + 1
       elseif holder ~= owner then
@@ -95,19 +141,16 @@ for i = 2, #KEYS do
       else
         attempts = held
       end
+    else
+      code = 'r'
+      reasons[#reasons + 1] = key .. ': ' .. NOT_A_RECORD
     end
     if attempts then
       code = tostring(attempts)
-      redis.call('SET', key, head .. string.format('%010x', base + k + 1) .. ':' .. code .. tail)
+      redis.call('SET', key, head .. counter .. ':' .. code .. tail, 'PX', keep)
     end
-  end
-  if code ~= '0' and string.byte(code, 1) ~= 45 then -- neither DUPLICATE nor DEFERRED ('-')
-    k = k + 1
   end
   codes[i - 1] = code
 end
 
-if k > 0 then
-  redis.call('HINCRBY', KEYS[1], 'seq', k)
-end
-return {0, base, table.concat(codes, ',')}
+return {0, base, table.concat(codes, ','), reasons}

@@ -8,14 +8,18 @@
 --
 -- An item settles only if its record is IN_FLIGHT with exactly that token (a lease that ran out
 -- still settles if nobody claimed the id since: the work is done and no newer token exists).
--- DONE and FAILED keep the attempt count. A refused item changes nothing.
--- Returns a string with one digit per item: 0 settled, 1 STALE (another token holds the record,
--- or it is already settled), 2 LOST (no record: it expired or Redis lost it).
+-- DONE and FAILED keep the attempt count. A refused item changes nothing. Reads run under pcall
+-- and SET replaces a string whatever it holds, so no command fails after the first write: an
+-- item whose key holds another type is REJECTED, untouched, and the others settle.
+-- Returns {digits, reasons}: one digit per item, 0 settled, 1 STALE (another token holds the
+-- record, or it is already settled), 2 LOST (no record: it expired or Redis lost it),
+-- 3 REJECTED; reasons, an array of one error text per REJECTED item, in order.
 
 local ttl = ARGV[1]
 local outcomes = ARGV[3]
 local errors = 3 -- ARGV index of the last error text used
 local out = {}
+local reasons = {}
 local i = 0
 for token in string.gmatch(ARGV[2], '%x+') do
   i = i + 1
@@ -23,15 +27,19 @@ for token in string.gmatch(ARGV[2], '%x+') do
   if not done then
     errors = errors + 1
   end
-  local record = redis.call('GET', KEYS[i])
-  if not record then
+  local record = redis.pcall('GET', KEYS[i])
+  if type(record) == 'table' then
+    out[i] = '3'
+    reasons[#reasons + 1] = KEYS[i] .. ': ' .. record.err
+  elseif not record then
     out[i] = '2'
   else
     local prefix = 'I:' .. token .. ':'
-    if string.sub(record, 1, #prefix) ~= prefix then
+    local attempts = string.sub(record, 1, #prefix) == prefix
+      and string.match(record, '^(%d+):', #prefix + 1)
+    if not attempts then
       out[i] = '1'
     else
-      local attempts = string.match(record, '^%d+', #prefix + 1)
       local settled
       if done then
         settled = 'D:' .. token .. ':' .. attempts
@@ -43,4 +51,4 @@ for token in string.gmatch(ARGV[2], '%x+') do
     end
   end
 end
-return table.concat(out)
+return {table.concat(out), reasons}

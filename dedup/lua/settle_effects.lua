@@ -13,18 +13,22 @@
 --              (after the key) of a DONE item
 --
 -- An item whose record is IN_FLIGHT with exactly its token runs its effects and becomes DONE in
--- this call, so a stale token applies nothing. Before writing, each effect of the item is
--- checked against its key's current type and value (one O(1) read); an effect Redis would
--- reject (INCRBY on a hash or on text, ...) leaves the item's effects unapplied and the record
--- FAILED with the reason as its error. (Effects of one item are checked against the data as it was before that
--- item: an item whose own effects conflict, e.g. SET k 'x' then INCRBY k, is not caught, nor
--- an increment that overflows 64 bits; Redis then fails the call after the items before it.)
--- Returns one digit per item: 0 settled, 1 STALE, 2 LOST (see settle.lua), 3 REJECTED.
+-- this call, so a stale token applies nothing. All or nothing: before an item writes anything,
+-- each of its effects is checked against the data as the item's earlier effects leave it: the
+-- key's type, a value Redis parses as an integer, a sum that stays within 64 bits. An item with
+-- an effect Redis would refuse applies none of them and becomes FAILED with the reason
+-- (REJECTED). Reads run under pcall and the checks are exact, so no command fails after the
+-- first write: a batch never stops half applied, and the items after a rejected one settle.
+-- Returns {digits, reasons}: one digit per item, 0 settled, 1 STALE, 2 LOST (see settle.lua),
+-- 3 REJECTED; reasons, an array of one error text per REJECTED item, in order.
 
 local COMMANDS = {S = 'SET', I = 'INCRBY', H = 'HINCRBY', A = 'SADD', T = 'HSET'}
+local KINDS = {SET = 'string', INCRBY = 'string', HINCRBY = 'hash', SADD = 'set', HSET = 'hash'}
 -- an O(1) read per command that fails with WRONGTYPE if the key holds another type (SET
--- replaces any value, so it needs none)
+-- replaces any value, so it needs none); INCRBY's and HINCRBY's also read the value
 local PROBES = {INCRBY = 'GET', HINCRBY = 'HGET', SADD = 'SCARD', HSET = 'HLEN'}
+local WRONGTYPE = 'WRONGTYPE Operation against a key holding the wrong kind of value'
+local MAX_ARGS = 1000 -- per effect; store.MAX_EFFECT_ARGS (unpack fails at about 8000)
 
 local shapes = ARGV[4]
 local bad = string.match(shapes, '[^,%dSIHAT]')
@@ -38,29 +42,113 @@ local function effect_at(p)
   return last + 1, tonumber(count), COMMANDS[code]
 end
 
--- absent, or an integer as Redis parses one (no leading zeros or '+', at most 19 digits)
-local function is_integer(value)
-  return value == false or value == '0'
-    or (#value <= 20 and string.match(value, '^-?[1-9]%d*$') ~= nil)
+-- 64-bit integers as two exact doubles: value = hi * LIMB + lo, 0 <= lo < LIMB (Lua's numbers
+-- are exact only up to 2^53)
+local LIMB = 1e10
+local MAX_HI, MAX_LO = 922337203, 6854775807 -- 2^63 - 1
+local MIN_HI, MIN_LO = -922337204, 3145224192 -- -2^63
+
+local function in_range(hi, lo)
+  if (hi > MIN_HI or (hi == MIN_HI and lo >= MIN_LO))
+      and (hi < MAX_HI or (hi == MAX_HI and lo <= MAX_LO)) then
+    return {hi, lo}
+  end
+  return nil
 end
 
--- nil if `command` can run on `key` with its first argument `arg` now, else why not
-local function problem(command, key, arg)
-  local probe = PROBES[command]
-  if not probe then
+-- `value` as Redis reads an integer (no '+', no leading zeros, 64 bits; absent is 0), or nil
+local function int64(value)
+  if value == false or value == '0' then
+    return {0, 0}
+  elseif type(value) == 'table' then -- a sum computed earlier in this item
+    return value
+  end
+  local minus, digits = string.match(value, '^(%-?)([1-9]%d*)$')
+  if not digits or #digits > 19 then
     return nil
   end
-  local value
-  if command == 'HINCRBY' then
-    value = redis.pcall(probe, key, arg)
-  else
-    value = redis.pcall(probe, key)
+  local hi, lo = tonumber(string.sub(digits, 1, -11)) or 0, tonumber(string.sub(digits, -10))
+  if minus == '-' then
+    hi, lo = -hi, -lo
+    if lo < 0 then
+      hi, lo = hi - 1, lo + LIMB
+    end
   end
-  if type(value) == 'table' and value.err then
-    return command .. ' on ' .. key .. ': ' .. value.err
+  return in_range(hi, lo)
+end
+
+-- `value` + the increment `text`, or nil and why Redis would refuse it
+local function add(command, value, text)
+  local by = int64(text)
+  if not by then
+    return nil, 'the increment is not a 64-bit integer'
   end
-  if (command == 'INCRBY' or command == 'HINCRBY') and not is_integer(value) then
-    return command .. ' on ' .. key .. ': the value is not an integer'
+  local old = int64(value)
+  if not old then
+    return nil, command == 'HINCRBY' and 'hash value is not an integer'
+      or 'value is not an integer or out of range'
+  end
+  local lo = old[2] + by[2]
+  local hi = old[1] + by[1]
+  if lo >= LIMB then
+    hi, lo = hi + 1, lo - LIMB
+  end
+  local sum = in_range(hi, lo)
+  if not sum then
+    return nil, 'increment or decrement would overflow'
+  end
+  return sum
+end
+
+-- nil if `command` (arguments ARGV[a .. a + count - 1]) can run on `key` as the item's earlier
+-- effects leave it, which `view` (key -> what those effects put there) then records; else why
+-- not. Keys the item has not touched yet are read from Redis.
+local function problem(view, command, key, a, count)
+  local kind = KINDS[command]
+  local seen = view[key]
+  if count > MAX_ARGS then
+    return 'more than ' .. MAX_ARGS .. ' arguments'
+  end
+  if command == 'SET' then
+    view[key] = {kind = kind, value = ARGV[a]}
+    return nil
+  end
+  if seen and seen.kind ~= kind then
+    return WRONGTYPE
+  end
+  if not seen then
+    local probe
+    if command == 'HINCRBY' then
+      probe = redis.pcall('HGET', key, ARGV[a])
+    else
+      probe = redis.pcall(PROBES[command], key)
+    end
+    if type(probe) == 'table' then
+      return probe.err
+    end
+    seen = {kind = kind, value = probe, fields = {}}
+    if command == 'HINCRBY' then
+      seen.fields[ARGV[a]] = probe
+    end
+    view[key] = seen
+  end
+  if command == 'INCRBY' then
+    local sum, why = add(command, seen.value, ARGV[a])
+    seen.value = sum
+    return why
+  elseif command == 'HINCRBY' then
+    local field = ARGV[a]
+    local value = seen.fields[field]
+    if value == nil then
+      value = redis.call('HGET', key, field) -- the key is a hash or absent: checked above
+    end
+    local sum, why = add(command, value, ARGV[a + 1])
+    seen.fields[field] = sum
+    return why
+  elseif command == 'HSET' then
+    for f = a, a + count - 1, 2 do
+      seen.fields[ARGV[f]] = ARGV[f + 1]
+    end
   end
   return nil
 end
@@ -71,6 +159,7 @@ local pos = 1 -- next character of shapes
 local at = 5 -- next ARGV of the stream
 local key_at = #outcomes + 1 -- next effect key
 local out = {}
+local reasons = {}
 local i = 0
 for token in string.gmatch(ARGV[2], '%x+') do
   i = i + 1
@@ -91,25 +180,34 @@ for token in string.gmatch(ARGV[2], '%x+') do
     at = at + 1
   end
 
-  local record = redis.call('GET', KEYS[i])
+  local record = redis.pcall('GET', KEYS[i])
   local prefix = 'I:' .. token .. ':'
-  if not record then
+  local attempts = type(record) == 'string' and string.sub(record, 1, #prefix) == prefix
+    and string.match(record, '^(%d+):', #prefix + 1)
+  if type(record) == 'table' then
+    out[i] = '3'
+    reasons[#reasons + 1] = KEYS[i] .. ': ' .. record.err
+  elseif not record then
     out[i] = '2'
-  elseif string.sub(record, 1, #prefix) ~= prefix then
+  elseif not attempts then
     out[i] = '1'
   else
-    local attempts = string.match(record, '^%d+', #prefix + 1)
     local reason = nil
+    local view = {}
     local p, a, k, command, count = from, first_arg, first_key, nil, 0
     while done and p < to and not reason do
       p, count, command = effect_at(p)
-      reason = problem(command, KEYS[k], ARGV[a])
+      reason = problem(view, command, KEYS[k], a, count)
+      if reason then
+        reason = command .. ' on ' .. KEYS[k] .. ': ' .. reason
+      end
       a, k = a + count, k + 1
     end
     local settled
     if reason then
       settled = 'F:' .. token .. ':' .. attempts .. ':rejected effect: ' .. reason
       out[i] = '3'
+      reasons[#reasons + 1] = reason
     elseif done then
       p, a, k = from, first_arg, first_key
       while p < to do
@@ -126,4 +224,4 @@ for token in string.gmatch(ARGV[2], '%x+') do
     redis.call('SET', KEYS[i], settled, 'PX', ttl)
   end
 end
-return table.concat(out)
+return {table.concat(out), reasons}

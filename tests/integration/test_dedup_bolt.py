@@ -175,12 +175,55 @@ def test_a_live_lease_elsewhere_defers_without_spending_attempts_until_it_settle
         assert driver.progress().total("dead_lettered") == 0
         assert applied(redis_client, effect) == {keyed(3, o).decode(): 1 for o in (0, 1, 3, 4)}
         done = Settlement("id-3-2", other.token, True, None, [("HINCRBY", effect, "id-3-2", 1)])
-        assert store.settle([done]) == [SettleStatus.SETTLED]
+        assert [r.status for r in store.settle([done])] == [SettleStatus.SETTLED]
         final = driver.run(until_caught_up=True)
 
     assert final.total("duplicates") == 1 and final.total("dead_lettered") == 0
     assert applied(redis_client, effect)["id-3-2"] == 1
     assert stored(config)[3] == 5
+
+
+class ApplyAndAdd(Apply):
+    """Apply, plus an INCRBY of 1 on `counter`, which is at the 64-bit limit."""
+
+    def __init__(self, key: str, counter: str, ids: set[str]) -> None:
+        super().__init__(key)
+        self.counter = counter
+        self.ids = ids
+
+    def __call__(self, record: Record, effects: Effects) -> None:
+        super().__call__(record, effects)
+        if effects.id in self.ids:
+            effects.incrby(self.counter, 1)
+
+
+def test_what_redis_would_refuse_fails_that_message_alone_with_redis_reason(
+    dedup_config: Callable[..., TopicConfig],
+    producer: Producer,
+    redis_client: redis.Redis,
+    stack: DevStack,
+) -> None:
+    config = dedup_config(max_retries=1)
+    produce(producer, config.topic, {2: range(6)}, key=keyed)
+    key, counter = f"{config.topic}:applied", f"{config.topic}:counter"
+    redis_client.set(counter, 2**63 - 1)
+    bolt = IdempotencyBolt(ApplyAndAdd(key, counter, {"id-2-4"}), config)
+    redis_client.hset(_store(config, bolt.namespace).key("id-2-1"), "not", "a record")
+
+    progress = run(config, bolt, max_batches=50)
+
+    assert progress.total("acked") == 4 and progress.total("released") == 0
+    assert progress.total("retried") == 2 and progress.total("dead_lettered") == 2
+    assert applied(redis_client, key) == {keyed(2, o).decode(): 1 for o in (0, 2, 3, 5)}
+    assert redis_client.get(counter) == b"%d" % (2**63 - 1)
+    errors = {
+        h["kspout.source.offset"]: h["kspout.error"]
+        for h in dead_letter_headers(config, stack.info.brokers)
+    }
+    assert "Redis rejected the claim of 'id-2-1'" in errors["1"] and "WRONGTYPE" in errors["1"]
+    assert "Redis rejected the settlement of 'id-2-4'" in errors["4"]
+    assert "increment or decrement would overflow" in errors["4"]
+    assert stored(config)[2] == 6
 
 
 def test_one_claim_and_one_settle_per_batch_in_process(

@@ -27,6 +27,7 @@ from dedup import (
     IdempotencyStore,
     RecordState,
     Settlement,
+    SettleResult,
     SettleStatus,
     ZkEpoch,
     server_durability_warnings,
@@ -37,7 +38,9 @@ from kspout.devstack import DevStack, RedisServer
 pytestmark = pytest.mark.integration
 
 CLAIMED, DUPLICATE, DEFERRED = ClaimStatus.CLAIMED, ClaimStatus.DUPLICATE, ClaimStatus.DEFERRED
-SETTLED, STALE, LOST = SettleStatus.SETTLED, SettleStatus.STALE, SettleStatus.LOST
+SETTLED, STALE, LOST = (SettleResult(s) for s in SettleStatus if s is not SettleStatus.REJECTED)
+REJECTED = SettleStatus.REJECTED
+WRONGTYPE = "WRONGTYPE Operation against a key holding the wrong kind of value"
 SHORT_LEASE_MS = 150  # leases that must run out within a test; sleeps are SHORT_LEASE_MS + 60 ms
 LEASE_EXPIRED = (SHORT_LEASE_MS + 60) / 1000
 
@@ -117,7 +120,8 @@ def test_absent_ids_are_claimed_at_attempt_one_with_increasing_tokens(
     assert (record.owner, record.token, record.attempts) == ("w1", tokens[0], 1)
     assert record.lease_deadline_ms is not None
     assert before + 10_000 <= record.lease_deadline_ms <= redis_now_ms(redis_client) + 10_000
-    assert redis_client.pttl(store.key("a")) == -1  # the lease is in the record, not a key TTL
+    # the lease is in the record; the key lives a dedup window longer (bounded memory)
+    assert 60_000 < redis_client.pttl(store.key("a")) <= 10_000 + 60_000
 
 
 def test_done_id_is_duplicate_until_its_record_expires(store_factory: StoreFactory) -> None:
@@ -186,7 +190,7 @@ def test_failed_id_is_claimed_again_with_the_next_attempt(
     assert (second.status, second.attempts) == (CLAIMED, 2)
     assert second.token > first.token
     [third_failed] = store.settle([Settlement("m", second.token, False, None)])
-    assert third_failed is SETTLED
+    assert third_failed == SETTLED
     assert store.claim(["m"], "w1")[0].attempts == 3
 
 
@@ -360,7 +364,7 @@ def test_an_effect_redis_would_reject_settles_the_item_failed_and_applies_none(
     redis_client.hset(f"{user}:padded", "f", "007")  # Redis's HINCRBY refuses leading zeros
     a, b, c, d = store.claim(["a", "b", "c", "d"], "w1")
 
-    statuses = store.settle(
+    results = store.settle(
         [
             Settlement(
                 "a", a.token, True, effects=[("SET", f"{user}:x", 1), ("INCRBY", f"{user}:hash", 1)]
@@ -371,12 +375,10 @@ def test_an_effect_redis_would_reject_settles_the_item_failed_and_applies_none(
         ]
     )
 
-    assert statuses == [
-        SettleStatus.REJECTED,
-        SettleStatus.REJECTED,
-        SETTLED,
-        SettleStatus.REJECTED,
-    ]
+    assert [r.status for r in results] == [REJECTED, REJECTED, SETTLED.status, REJECTED]
+    assert results[0].error == f"INCRBY on {user}:hash: {WRONGTYPE}"
+    assert results[1].error == f"INCRBY on {user}:text: value is not an integer or out of range"
+    assert results[3].error == f"HINCRBY on {user}:padded: hash value is not an integer"
     assert redis_client.get(f"{user}:x") is None
     assert redis_client.get(f"{user}:text") == b"abc"
     assert redis_client.get(f"{user}:ok") == b"1"
@@ -436,6 +438,201 @@ def test_effects_on_a_failed_item_are_refused(store: IdempotencyStore) -> None:
     [claim] = store.claim(["m"], "w1")
     with pytest.raises(EffectNotAllowed, match="only to DONE"):
         store.settle([Settlement("m", claim.token, False, "boom", [("INCRBY", "k", 1)])])
+
+
+# -- all or nothing: a per-id failure rejects that id alone -------------------------------------
+
+
+def put_foreign(client: redis.Redis, key: str, kind: str) -> None:
+    """Make `key` hold something that is not an idempotency record."""
+    if kind == "hash":
+        client.hset(key, "f", "v")
+    elif kind == "list":
+        client.rpush(key, "x")
+    else:
+        client.set(key, "hello")
+
+
+@pytest.mark.parametrize("kind", ["hash", "list", "text"])
+@pytest.mark.parametrize("before", ["new", "done"])  # the script reads the next key differently
+def test_a_record_key_holding_something_else_rejects_that_id_alone_and_tokens_never_repeat(
+    store: IdempotencyStore, redis_client: redis.Redis, kind: str, before: str
+) -> None:
+    if before == "done":
+        [done] = store.claim(["first"], "w0")
+        store.settle([Settlement("first", done.token, True)])
+    put_foreign(redis_client, store.key("bad"), kind)
+    foreign = redis_client.dump(store.key("bad"))
+
+    first, bad, after = store.claim(["first", "bad", "after"], "w1")
+    later = store.claim(["x", "y"], "w2")
+
+    assert first.status is (CLAIMED if before == "new" else DUPLICATE)
+    assert (bad.status, bad.token) == (ClaimStatus.REJECTED, 0)
+    assert bad.error is not None and bad.error.startswith(store.key("bad") + ": ")
+    assert ("WRONGTYPE" if kind != "text" else "not an idempotency record") in bad.error
+    assert redis_client.dump(store.key("bad")) == foreign  # untouched
+    assert after.status is CLAIMED and [c.status for c in later] == [CLAIMED] * 2
+    tokens = [c.token for c in (first, after, *later) if c.status is CLAIMED]
+    assert tokens == sorted(set(tokens))  # none handed out twice, even by the next call
+    for id_, claim in [("after", after), ("x", later[0])]:
+        record = store.record(id_)
+        assert record is not None and record.token == claim.token
+
+
+@pytest.mark.parametrize("with_effects", [False, True])  # settle.lua / settle_effects.lua
+def test_a_record_key_overwritten_with_another_type_rejects_that_item_alone(
+    store: IdempotencyStore, redis_client: redis.Redis, with_effects: bool
+) -> None:
+    counter = f"user-{uuid.uuid4().hex}:n"
+    effects = [("INCRBY", counter, 1)] if with_effects else []
+    a, b, c = store.claim(["a", "b", "c"], "w1")
+    redis_client.delete(store.key("b"))
+    redis_client.sadd(store.key("b"), "someone else's")
+
+    results = store.settle(
+        [
+            Settlement(id_, claim.token, True, None, effects)
+            for id_, claim in zip("abc", (a, b, c), strict=True)
+        ]
+    )
+
+    assert [r.status for r in results] == [SETTLED.status, REJECTED, SETTLED.status]
+    assert results[1].error == f"{store.key('b')}: {WRONGTYPE}"
+    assert redis_client.smembers(store.key("b")) == {b"someone else's"}
+    assert redis_client.get(counter) == (b"2" if with_effects else None)
+    assert store.claim(["a", "c"], "w2") == [Claim(DUPLICATE, 0, 0, 0)] * 2
+
+
+MAX = 2**63 - 1
+
+
+@pytest.mark.parametrize(
+    ("setup", "effects", "why"),
+    [
+        ({"n": MAX}, [("SADD", "s", "m"), ("INCRBY", "n", 1)], "INCRBY on {n}: increment or"),
+        ({"n": -MAX - 1}, [("INCRBY", "n", -1)], "INCRBY on {n}: increment or decrement"),
+        ({"n": 2**62}, [("INCRBY", "n", 2**62 - 1), ("INCRBY", "n", 1)], "would overflow"),
+        ({"h": MAX}, [("HINCRBY", "h", "f", 1)], "HINCRBY on {h}: increment or decrement"),
+        ({}, [("SADD", "n", "m"), ("INCRBY", "n", 1)], f"INCRBY on {{n}}: {WRONGTYPE}"),
+        ({}, [("SET", "n", "x"), ("INCRBY", "n", 1)], "INCRBY on {n}: value is not an integer"),
+        ({}, [("HSET", "h", "f", "x"), ("HINCRBY", "h", "f", 1)], "hash value is not an integer"),
+        ({}, [("SET", "h", "1"), ("HSET", "h", "f", "v")], f"HSET on {{h}}: {WRONGTYPE}"),
+    ],
+)
+def test_an_effect_that_would_fail_only_when_applied_rejects_its_item_before_any_write(
+    store: IdempotencyStore,
+    redis_client: redis.Redis,
+    setup: dict[str, int],
+    effects: list[tuple[str | int, ...]],
+    why: str,
+) -> None:
+    user = f"user-{uuid.uuid4().hex}"
+    keys = {name: f"{user}:{name}" for name in ("n", "h", "s", "ok")}
+    for name, value in setup.items():
+        if name == "h":
+            redis_client.hset(keys["h"], "f", value)
+        else:
+            redis_client.set(keys[name], value)
+    before = {name: redis_client.dump(key) for name, key in keys.items()}
+    ok = ("INCRBY", keys["ok"], 1)
+    bad = [(command, keys[str(key)], *args) for command, key, *args in effects]
+    a, b, c = store.claim(["a", "b", "c"], "w1")
+
+    results = store.settle(
+        [
+            Settlement("a", a.token, True, effects=[ok]),
+            Settlement("b", b.token, True, effects=bad),
+            Settlement("c", c.token, True, effects=[ok]),
+        ]
+    )
+
+    assert [r.status for r in results] == [SETTLED.status, REJECTED, SETTLED.status]
+    assert results[1].error is not None and why.format(**keys) in results[1].error
+    assert redis_client.get(keys["ok"]) == b"2"
+    assert {name: redis_client.dump(key) for name, key in keys.items() if name != "ok"} == {
+        name: dump for name, dump in before.items() if name != "ok"
+    }  # none of b's effects applied
+    record = store.record("b")
+    assert record is not None and record.state is RecordState.FAILED
+    assert record.error == f"rejected effect: {results[1].error}"
+    assert store.claim(["b"], "w2")[0].attempts == 2  # the message runs again
+
+
+@pytest.mark.parametrize(
+    ("start", "increments"),
+    [(MAX - 1, [1]), (-MAX, [-1]), (None, [MAX, -MAX, -1, -MAX]), (-1, [10**10, -(10**10)])],
+)
+def test_increments_up_to_the_64_bit_limits_apply_as_redis_computes_them(
+    store: IdempotencyStore, redis_client: redis.Redis, start: int | None, increments: list[int]
+) -> None:
+    key, field, mirror, full = (f"user-{uuid.uuid4().hex}:{n}" for n in ("n", "h", "m", "full"))
+    if start is not None:
+        redis_client.set(key, start)
+        redis_client.hset(field, "f", start)
+        redis_client.set(mirror, start)
+    for increment in increments:
+        redis_client.incrby(mirror, increment)  # what Redis itself makes of them
+    redis_client.set(full, MAX)
+    exact, over = store.claim(["exact", "over"], "w1")
+    effects = [e for n in increments for e in (("INCRBY", key, n), ("HINCRBY", field, "f", n))]
+
+    results = store.settle(
+        [
+            Settlement("exact", exact.token, True, effects=effects),
+            Settlement("over", over.token, True, effects=[("INCRBY", full, 1)]),
+        ]
+    )
+
+    assert [r.status for r in results] == [SETTLED.status, REJECTED]
+    assert redis_client.get(key) == redis_client.hget(field, "f") == redis_client.get(mirror)
+
+
+# -- bounded memory: every record expires ------------------------------------------------------
+
+
+def eventually(check: Callable[[], bool], timeout: float = 15.0) -> bool:
+    """True once `check()` is (polled every 50 ms), False if it still is not after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_every_record_state_expires_so_unsettled_claims_go_away(
+    store_factory: StoreFactory, redis_client: redis.Redis
+) -> None:
+    # Long enough that a loaded machine still sees every key before the first expires.
+    store = store_factory(lease_ms=3000, done_ttl_ms=4000)
+    ids = [f"m{i}" for i in range(50)]
+    claims = store.claim(ids, "w1")
+    store.settle(
+        [Settlement("m0", claims[0].token, True), Settlement("m1", claims[1].token, False)]
+    )
+    store.claim(["m1", "m2"], "w1")  # FAILED claimed again; a lease renewed
+
+    keys = list(redis_client.scan_iter(match=store.key("*")))
+    assert len(keys) == len(ids)
+    assert all(0 < redis_client.pttl(key) <= 3000 + 4000 for key in keys)
+    assert eventually(lambda: next(redis_client.scan_iter(match=store.key("*")), None) is None)
+
+
+def test_an_expired_claim_is_claimed_anew_and_its_old_holder_can_no_longer_settle(
+    store_factory: StoreFactory, redis_client: redis.Redis
+) -> None:
+    store = store_factory(lease_ms=SHORT_LEASE_MS, done_ttl_ms=SHORT_LEASE_MS)
+    counter = f"user-{uuid.uuid4().hex}:n"
+    [old] = store.claim(["m"], "w1")
+    assert eventually(lambda: store.record("m") is None)
+
+    [new] = store.claim(["m"], "w2")
+
+    assert (new.status, new.attempts) == (CLAIMED, 1) and new.token > old.token
+    late = Settlement("m", old.token, True, effects=[("INCRBY", counter, 1)])
+    assert store.settle([late]) == [STALE]
+    assert redis_client.get(counter) is None
 
 
 # -- one round trip per batch ------------------------------------------------------------------

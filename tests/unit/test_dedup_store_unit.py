@@ -68,7 +68,7 @@ FIRST = (3 << 40) + 7  # the counter before a claim call's first token
 @pytest.mark.parametrize("codes", [b"1", b"1,1,1", "1,1,1"])
 def test_claim_codes_of_all_new_ids_decode_to_consecutive_tokens(codes: bytes | str) -> None:
     n = (len(codes) + 1) // 2
-    claims = IdempotencyStore._claims(FIRST, codes, n)
+    claims = IdempotencyStore._claims(FIRST, codes, [], n)
 
     expected = [Claim(ClaimStatus.CLAIMED, FIRST + k, 1, 0) for k in range(1, n + 1)]
     assert claims == expected
@@ -77,20 +77,39 @@ def test_claim_codes_of_all_new_ids_decode_to_consecutive_tokens(codes: bytes | 
 
 
 @pytest.mark.parametrize(
-    ("codes", "n"), [(b"1,11,0,-250,1", 5), (b"11", 1), (b"1,0", 2), (b"0,1,1", 3)]
+    ("codes", "n"),
+    [(b"1,11,0,-250,1", 5), (b"11", 1), (b"1,0", 2), (b"0,1,1", 3), (b"r,1,0,r,2", 5)],
 )
 def test_claim_codes_decode_by_code_when_not_all_new(codes: bytes, n: int) -> None:
-    claims = IdempotencyStore._claims(FIRST, codes, n)
+    reasons: list[bytes | str] = [b"why 1", "why 2"]
+    claims = IdempotencyStore._claims(FIRST, codes, reasons[: codes.count(b"r")], n)
 
     expected: list[Claim] = []
-    token = FIRST
-    for code in map(int, codes.split(b",")):
-        if code > 0:
-            token += 1
-            expected.append(Claim(ClaimStatus.CLAIMED, token, code, 0))
-        elif code == 0:
+    errors = iter(["why 1", "why 2"])
+    for position, code in enumerate(codes.split(b","), start=1):
+        if code == b"r":
+            expected.append(Claim(ClaimStatus.REJECTED, 0, 0, 0, next(errors)))
+        elif int(code) > 0:  # the token is the id's position, whatever the others got
+            expected.append(Claim(ClaimStatus.CLAIMED, FIRST + position, int(code), 0))
+        elif int(code) == 0:
             expected.append(Claim(ClaimStatus.DUPLICATE, 0, 0, 0))
         else:
-            expected.append(Claim(ClaimStatus.DEFERRED, 0, 0, -code))
+            expected.append(Claim(ClaimStatus.DEFERRED, 0, 0, -int(code)))
     assert claims == expected
-    assert all(type(claim) is Claim for claim in claims)
+    assert all(type(claim) is Claim and len(claim) == len(Claim._fields) for claim in claims)
+
+
+@pytest.mark.parametrize(
+    ("effect", "why"),
+    [
+        (("INCRBY", "k", 2**63), "64-bit"),
+        (("HINCRBY", "k", "f", -(2**63) - 1), "64-bit"),
+        (("SADD", "k", *range(1001)), "more than 1000"),
+    ],
+)
+def test_effects_redis_would_refuse_for_their_arguments_alone_are_refused_here(
+    effect: tuple[str | int, ...], why: str
+) -> None:
+    with pytest.raises(EffectNotAllowed, match=why):
+        check_effect("m", effect)
+    assert check_effect("m", ("INCRBY", "k", 2**63 - 1)) == ("I", "k", [2**63 - 1])
