@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up a development machine from nothing: system packages the embedded stack needs
-# (Java for ZooKeeper, redis-server), a virtualenv in .venv, and kspout with its dev extras.
+# (Java for ZooKeeper, redis-server, PostgreSQL), a virtualenv in .venv, and kspout with its
+# dev extras.
 # Safe to run again: every step checks before it installs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,9 @@ if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then SUDO="sudo"; fi
 missing=()
 command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
 command -v redis-server >/dev/null || missing+=(redis-server)
+# PostgreSQL's server, for the fenced SQL sink's tests; Debian keeps initdb off $PATH
+command -v initdb >/dev/null || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null \
+    || missing+=(postgresql)
 "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
     if ! command -v apt-get >/dev/null; then

@@ -1,4 +1,5 @@
-"""Shared fixtures: one real dev stack (mock Kafka, ZooKeeper, Redis) for the whole session.
+"""Shared fixtures: one real dev stack (mock Kafka, ZooKeeper, Redis) for the whole session,
+and its PostgreSQL server (`postgres`), started only for the tests that ask for it.
 
 Fixtures that touch it are lazy: a run of unit tests alone starts no server. Tests that use the
 stack, or live under `tests/integration/`, are marked `integration` (`-m "not integration"`
@@ -21,7 +22,7 @@ from confluent_kafka import Producer
 from kazoo.client import KazooClient
 
 from kspout.config import TopicConfig, parse_config
-from kspout.devstack import DevStack
+from kspout.devstack import DevStack, PostgresServer
 from tests.integration.helpers import FAST_BACKOFF, ZK_ROOT
 
 if TYPE_CHECKING:
@@ -50,6 +51,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
     """The session's DevStack: `.info` has the addresses, `.kafka/.zookeeper/.redis` the handles."""
     with DevStack(tmp_path_factory.mktemp("devstack")) as dev_stack:
         yield dev_stack
+
+
+@pytest.fixture(scope="session")
+def postgres(stack: DevStack) -> PostgresServer:
+    """The stack's PostgreSQL server, started by the first test that asks for it (use tables
+    unique to the test); the stack removes it at the end."""
+    stack.postgres.start()
+    return stack.postgres
 
 
 @pytest.fixture

@@ -1,8 +1,15 @@
 """The embedded development stack: Kafka (librdkafka's mock cluster), ZooKeeper and Redis as
-real processes on loopback ports, for the demo, `kspout dev` and the integration tests; and a
-Spark standalone master and worker for the cluster test."""
+real processes on loopback ports, for the demo, `kspout dev` and the integration tests; PostgreSQL
+on demand, for the fenced SQL sink; and a Spark standalone master and worker for the cluster
+test."""
 
-from kspout.devstack.components import Component, KafkaMock, RedisServer, ZooKeeperServer
+from kspout.devstack.components import (
+    Component,
+    KafkaMock,
+    PostgresServer,
+    RedisServer,
+    ZooKeeperServer,
+)
 from kspout.devstack.spark_cluster import SparkStandalone
 from kspout.devstack.stack import DevStack
 from kspout.devstack.state import (
@@ -18,6 +25,7 @@ __all__ = [
     "ComponentState",
     "DevStack",
     "KafkaMock",
+    "PostgresServer",
     "RedisServer",
     "SparkStandalone",
     "StackInfo",

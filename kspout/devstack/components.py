@@ -1,4 +1,4 @@
-"""The three servers of the dev stack, each a handle that can start, stop, kill and restart it.
+"""The servers of the dev stack, each a handle that can start, stop, kill and restart it.
 
 States of a handle, and why it moves:
 
@@ -7,15 +7,22 @@ States of a handle, and why it moves:
   make it stopped;
 * stopped — `start()` runs the server again on the same port with the same data directory, so
   ZooKeeper and Redis (AOF) come back with their data. The mock Kafka cannot: it keeps data in
-  memory, so it restarts empty and librdkafka gives it a new port.
+  memory, so it restarts empty and librdkafka gives it a new port. PostgreSQL keeps its data
+  until `remove()` deletes it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import pwd
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -23,9 +30,15 @@ from typing import ClassVar, Literal
 import redis
 
 from kspout.devstack.ports import LOOPBACK, free_port, port_open
-from kspout.devstack.processes import GRACE, spawn, start_time, stop_pid, wait_ready
+from kspout.devstack.processes import GRACE, log_tail, spawn, start_time, stop_pid, wait_ready
 from kspout.devstack.state import ComponentState
-from kspout.devstack.tools import REDIS_INSTALL, find_binary, find_java, zookeeper_classpath
+from kspout.devstack.tools import (
+    REDIS_INSTALL,
+    find_binary,
+    find_java,
+    find_postgres_bin,
+    zookeeper_classpath,
+)
 from kspout.errors import StackError
 
 START_TIMEOUT = (
@@ -240,3 +253,138 @@ class RedisServer(Component):
             return False
         finally:
             client.close()
+
+
+POSTGRES_USER = "postgres"  # the unprivileged user Debian's package creates; used when root
+SETPRIV_INSTALL = "apt-get install -y util-linux"
+
+
+class PostgresServer(Component):
+    """PostgreSQL (Debian's server binaries) on a loopback port, superuser `postgres`, trust
+    authentication, TCP only.
+
+    PostgreSQL refuses to run as root: a root process runs `initdb` and the server as the
+    `postgres` system user (through `setpriv`, which execs, so the handle's pid is the
+    postmaster's). That user must reach the data directory, and a workdir under a root-only
+    directory (pytest's temporary directories) is not reachable: so the data directory is a fresh
+    one in the system's temporary directory, made by the first `start()` and deleted by
+    `remove()`; the workdir keeps the log. `fsync=off`: a crash of the server loses nothing
+    (writes are in the OS's cache), only a crash of the machine would, and this server's data
+    is disposable.
+    """
+
+    name = "postgres"
+
+    def __init__(
+        self, workdir: Path, *, path: str | None = None, start_timeout: float = START_TIMEOUT
+    ) -> None:
+        super().__init__(workdir, path=path, start_timeout=start_timeout)
+        self._data: Path | None = None
+
+    @property
+    def url(self) -> str:
+        """A libpq connection URI for the superuser's `postgres` database."""
+        return f"postgresql://{POSTGRES_USER}@{self.address}/postgres"
+
+    def stop(self, grace: float = GRACE) -> None:
+        """Fast shutdown (SIGINT: sessions end, a checkpoint is written), then SIGKILL what is
+        left after `grace` seconds; `grace=0` kills at once, as a crash would."""
+        process = self._process
+        if process is not None and grace > 0 and process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(grace)
+        super().stop(grace=0)
+
+    def remove(self, grace: float = GRACE) -> None:
+        """Stop the server and delete its data directory; the next start begins afresh."""
+        self.stop(grace)
+        if self._data is not None:
+            shutil.rmtree(self._data, ignore_errors=True)
+            self._data = None
+
+    def _command(self) -> list[str]:
+        binaries = find_postgres_bin(self._path)
+        if self._data is None:
+            self._data = self._init_data(binaries / "initdb")
+        if self._port is None:
+            self._port = free_port()
+        return [
+            *self._as_server_user(),
+            str(binaries / "postgres"),
+            "-D",
+            str(self._data),
+            "-p",
+            str(self._port),
+            "-c",
+            f"listen_addresses={LOOPBACK}",
+            "-c",
+            "unix_socket_directories=",  # TCP only: no socket file in a shared directory
+            "-c",
+            "fsync=off",
+        ]
+
+    def _init_data(self, initdb: Path) -> Path:
+        """A fresh data directory, owned by the server's user, initialised by `initdb`."""
+        data = Path(tempfile.mkdtemp(prefix="kspout-postgres-"))
+        user = _server_user()
+        if user is not None:
+            os.chown(data, user.pw_uid, user.pw_gid)
+        argv = [
+            *self._as_server_user(),
+            str(initdb),
+            "-D",
+            str(data),
+            f"--username={POSTGRES_USER}",
+            "--auth=trust",
+            "--encoding=UTF8",
+            "--no-locale",
+            "--no-sync",
+        ]
+        with self.log_path.open("ab") as log:
+            done = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, cwd=data)
+        if done.returncode != 0:
+            shutil.rmtree(data, ignore_errors=True)
+            raise StackError(
+                f"initdb exited with code {done.returncode}; last lines of {self.log_path}:\n"
+                f"{log_tail(self.log_path)}"
+            )
+        return data
+
+    def _as_server_user(self) -> list[str]:
+        """The argv prefix that runs a command as the server's user (empty unless root)."""
+        user = _server_user()
+        if user is None:
+            return []
+        setpriv = find_binary("setpriv", SETPRIV_INSTALL, self._path)
+        return [
+            setpriv,
+            f"--reuid={user.pw_uid}",
+            f"--regid={user.pw_gid}",
+            "--clear-groups",
+            "--",
+        ]
+
+    def _ready(self) -> bool:
+        # The postmaster writes its pid on line 1 of postmaster.pid and "ready" on line 8 once
+        # it accepts connections (what `pg_ctl -w` waits for); a stale file names another pid.
+        assert self._data is not None
+        try:
+            lines = (self._data / "postmaster.pid").read_text().splitlines()
+        except OSError:
+            return False
+        return len(lines) >= 8 and lines[0] == str(self.pid) and lines[7].strip() == "ready"
+
+
+def _server_user() -> pwd.struct_passwd | None:
+    """The user PostgreSQL runs as: None (this process's own) unless this process is root."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return pwd.getpwnam(POSTGRES_USER)
+    except KeyError:
+        raise StackError(
+            f"PostgreSQL refuses to run as root and there is no {POSTGRES_USER!r} user to run it "
+            f"as; install Debian's package (`apt-get install -y postgresql`) or create the user "
+            f"(`useradd --system {POSTGRES_USER}`)"
+        ) from None

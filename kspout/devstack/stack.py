@@ -1,4 +1,5 @@
-"""`DevStack`: the embedded Kafka (mock cluster), ZooKeeper and Redis, started together."""
+"""`DevStack`: the embedded Kafka (mock cluster), ZooKeeper and Redis, started together, and a
+PostgreSQL server started only when asked for."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from kspout.devstack.components import (
     START_TIMEOUT,
     Component,
     KafkaMock,
+    PostgresServer,
     RedisServer,
     ZooKeeperServer,
 )
@@ -27,6 +29,10 @@ class DevStack(Lifecycle):
     `start()` starts the chosen components in order (stopping the started ones if one fails);
     `stop()` stops them in reverse. The handles (`kafka`, `zookeeper`, `redis`) can also stop,
     kill and restart one server, for failure tests.
+
+    `postgres` (for the fenced SQL sink) is not among the components: `start()` leaves it alone,
+    since most users of the stack never need it. `postgres.start()` starts it on demand; `stop()`
+    stops it and deletes its data, so each stack gets a fresh data directory.
     """
 
     def __init__(
@@ -53,6 +59,7 @@ class DevStack(Lifecycle):
             ),
         }
         self.components = {name: made[name] for name in COMPONENTS if name in chosen}
+        self.postgres = PostgresServer(workdir, path=path, start_timeout=start_timeout)
 
     @property
     def kafka(self) -> KafkaMock:
@@ -93,7 +100,8 @@ class DevStack(Lifecycle):
             raise
 
     def stop(self, grace: float = GRACE) -> None:
-        """Stop every component, last started first."""
+        """Stop every component, last started first, and remove PostgreSQL if it was started."""
+        self.postgres.remove(grace)
         for component in reversed(self.components.values()):
             component.stop(grace)
 

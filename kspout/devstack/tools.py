@@ -1,4 +1,5 @@
-"""Locate what the dev stack runs: `java`, ZooKeeper's jars (in the pyspark wheel), `redis-server`.
+"""Locate what the dev stack runs: `java`, ZooKeeper's jars (in the pyspark wheel), `redis-server`,
+PostgreSQL's server binaries.
 
 Each lookup raises `StackError` with the command that installs the missing piece. `path` replaces
 `$PATH` for the lookup (None: the real `$PATH`), so tests can simulate a missing binary.
@@ -16,6 +17,8 @@ from kspout.errors import StackError
 JAVA_INSTALL = "apt-get install -y openjdk-17-jre-headless"
 REDIS_INSTALL = "apt-get install -y redis-server"
 PYSPARK_INSTALL = "pip install pyspark"
+POSTGRES_INSTALL = "apt-get install -y postgresql"
+DEBIAN_POSTGRES = "/usr/lib/postgresql"  # Debian keeps initdb and postgres off $PATH, per version
 
 
 def find_binary(name: str, install: str, path: str | None = None) -> str:
@@ -52,4 +55,24 @@ def zookeeper_classpath() -> str:
     raise StackError(
         f"ZooKeeper's jars were not found in the pyspark package; install it with "
         f"`{PYSPARK_INSTALL}`"
+    )
+
+
+def find_postgres_bin(path: str | None = None) -> Path:
+    """The directory of PostgreSQL's `initdb` and `postgres`: found on `path` (the real `$PATH`
+    when None), else Debian's newest `/usr/lib/postgresql/<version>/bin` when `path` is None."""
+    found = shutil.which("initdb", path=path)
+    if found is not None:
+        return Path(found).resolve().parent  # through a symlink, to the dir that has `postgres`
+    if path is None:
+        versions = sorted(
+            Path(DEBIAN_POSTGRES).glob("*/bin/initdb"),
+            key=lambda p: int(p.parts[-3]) if p.parts[-3].isdigit() else -1,
+        )
+        if versions:
+            return versions[-1].parent
+    where = "$PATH" if path is None else repr(path)
+    raise StackError(
+        f"initdb not found on {where} or in {DEBIAN_POSTGRES}/*/bin; install PostgreSQL's server "
+        f"with `{POSTGRES_INSTALL}`"
     )

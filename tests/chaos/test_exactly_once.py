@@ -9,6 +9,10 @@ killed mid-batch):
 * the first driver, a separate process, killed outright (SIGKILL) mid-run;
 * a second driver that resumes from ZooKeeper's commit points and runs until caught up.
 
+It runs twice: with the effect in Redis (applied with the DONE mark), and with the effect in
+PostgreSQL through the fenced SQL sink (committed with the id's fence row), where a zombie's late
+write must be refused by the database itself.
+
 Verified: every id's effect was applied exactly once (its counter is 1), none is missing, and
 ZooKeeper's commit points reached the high watermarks. The test prints both lists.
 """
@@ -26,7 +30,9 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
+import psycopg
 import pytest
 import redis
 from confluent_kafka import Producer
@@ -35,7 +41,7 @@ from pyspark.sql import SparkSession
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
 from kspout.spout import KafkaSpout
-from tests.chaos.jobs import DRIVER, chaos_bolt
+from tests.chaos.jobs import DRIVER, applied_table, chaos_bolt, create_tables, postgres_sink
 from tests.integration.helpers import FAST_BACKOFF, PARTITIONS, highs, stored
 
 MESSAGES = 24_000
@@ -97,6 +103,46 @@ lease = {config.dedup.lease}
     return path
 
 
+class Ledger(Protocol):
+    """Where the chaos handler's effects land: how often each id was applied."""
+
+    def total(self) -> int:
+        """How many ids were applied so far (0 while the store is unreachable)."""
+        ...
+
+    def counts(self) -> dict[str, int]: ...
+
+
+class RedisLedger:
+    def __init__(self, client: redis.Redis, key: str) -> None:
+        self.client = client
+        self.key = key
+
+    def total(self) -> int:
+        try:
+            return int(self.client.hlen(self.key))
+        except redis.ConnectionError:
+            return 0  # Redis is restarting
+
+    def counts(self) -> dict[str, int]:
+        return {k.decode(): int(v) for k, v in self.client.hgetall(self.key).items()}
+
+
+class PostgresLedger:
+    def __init__(self, url: str, table: str) -> None:
+        self.url = url
+        self.table = table
+
+    def total(self) -> int:
+        with psycopg.connect(self.url) as conn:
+            row = conn.execute(f"SELECT count(*) FROM {self.table}").fetchone()
+        return int(row[0]) if row else 0
+
+    def counts(self) -> dict[str, int]:
+        with psycopg.connect(self.url) as conn:
+            return dict(conn.execute(f"SELECT id, n FROM {self.table}").fetchall())
+
+
 def wait_for(predicate: Callable[[], bool], what: str, proc: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 180
     while not predicate():
@@ -106,6 +152,7 @@ def wait_for(predicate: Callable[[], bool], what: str, proc: subprocess.Popen[by
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("effects_in", ["redis", "postgres"])
 def test_every_effect_applied_exactly_once_through_faults_kills_and_restarts(
     spark: SparkSession,
     stack: DevStack,
@@ -113,6 +160,8 @@ def test_every_effect_applied_exactly_once_through_faults_kills_and_restarts(
     producer: Producer,
     redis_client: redis.Redis,
     tmp_path: Path,
+    request: pytest.FixtureRequest,
+    effects_in: str,
 ) -> None:
     config = make_config(
         batch_size=2000,
@@ -125,18 +174,22 @@ def test_every_effect_applied_exactly_once_through_faults_kills_and_restarts(
         dedup={"id_source": "key", "lease": 7.0},
     )
     faults = produce_chaos_stream(producer, config.topic)
-    applied_key, struck_key = f"{config.topic}:applied", f"{config.topic}:struck"
-
-    def applied() -> int:
-        try:
-            return int(redis_client.hlen(applied_key))
-        except redis.ConnectionError:
-            return 0  # Redis is restarting
+    struck_key = f"{config.topic}:struck"
+    postgres_url = request.getfixturevalue("postgres").url if effects_in == "postgres" else None
+    ledger: Ledger
+    if postgres_url is None:
+        ledger = RedisLedger(redis_client, f"{config.topic}:applied")
+    else:
+        create_tables(postgres_sink(config, postgres_url))
+        ledger = PostgresLedger(postgres_url, applied_table(config.spout_id))
+    applied = ledger.total
 
     # 1. The first driver, a separate process with its own Spark, killed outright mid-run;
     #    Redis restarts (append-only file on) while it runs.
     config_file = write_config(tmp_path / "chaos.toml", config)
     command = [sys.executable, "-c", DRIVER, str(config_file)]
+    if postgres_url is not None:
+        command.append(postgres_url)
     repo = Path(__file__).resolve().parents[2]
     driver = subprocess.Popen(
         command, cwd=repo, env=dict(os.environ), start_new_session=True,
@@ -161,20 +214,23 @@ def test_every_effect_applied_exactly_once_through_faults_kills_and_restarts(
     assert killed_at < MESSAGES, "the first driver finished before it was killed"
 
     # 2. A second driver resumes from ZooKeeper and runs until every offset is finished.
-    progress = KafkaSpout(config, spark).run(chaos_bolt(config), until_caught_up=True)
+    progress = KafkaSpout(config, spark).run(chaos_bolt(config, postgres_url), until_caught_up=True)
 
-    counts = {k.decode(): int(v) for k, v in redis_client.hgetall(applied_key).items()}
+    counts = ledger.counts()
     struck = {k.decode(): int(v) for k, v in redis_client.hgetall(struck_key).items()}
+    sink = {k.decode(): int(v) for k, v in redis_client.hgetall(f"{config.topic}:sink").items()}
     expected = {f"m{n}" for n in range(MESSAGES)}
     missing = expected - set(counts)
     twice = {i: c for i, c in counts.items() if c != 1}
     print(
-        f"\ninjected: {MESSAGES} messages with unique ids; faults planned {dict(faults)}; "
+        f"\neffects in {effects_in}: {MESSAGES} messages with unique ids; "
+        f"faults planned {dict(faults)}; "
         f"faults that struck {struck}; redis-server restarted after {restarted_at} applied; "
         f"driver SIGKILLed after {killed_at} applied; second driver: "
         f"{progress.total('acked')} acked, {progress.total('duplicates')} duplicates, "
         f"{progress.total('deferred')} deferred, {progress.total('retried')} retried, "
         f"{progress.total('timed_out')} timed out, {progress.batch_errors} failed batches"
+        + (f"; the SQL sink answered {sink or 'APPLIED only'}" if postgres_url else "")
     )
     print(
         f"verified: {len(counts)} ids applied, {len(missing)} missing, "

@@ -10,12 +10,19 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import redis
 from confluent_kafka import Consumer, Producer, TopicPartition
 from kazoo.client import KazooClient
 
-from kspout.devstack import DevStack, StackInfo, ZooKeeperServer, load_stack_info
+from kspout.devstack import (
+    DevStack,
+    PostgresServer,
+    StackInfo,
+    ZooKeeperServer,
+    load_stack_info,
+)
 from kspout.devstack.ports import port_open
 from kspout.devstack.processes import pid_alive
 from kspout.errors import StackError
@@ -103,6 +110,40 @@ def test_missing_pyspark_names_install_command(
     monkeypatch.setattr("kspout.devstack.tools.importlib.util.find_spec", lambda name: None)
     with pytest.raises(StackError, match="pip install pyspark"):
         DevStack(tmp_path, ["zookeeper"]).start()
+
+
+def test_postgres_restarts_with_its_data_and_remove_deletes_it(tmp_path: Path) -> None:
+    # tmp_path is under pytest's root-only directory: as root, the server runs as `postgres`
+    server = PostgresServer(tmp_path)
+    server.start()
+    try:
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE kept (v text)")
+            conn.execute("INSERT INTO kept VALUES ('durable')")
+        port = server.port
+        server.stop()
+        server.start()
+        server.kill()  # a crash: the next start recovers from the write-ahead log
+        server.start()
+        assert server.port == port
+        with psycopg.connect(server.url) as conn:
+            assert conn.execute("SELECT v FROM kept").fetchall() == [("durable",)]
+    finally:
+        server.remove()
+    assert not server.running and not port_open("127.0.0.1", port)
+    server.start()  # afresh
+    try:
+        with psycopg.connect(server.url) as conn:
+            assert conn.execute("SELECT to_regclass('kept')").fetchone() == (None,)
+    finally:
+        server.remove()
+
+
+def test_missing_postgres_names_install_command(tmp_path: Path) -> None:
+    empty = tmp_path / "empty-path"
+    empty.mkdir()
+    with pytest.raises(StackError, match="apt-get install -y postgresql"):
+        PostgresServer(tmp_path, path=str(empty)).start()
 
 
 def test_start_timeout_reports_log_and_leaves_nothing_running(tmp_path: Path) -> None:

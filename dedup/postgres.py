@@ -1,0 +1,225 @@
+"""`PostgresSink`: a message's effects in PostgreSQL, committed at most once, fenced by token.
+
+`Effects.still_owner()` only says that a claim was current when Redis answered; a write that
+follows it can land after a newer claim took the message over. This sink makes PostgreSQL itself
+the fence: the message's effects commit in one transaction together with a row of the fence
+table, and that row decides.
+
+The invariant: **a message's effects commit at most once in PostgreSQL.** The fence table holds
+one row per message id (and dedup namespace) with the fencing token of the claim that committed
+its effects. `write(claim, apply)` runs, in one READ COMMITTED transaction:
+
+1. `INSERT INTO fence (namespace, id, token) VALUES (...) ON CONFLICT DO NOTHING RETURNING`;
+2. the row went in: `apply(cursor)` runs the message's effects; COMMIT makes row and effects
+   visible together (APPLIED); if `apply` raises, both roll back and the message can run again;
+3. a row was there: nothing is applied, and its token tells who committed:
+   * a higher token: a newer claim took the message over and already committed; this writer is
+     a zombie (its lease ran out while it ran). `FencedOut` is raised, not returned, so a zombie
+     cannot carry on as if it had written: out of the handler it makes the bolt settle FAILED
+     with a stale token, which Redis refuses (STALE: the message is deferred, not acked), and
+     the newer owner settles it;
+   * a lower or equal token: an earlier claim committed the effects (a zombie that wrote first,
+     a handler that raised after the commit, a commit whose reply was lost, a Redis settlement
+     that never happened because its task died). The answer is ALREADY_APPLIED: the handler
+     returns, and the bolt settles the message DONE without applying it again.
+
+Why this statement, at READ COMMITTED: `INSERT ... ON CONFLICT DO NOTHING` checks against the
+newest committed rows, not the statement's snapshot, and waits for a concurrent transaction that
+inserted the same key: if that one commits, this one finds the conflict; if it rolls back (its
+effects raised), this insert goes in. So two writers of one id never both apply, and a writer
+whose rival rolled back is not refused. The follow-up `SELECT` of the row's token takes a new
+snapshot (READ COMMITTED takes one per statement), so it sees the row the insert waited for; at
+REPEATABLE READ it would not (and the insert would fail with a serialization error), so the
+sink sets READ COMMITTED on its transactions whatever the server's default. Not `DO UPDATE ...
+WHERE fence.token < excluded.token`: that lets a newer claim replace an earlier claim's row and
+apply the effects a second time. Not `SELECT ... FOR UPDATE` first: it locks nothing while the
+row is missing, so two writers both see none and one fails on the unique key.
+
+The rule for handlers: **all PostgreSQL effects of a message go through one `write` call**, on
+the cursor it passes, in that transaction (never commit there). A second `write` under the same
+claim applies nothing (ALREADY_APPLIED). Redis effects added to `Effects` still apply with DONE.
+
+Fence rows are kept: a row deleted while its message can still be replayed lets that message
+apply again (like a DONE record expiring in Redis). `written_at` tells which rows are older than
+any replay can reach. Tokens are stored as `bigint`, which holds epochs up to 2**23.
+
+Connections are made in the process that writes (a Spark worker), one per thread and conninfo,
+on the first `write`; the sink itself holds only settings, so it travels to executors inside the
+handler. Requires psycopg 3 (`pip install 'kspout[sql]'`).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import threading
+from collections.abc import Callable
+from functools import cache
+from typing import Any, Protocol
+
+import psycopg
+from psycopg import sql
+
+from dedup.store import DedupError
+
+FENCE_TABLE = "kspout_fence"
+
+
+class SinkOutcome(enum.Enum):
+    APPLIED = "applied"  # this write committed the message's effects with its fence row
+    ALREADY_APPLIED = "already_applied"  # a claim with a token <= this one committed them
+
+
+class FencedOut(DedupError):
+    """A newer claim of the message already committed its effects: this writer is a zombie and
+    wrote nothing. Let it propagate out of the handler (the newer owner settles the message);
+    never retry the write."""
+
+    def __init__(self, id: str, token: int, fence_token: int) -> None:
+        self.id = id
+        self.token = token
+        self.fence_token = fence_token
+        super().__init__(
+            f"message {id!r}: the claim with token {token} is fenced out: token {fence_token} "
+            "already committed its effects (this claim's lease ran out while it ran)"
+        )
+
+
+class FenceTableMissing(DedupError):
+    """The fence table does not exist: call `PostgresSink.create_table()` once, before the job."""
+
+    def __init__(self, table: str) -> None:
+        self.table = table
+        super().__init__(
+            f"the fence table {table!r} does not exist; create it once before the job runs with "
+            "PostgresSink(...).create_table()"
+        )
+
+
+class FenceRowMissing(DedupError):
+    """The fence row that made this insert conflict was gone a statement later: something
+    deletes rows of the fence table while their messages can still be replayed."""
+
+    def __init__(self, table: str, id: str) -> None:
+        self.table = table
+        self.id = id
+        super().__init__(
+            f"the fence row of message {id!r} in {table!r} vanished during a write: delete fence "
+            "rows only once no replay can reach their messages"
+        )
+
+
+class Claimed(Protocol):
+    """What a write is fenced by: `dedup.Effects` is one."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def token(self) -> int: ...
+
+
+Apply = Callable[[psycopg.Cursor[Any]], object]  # runs the effects on the sink's cursor
+
+
+class PostgresSink:
+    """Writes a message's effects to PostgreSQL at most once, fenced by the claim's token.
+
+    `namespace` is the dedup bolt's (the topic's `spout_id` unless the bolt was given another):
+    tokens are only comparable within one. No I/O in the constructor.
+    """
+
+    def __init__(self, conninfo: str, namespace: str, *, table: str = FENCE_TABLE) -> None:
+        if not namespace:
+            raise ValueError("namespace must be non-empty (the dedup bolt's namespace)")
+        self.conninfo = conninfo
+        self.namespace = namespace
+        self.table = table
+
+    def create_table(self) -> None:
+        """Create the fence table if it does not exist; run it once, before the job starts."""
+        with psycopg.connect(self.conninfo, autocommit=True) as conn:
+            conn.execute(_queries(self.table).create)
+
+    def write(self, claim: Claimed, apply: Apply) -> SinkOutcome:
+        """Run `apply(cursor)` and record the fence row in one transaction, unless the message's
+        effects were committed already; `FencedOut` if a newer claim committed them."""
+        conn = _connection(self.conninfo)
+        with conn.transaction(), conn.cursor() as cur:
+            written = self._fence(cur, claim)
+            if written is None:
+                apply(cur)
+                return SinkOutcome.APPLIED
+        if written > claim.token:
+            raise FencedOut(claim.id, claim.token, written)
+        return SinkOutcome.ALREADY_APPLIED
+
+    def _fence(self, cur: psycopg.Cursor[Any], claim: Claimed) -> int | None:
+        """None if this claim's fence row went in; else the token of the row already there."""
+        queries = _queries(self.table)
+        try:
+            cur.execute(queries.insert, (self.namespace, claim.id, claim.token))
+            if cur.fetchone() is not None:
+                return None
+            cur.execute(queries.select, (self.namespace, claim.id))
+            row = cur.fetchone()
+        except psycopg.errors.UndefinedTable as exc:
+            raise FenceTableMissing(self.table) from exc
+        if row is None:
+            raise FenceRowMissing(self.table, claim.id)
+        return int(row[0])
+
+    def close(self) -> None:
+        """Close this thread's connection for this sink's conninfo, if it has one."""
+        connection = _connections().pop((self.conninfo, os.getpid()), None)
+        if connection is not None:
+            connection.close()
+
+
+class _Queries:
+    def __init__(self, table: str) -> None:
+        name = sql.Identifier(*table.split("."))
+        self.create = sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} ("
+            " namespace text NOT NULL,"
+            " id text NOT NULL,"
+            " token bigint NOT NULL,"  # the fencing token of the claim that committed
+            " written_at timestamptz NOT NULL DEFAULT now(),"
+            " PRIMARY KEY (namespace, id))"
+        ).format(name)
+        self.insert = sql.SQL(
+            "INSERT INTO {} (namespace, id, token) VALUES (%s, %s, %s)"
+            " ON CONFLICT (namespace, id) DO NOTHING RETURNING token"
+        ).format(name)
+        self.select = sql.SQL("SELECT token FROM {} WHERE namespace = %s AND id = %s").format(name)
+
+
+@cache
+def _queries(table: str) -> _Queries:
+    return _Queries(table)
+
+
+_local = threading.local()
+
+
+def _connections() -> dict[tuple[str, int], psycopg.Connection[Any]]:
+    """This thread's connections by (conninfo, pid): a forked child never uses its parent's."""
+    connections: dict[tuple[str, int], psycopg.Connection[Any]] | None = getattr(
+        _local, "connections", None
+    )
+    if connections is None:
+        connections = _local.connections = {}
+    return connections
+
+
+def _connection(conninfo: str) -> psycopg.Connection[Any]:
+    """This thread's open connection to `conninfo` (a new one if the last one broke)."""
+    connections = _connections()
+    key = (conninfo, os.getpid())
+    conn = connections.get(key)
+    if conn is None or conn.closed:
+        # autocommit: each `transaction()` block is the only transaction, with its own BEGIN
+        conn = psycopg.connect(conninfo, autocommit=True)
+        conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+        connections[key] = conn
+    return conn
