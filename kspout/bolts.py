@@ -218,6 +218,12 @@ class Bolt:
     def start(self) -> None:
         """Called once on the driver before the first batch (checks, warnings)."""
 
+    def replay_window(self) -> float | None:
+        """Seconds after which this bolt no longer knows a message it finished (the dedup
+        bolt's `[dedup] ttl`): a replay reaching further back would apply it again. The
+        driver guards that limit; None: replays are harmless to this bolt."""
+        return None
+
 
 class BasicBolt(Bolt):
     """A bolt whose emits anchor to the input and whose input is acked when `process` returns."""

@@ -168,6 +168,23 @@ class SpoutRunning(KspoutError):
         )
 
 
+class ReplayPastWindow(KspoutError):
+    """A start or an operator's move would process again messages that may have been finished
+    longer ago than the chain's replay window (the dedup bolt's `[dedup] ttl`): their DONE
+    records may be gone, so their effects would apply twice."""
+
+    def __init__(self, topic: str, window: float, details: list[str], override: str) -> None:
+        self.topic = topic
+        self.window = window
+        self.details = details  # one line per partition: which offsets, finished when
+        super().__init__(
+            f"{topic}: this would process again offsets that may have been finished more than "
+            f"the dedup window ({window:g}s) ago, whose effects would then apply again:\n  "
+            + "\n  ".join(details)
+            + f"\nCheck the partitions above; to go ahead anyway, {override}"
+        )
+
+
 class KafkaRequestFailed(KafkaUnavailable):
     """A metadata, watermark or timestamp request failed for good (fatal, or retries spent)."""
 

@@ -10,12 +10,17 @@ Every offset in `[commit_point, emitted_to)` is in exactly one state, kept in a 
     IN_FLIGHT(attempt, deadline)   handed out by `plan`; waits for its outcome
     WAITING(attempt, due, reason)  failed or deferred; offered again by `plan` once due
     DEAD_LETTER                    given up; waits for the driver to write it to the DLQ
+    UNPLANNED                      not handed out yet: an unfinished gap between finished
+                                   spans restored from the stored record
     DONE                           finished: acked, duplicate, skipped, dead-lettered, lost,
-                                   or a gap (an offset Kafka never had for this consumer)
+                                   a gap (an offset Kafka never had for this consumer), or
+                                   restored (finished before a restart, per the record)
 
 Transitions and why:
 
     (new) --plan--> IN_FLIGHT(1)
+    (start) --finished spans restored--> DONE(restored), the gaps UNPLANNED
+    UNPLANNED --plan--> IN_FLIGHT(1)                   replayed like a new offset
     IN_FLIGHT --ack/duplicate--> DONE                   the work is done
     IN_FLIGHT --fail(reason)--> WAITING(due=now+backoff)  within the retry budget
     IN_FLIGHT --fail, budget spent--> DEAD_LETTER | DONE(skipped)   `on_exhausted`
@@ -64,7 +69,15 @@ class _Done:
         return "DONE"
 
 
+class _Unplanned:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "UNPLANNED"
+
+
 DONE: Final = _Done()
+UNPLANNED: Final = _Unplanned()
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -92,7 +105,7 @@ class DeadLetterPending:
     handed: bool  # handed to the driver by take_dead_letters, write not yet confirmed
 
 
-State: TypeAlias = _Done | InFlight | Waiting | DeadLetterPending
+State: TypeAlias = _Done | _Unplanned | InFlight | Waiting | DeadLetterPending
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +188,7 @@ class Stats:
     in_flight: int
     failed: int  # waiting for a retry (or deferred)
     dead_letter_pending: int
+    unplanned: int  # unfinished gaps between restored spans, not handed out yet
     acked: int
     duplicates: int
     retried: int
@@ -188,6 +202,7 @@ class Stats:
     crashed: int  # failed as CRASH: killed its worker when run alone
     released: int  # handed back for an infrastructure failure, no attempt spent
     stale: int  # outcomes ignored: late, duplicated, or from a finished attempt
+    restored: int  # finished before a restart (spans in the stored record): not replayed
     spans: int  # memory in use: number of spans
 
 
@@ -206,13 +221,17 @@ class _Counters:
     crashed: int = 0
     released: int = 0
     stale: int = 0
+    restored: int = 0
 
 
 class PartitionManager:
     """Bookkeeping for one Kafka partition: what to fetch, what is finished, where to commit.
 
     `start_offset` is where the partition resumes (the stored commit point, or the position
-    chosen by the `start` policy). `clock` returns seconds (monotonic); tests pass a fake.
+    chosen by the `start` policy). `finished` are half-open ranges above it that the stored
+    record says were finished before a restart: they start DONE (counted as `restored`) and
+    are not replayed; the gaps between them are. `clock` returns seconds (monotonic); tests
+    pass a fake.
     """
 
     def __init__(
@@ -223,6 +242,7 @@ class PartitionManager:
         *,
         topic: str = "",
         partition: int = -1,
+        finished: Iterable[tuple[int, int]] = (),
     ) -> None:
         if start_offset < 0:
             raise ValueError(f"start_offset must be >= 0, got {start_offset}")
@@ -233,12 +253,26 @@ class PartitionManager:
         self._map: SpanMap[State] = SpanMap(start_offset)
         self._epoch = 0
         self._c = _Counters()
+        self._restore(finished)
         # `max_offset_behind`, when a behind policy acts on it (`retry` never gives up).
         self._max_behind = (
             None if policy.behind_policy is BehindPolicy.RETRY else policy.max_offset_behind
         )
         # Precomputed backoff before retry n for the first retries (a budget may be huge).
-        self._delays = [policy.backoff.delay(n) for n in range(min(policy.max_retries, 64) + 1)]
+        budget = 64 if policy.max_retries is None else min(policy.max_retries, 64)
+        self._delays = [policy.backoff.delay(n) for n in range(budget + 1)]
+
+    def _restore(self, finished: Iterable[tuple[int, int]]) -> None:
+        """Start with `finished` DONE and the gaps below them UNPLANNED (ascending, disjoint
+        ranges at or above the start; anything else is a caller's bug)."""
+        m = self._map
+        for lo, hi in finished:
+            if not m.end <= lo < hi:
+                raise ValueError(f"finished ranges must ascend above {m.end}, got [{lo}, {hi})")
+            m.extend(lo, UNPLANNED)
+            m.extend(hi, DONE)
+            self._c.restored += hi - lo
+        m.drop_front(DONE)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -263,9 +297,34 @@ class PartitionManager:
             return DONE
         return self._map.get(offset)
 
+    def finished_spans(self, limit: int) -> tuple[list[tuple[int, int]], int | None]:
+        """The first `limit` runs of finished offsets above the commit point, ascending, and
+        where the first run left out starts (None: none is). What the stored record keeps, so
+        a restart need not replay them; costs O(limit), not O(spans).
+        """
+        m = self._map
+        out: list[tuple[int, int]] = []
+        i = 0
+        while True:
+            try:
+                i = m.values.index(DONE, i)  # a C-speed scan (values compare by identity)
+            except ValueError:
+                return out, None
+            if len(out) == limit:
+                return out, m.starts[i]
+            out.append((m.starts[i], m.span_end(i)))
+            i += 1
+
+    @property
+    def finished_total(self) -> int:
+        """Offsets finished since the start, however: it changes whenever the finished runs
+        above the commit point may have (a cheap test before `finished_spans`)."""
+        c = self._c
+        return c.acked + c.duplicates + c.skipped + c.dead_lettered + c.lost + c.gaps
+
     def stats(self) -> Stats:
         """Current state counts and totals (costs one pass over the spans)."""
-        in_flight = failed = dead = 0
+        in_flight = failed = dead = unplanned = 0
         for lo, hi, value in self._map.spans():
             if isinstance(value, InFlight):
                 in_flight += hi - lo
@@ -273,6 +332,8 @@ class PartitionManager:
                 failed += hi - lo
             elif isinstance(value, DeadLetterPending):
                 dead += hi - lo
+            elif value is UNPLANNED:
+                unplanned += hi - lo
         c = self._c
         return Stats(
             commit_point=self.commit_point,
@@ -280,6 +341,7 @@ class PartitionManager:
             in_flight=in_flight,
             failed=failed,
             dead_letter_pending=dead,
+            unplanned=unplanned,
             acked=c.acked,
             duplicates=c.duplicates,
             retried=c.retried,
@@ -293,6 +355,7 @@ class PartitionManager:
             crashed=c.crashed,
             released=c.released,
             stale=c.stale,
+            restored=c.restored,
             spans=len(self._map),
         )
 
@@ -301,9 +364,9 @@ class PartitionManager:
     def plan(self, high_watermark: int, max_new: int) -> Plan:
         """Mark due retries and up to `max_new` new offsets (below `high_watermark`) in flight.
 
-        Expires overdue attempts first (TIMEOUT), offers due retries (at most `max_new` of
-        them, lowest first) beside new work, and plans no new offsets while more than
-        `max_uncommitted` are uncommitted (backpressure; retries still go out).
+        Expires overdue attempts first (TIMEOUT), offers due retries and UNPLANNED gaps (at
+        most `max_new` of them, lowest first) beside new work, and plans no new offsets while
+        more than `max_uncommitted` are uncommitted (backpressure; retries still go out).
         """
         now = self._clock()
         self.expire(now)
@@ -321,6 +384,11 @@ class PartitionManager:
                 budget -= hi - lo
                 if value.reason is not None:
                     self._c.retried += hi - lo
+            elif value is UNPLANNED:
+                hi = min(hi, lo + budget)
+                self._map.assign(lo, hi, InFlight(1, 0, deadline))
+                spans.append(Span(lo, hi, 1))
+                budget -= hi - lo
         new = min(max_new, high_watermark - self.emitted_to)
         if self.policy.max_uncommitted is not None:
             new = min(new, self.policy.max_uncommitted - (self.emitted_to - self.commit_point))
@@ -708,7 +776,7 @@ class PartitionManager:
             )
             return
         spent = value.attempt - value.deferrals  # attempts that count against the budget
-        if spent > self.policy.max_retries:
+        if self.policy.exhausted(spent):
             self._give_up(
                 lo, hi, self.policy.on_exhausted, value.attempt, reason, error, "retries exhausted"
             )

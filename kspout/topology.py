@@ -124,6 +124,11 @@ class Topology:
             for bolt in stage.bolts:
                 bolt.start()
 
+    def replay_window(self) -> float | None:
+        """The shortest `replay_window` of the chain's bolts (None: no bolt has one)."""
+        windows = [w for s in self.stages for b in s.bolts if (w := b.replay_window()) is not None]
+        return min(windows, default=None)
+
     @property
     def handler(self) -> Handler | None:
         """The plain function when the chain is just one, for the tracker-free fast path."""

@@ -5,7 +5,10 @@ the last writer, and marks the partitions `out_of_range = "fail"` stopped, with 
 that resumes each. `set` is the operator's move (after such a stop, or to replay or skip data);
 it refuses while a spout instance is registered, because the running spout would lose its next
 commit for those partitions, unless every partition it moves is stopped: nobody commits those,
-and the running spout resumes them from the new offset.
+and the running spout resumes them from the new offset. It also refuses a move back past
+messages that may have been finished longer ago than the replay window the record keeps (the
+dedup bolt's `[dedup] ttl`): their DONE records may be gone, so their effects would apply
+again. `--force` overrides both, and `set` then says what will apply again.
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ from rich.text import Text
 from kspout.cli import main
 from kspout.cli.options import config_option, json_option, kspout_errors
 from kspout.config import TopicConfig, load_config
-from kspout.errors import OffsetOutOfRange, OffsetRecordInvalid, SpoutRunning
+from kspout.errors import OffsetOutOfRange, OffsetRecordInvalid, ReplayPastWindow, SpoutRunning
 from kspout.kafka import KafkaMetadata
-from kspout.offsets import StoredOffset, ZkOffsetStore
+from kspout.offsets import StoredOffset, ZkOffsetStore, describe_replay, now_ms
 from kspout.policy import Position
 
 
@@ -235,6 +238,24 @@ def _all_stopped(store: ZkOffsetStore, partitions: list[int]) -> bool:
     return True
 
 
+def _past_window(store: ZkOffsetStore, moves: dict[int, int]) -> dict[int, tuple[float, str]]:
+    """Partitions whose move replays offsets that may have been finished longer ago than the
+    window their record keeps: partition -> (window, what will apply again, for people)."""
+    now = now_ms()
+    out: dict[int, tuple[float, str]] = {}
+    for partition, offset in moves.items():
+        try:
+            record = store.read(partition)
+        except OffsetRecordInvalid:
+            continue  # it says nothing about when its offsets finished (the move repairs it)
+        if record is None or record.window is None:
+            continue
+        ranges = record.replay_past_window(offset, record.window, now, keep_done=False)
+        if ranges:
+            out[partition] = (record.window, describe_replay(record, ranges, now))
+    return out
+
+
 @offsets.command(name="set")
 @config_option
 @click.option("--partition", "partitions", type=int, multiple=True, help="Repeatable.")
@@ -246,7 +267,12 @@ def _all_stopped(store: ZkOffsetStore, partitions: list[int]) -> bool:
     callback=_parse_target,
     help="An offset, earliest, latest or timestamp:<ms>.",
 )
-@click.option("--force", is_flag=True, help="Move even while spout instances are registered.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Move even while spout instances are registered, or back past the dedup window "
+    "(messages finished longer ago than [dedup] ttl then apply again).",
+)
 @json_option
 def set_offsets(
     config_path: str,
@@ -276,9 +302,22 @@ def set_offsets(
             elif live:
                 click.echo(f"warning: moving offsets under live instances {live}", err=True)
             moves = _targets(config, kafka, chosen, target)
+            again = _past_window(store, moves)
+            if again and not force:
+                raise ReplayPastWindow(
+                    config.topic,
+                    min(window for window, _ in again.values()),
+                    [text for _, text in again.values()],
+                    "pass --force: those effects then apply again",
+                )
             done = [(p, store.move(p, offset)) for p, offset in moves.items()]
     report = [
-        {"partition": p, "from": moved.data["kspout"]["moved_from"], "to": moved.offset}
+        {
+            "partition": p,
+            "from": moved.data["kspout"]["moved_from"],
+            "to": moved.offset,
+            "applies_again": again[p][1] if p in again else None,
+        }
         for p, moved in done
     ]
     if as_json:
@@ -286,3 +325,5 @@ def set_offsets(
         return
     for row in report:
         click.echo(f"{config.topic}[{row['partition']}]: {_dash(row['from'])} -> {row['to']}")
+        if row["applies_again"]:
+            click.echo(f"  applies again, past the dedup window: {row['applies_again']}")

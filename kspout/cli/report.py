@@ -21,9 +21,19 @@ COUNTERS = (
     "dead_lettered",
     "lost",
     "gaps",  # offsets Kafka never had for this consumer (markers, compaction): not lost
+    "restored",  # finished before a restart (recorded in ZooKeeper): not replayed
 )
 # Shown in the table only when some partition has a count (JSON always has every counter).
-OCCASIONAL = {"duplicates", "deferred", "crashed", "released", "skipped", "invalid", "gaps"}
+OCCASIONAL = {
+    "duplicates",
+    "deferred",
+    "crashed",
+    "released",
+    "skipped",
+    "invalid",
+    "gaps",
+    "restored",
+}
 HEADERS = {
     "duplicates": "dup",
     "timed_out": "timeout",
@@ -40,8 +50,9 @@ def progress_table(progress: Progress, title: str | None = None) -> Table:
     )
     counters = [c for c in COUNTERS if c not in OCCASIONAL or progress.total(c)]
     status = any(view.status != "running" for view in progress.partitions)
+    stalls = any(view.stalls for view in progress.partitions)
     names = ("partition", *(("status",) if status else ()), "committed", "high", "lag")
-    for name in (*names, "in flight", "failed", *counters):
+    for name in (*names, "in flight", "failed", *counters, *(("stalls",) if stalls else ())):
         table.add_column(HEADERS.get(name, name), justify="right")
     for view in progress.partitions:
         s = view.stats
@@ -54,6 +65,7 @@ def progress_table(progress: Progress, title: str | None = None) -> Table:
             str(s.in_flight),
             str(s.failed + s.dead_letter_pending),
             *(str(getattr(s, name)) for name in counters),
+            *((_stalls(view),) if stalls else ()),
         )
     table.add_section()
     table.add_row(
@@ -65,12 +77,20 @@ def progress_table(progress: Progress, title: str | None = None) -> Table:
         str(progress.total("in_flight")),
         str(progress.total("failed") + progress.total("dead_letter_pending")),
         *(str(progress.total(name)) for name in counters),
+        *((str(sum(view.stalls for view in progress.partitions)),) if stalls else ()),
         style="bold",
     )
     caption = [f"{view.partition}: {view.stopped}" for view in progress.partitions if view.stopped]
     if caption:
         table.caption = "stopped (resume with `kspout offsets set`): " + "; ".join(caption)
     return table
+
+
+def _stalls(view: PartitionView) -> str:
+    """Stall episodes (commit point stuck for half the replay window), and the current one."""
+    if view.stuck_for is None or not view.stalls:
+        return str(view.stalls)
+    return f"{view.stalls} (stuck {view.stuck_for:.0f}s)"
 
 
 def _status(view: PartitionView) -> str:
@@ -92,7 +112,10 @@ def progress_json(progress: Progress) -> dict[str, Any]:
         "isolation_runs": progress.isolation_runs,
         "elapsed_s": round(progress.elapsed, 3),
         "lag": progress.lag,
-        "totals": {name: progress.total(name) for name in COUNTERS},
+        "totals": {
+            **{name: progress.total(name) for name in COUNTERS},
+            "stalls": sum(v.stalls for v in progress.partitions),
+        },
         "partitions": [
             {
                 "partition": v.partition,
@@ -105,6 +128,8 @@ def progress_json(progress: Progress) -> dict[str, Any]:
                 "dead_letter_pending": v.stats.dead_letter_pending,
                 "status": v.status,
                 "stopped": v.stopped,
+                "stalls": v.stalls,
+                "stuck_s": None if v.stuck_for is None else round(v.stuck_for, 3),
                 "breaker": None
                 if v.breaker is None
                 else {

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,21 +19,6 @@ from dataclasses import dataclass
 from kspout.policy import Backoff
 
 log = logging.getLogger(__name__)
-
-# `Backoff.delay(n)` computes `initial * multiplier ** (n - 1)` in floats, which raises
-# OverflowError once the power passes ~1.8e308 (n = 1025 for multiplier 2), and a dependency can
-# stay down for thousands of probes. So the exponent handed to it stops at the n where the power
-# reaches about 1e300: far past the n where any real delay has reached `max` (1e300 * `initial`),
-# and short of the overflow. A fixed cap such as 64 would instead freeze a slow backoff below its
-# max (multiplier 1.1 and initial 0.01 s reach only 4 s at n = 64, never 30 s).
-_LARGEST_POWER_LOG10 = 300.0
-
-
-def _exponent_cap(multiplier: float) -> int:
-    """The largest n worth passing to `Backoff.delay`: beyond it the delay is `max` anyway."""
-    if multiplier <= 1.0:
-        return 1  # the delay never grows: `initial` (at most `max`) for every n
-    return 1 + max(1, math.floor(_LARGEST_POWER_LOG10 / math.log10(multiplier)))
 
 
 class BreakerState(enum.Enum):
@@ -82,8 +66,7 @@ class CircuitBreaker:
     little about the dependency now. Without a batch identity, a late result that arrives while
     the probe runs is taken as the probe's.
 
-    The exponent given to `backoff` is capped (see `_LARGEST_POWER_LOG10`), so n may grow
-    without limit: the wait stays `backoff.max`.
+    n may grow without limit: `Backoff.delay` never overflows, the wait stays `backoff.max`.
     """
 
     def __init__(
@@ -92,7 +75,6 @@ class CircuitBreaker:
         self.name = name  # for log lines, e.g. "orders[3]"
         self._backoff = backoff
         self._clock = clock
-        self._exponent_cap = _exponent_cap(backoff.multiplier)
         self._state = BreakerState.CLOSED
         self._failures = 0  # consecutive: the n of the current wait
         self._total_failures = 0
@@ -185,7 +167,7 @@ class CircuitBreaker:
 
     def _open(self, now: float) -> float:
         """Go OPEN for the wait that belongs to the current consecutive-failure count."""
-        delay = self._backoff.delay(min(self._failures, self._exponent_cap))
+        delay = self._backoff.delay(self._failures)
         self._state = BreakerState.OPEN
         self._retry_at = now + delay
         self._probing = False

@@ -10,7 +10,9 @@ One PartitionManager per partition decides what to run; each step of the loop
    (`Isolation`), else due retries and new offsets of every partition whose circuit breaker
    lets it run (`_submit`);
 4. hands dead letters to the background writer and confirms the ones it wrote;
-5. commits every `commit_interval` seconds, and resumes stopped partitions an operator moved.
+5. commits every `commit_interval` seconds (the commit point and the finished runs above it,
+   so a restart replays only what is unfinished), watches for commit points stuck against the
+   chain's replay window (`window.py`), and resumes stopped partitions an operator moved.
 
 Whose fault a failure is decides what it costs (design.md, "Failures: whose fault"): a
 message's own failure spends its retry budget; an infrastructure failure releases the
@@ -41,10 +43,11 @@ from kspout.driver.isolation import Isolation, Suspects
 from kspout.driver.out_of_range import OutOfRangeHandler
 from kspout.driver.progress import PartitionView, Progress
 from kspout.driver.watermarks import WatermarkCache
+from kspout.driver.window import StallWatch, check_start
 from kspout.errors import KafkaUnavailable, TopicNotFound
 from kspout.kafka import KafkaMetadata
 from kspout.lifecycle import Lifecycle
-from kspout.offsets import ZkOffsetStore
+from kspout.offsets import StoredOffset, ZkOffsetStore
 from kspout.outcomes import FailReason, describe_error
 from kspout.partition_manager import PartitionManager, Plan, Span
 from kspout.policy import Backoff
@@ -61,6 +64,10 @@ class Driver(Lifecycle):
 
     Construct, `start()` (connects, registers, loads stored offsets), `run()` or `step()`,
     `close()` (final commit). Clock and sleep are injectable for tests.
+
+    `replay_window` is the chain's (`Topology.replay_window()`, the dedup bolt's `[dedup]
+    ttl`): with it, a start that would replay offsets finished longer ago is refused unless
+    `replay_past_window`, and commit points stuck for half of it are reported.
     """
 
     def __init__(
@@ -72,6 +79,8 @@ class Driver(Lifecycle):
         sleep: Callable[[float], None] = time.sleep,
         on_progress: Callable[[Progress], None] | None = None,
         progress_interval: float = 0.25,
+        replay_window: float | None = None,
+        replay_past_window: bool = False,
     ) -> None:
         self.config = config
         self._executor = executor
@@ -85,7 +94,10 @@ class Driver(Lifecycle):
         self._dead_letters = DeadLetterWorker(config)
         self._watermarks = WatermarkCache(self._metadata, config.topic, clock)
         self._out_of_range = OutOfRangeHandler(config, self._metadata, self._watermarks)
-        self._committer = Committer(self._store, clock, lambda: self._leaders)
+        self._committer = Committer(self._store, clock, lambda: self._leaders, replay_window)
+        self._replay_window = replay_window
+        self._replay_past_window = replay_past_window
+        self._stalls = StallWatch(config.topic, replay_window, clock)
         self._batches = BatchTracker(config.message_timeout)
         self._isolation = Isolation()
         self._channel: OutcomeChannel | None = None
@@ -126,11 +138,20 @@ class Driver(Lifecycle):
             raise TopicNotFound(self.config.topic, self.config.brokers)
         policy = self.config.partition_policy()
         topic = self.config.topic
+        records = {p: r for p in partitions if (r := self._store.read(p)) is not None}
+        if self._replay_window is not None:
+            check_start(topic, records, self._replay_window, allow=self._replay_past_window)
         for p in partitions:
-            stored = self._store.read(p)
+            stored = records.get(p)
             if stored is not None:
                 start = stored.offset
-                log.info("%s[%d] resumes at stored offset %d", topic, p, start)
+                log.info(
+                    "%s[%d] resumes at stored offset %d, skipping %d offsets finished above it",
+                    topic,
+                    p,
+                    start,
+                    sum(hi - lo for lo, hi in stored.done),
+                )
                 if stored.stopped:
                     self._out_of_range.stopped[p] = stored.stopped
                     log.error("%s[%d] is stopped: %s", topic, p, stored.stopped)
@@ -143,13 +164,16 @@ class Driver(Lifecycle):
                     self.config.start,
                     start,
                 )
-            self._pms[p] = PartitionManager(policy, start, self._clock, topic=topic, partition=p)
-            self._committer.track(
-                p,
-                start if stored is not None else None,
-                stored.version if stored is not None else None,
-                stored.stopped if stored is not None else None,
+            self._pms[p] = PartitionManager(
+                policy,
+                start,
+                self._clock,
+                topic=topic,
+                partition=p,
+                finished=stored.done if stored is not None else (),
             )
+            self._committer.track(p, stored)
+            self._seed_stall(p, stored)
             self._breakers[p] = CircuitBreaker(f"{topic}[{p}]", self._infra_backoff(), self._clock)
         self._leaders = self._metadata.leaders(topic)
         self._store.register_instance()
@@ -159,6 +183,14 @@ class Driver(Lifecycle):
             self._channel.start()
             assert self._channel.address is not None
             self._executor.attach(self._channel.address)
+
+    def _seed_stall(self, p: int, stored: StoredOffset | None) -> None:
+        """A stall the record shows (unfinished offsets above a commit point that has not
+        moved since `advanced_at`) goes on across the restart."""
+        if stored is None or stored.advanced_at is None:
+            return
+        if (stored.emitted or 0) > stored.offset:
+            self._stalls.seed(p, stored.offset, stored.advanced_at)
 
     def close(self) -> None:
         """Wait for batches in flight, apply them, write pending dead letters, commit, and
@@ -272,6 +304,7 @@ class Driver(Lifecycle):
                     abandoned,
                 )
         self._committer.commit(self._pms, stopped)
+        self._stalls.observe({p: pm for p, pm in self._pms.items() if p not in stopped})
         for p, pm in self._pms.items():
             self._isolation.forget_below(p, pm.commit_point)
 
@@ -288,6 +321,8 @@ class Driver(Lifecycle):
                     self._committer.committed[p],
                     None if breaker.state is BreakerState.CLOSED else breaker,
                     self._out_of_range.stopped.get(p),
+                    self._stalls.stalls.get(p, 0),
+                    self._stalls.stuck_for(p, pm),
                 )
             )
         return Progress(

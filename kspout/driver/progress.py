@@ -19,6 +19,8 @@ class PartitionView:
     committed: int | None  # the offset last written to ZooKeeper
     breaker: BreakerView | None = None  # None while its dependencies answer
     stopped: str | None = None  # why `out_of_range = "fail"` stopped it
+    stalls: int = 0  # times its commit point stood still for half the replay window
+    stuck_for: float | None = None  # seconds it has stood still with unfinished offsets above
 
     @property
     def lag(self) -> int:

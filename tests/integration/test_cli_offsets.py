@@ -98,7 +98,8 @@ def test_set_to_a_number_prints_old_and_new(
     assert result.exit_code == 0, result.output
     assert result.stdout.strip().endswith("[0]: 4 -> 7")
     created = kspout("set", "--partition", "1", "--to", "2", "--json")
-    assert json.loads(created.stdout) == [{"partition": 1, "from": None, "to": 2}]
+    moved = {"partition": 1, "from": None, "to": 2, "applies_again": None}
+    assert json.loads(created.stdout) == [moved]
     assert stored_offsets(topic_file) == {0: 7, 1: 2}
 
 
@@ -111,7 +112,7 @@ def test_set_to_earliest_latest_and_timestamp(
     assert stored_offsets(topic_file) == {0: 0, 1: 0, 2: 0, 3: 0}
     at = kspout("set", "--partition", "0", "--to", f"timestamp:{BASE_MS + 5000}", "--json")
     assert at.exit_code == 0, at.output
-    assert json.loads(at.stdout) == [{"partition": 0, "from": 0, "to": 5}]
+    assert json.loads(at.stdout) == [{"partition": 0, "from": 0, "to": 5, "applies_again": None}]
 
 
 def test_set_refuses_while_a_spout_is_registered(

@@ -14,20 +14,21 @@ from kspout.policy import BehindPolicy, ExhaustedPolicy, PartitionPolicy, Positi
 
 @dataclass
 class Off:
-    state: str  # inflight | waiting | deadletter | done
+    state: str  # unplanned | inflight | waiting | deadletter | done
     attempt: int = 1
     deferrals: int = 0
     deadline: float = 0.0
     due: float = 0.0
     failed: bool = False  # waiting after a failure (not a deferral)
     handed: bool = False
-    how: str = ""  # for done: acked | duplicates | skipped | dead_lettered | lost
+    how: str = ""  # for done: acked | duplicates | skipped | dead_lettered | lost | restored
 
 
 @dataclass
 class Model:
     policy: PartitionPolicy
     start: int
+    finished: list[tuple[int, int]] = field(default_factory=list)  # restored from a record
     offsets: dict[int, Off] = field(default_factory=dict)
     emitted: int = -1
     base: int = -1  # lowest offset still tracked (after resets)
@@ -51,8 +52,16 @@ class Model:
                 "invalid",
                 "crashed",
                 "released",
+                "restored",
             )
         }
+        # A restart: offsets in `finished` are done, the ones between are not handed out yet.
+        for lo, hi in self.finished:
+            for o in range(self.emitted, lo):
+                self.offsets[o] = Off("unplanned")
+            for o in range(lo, hi):
+                self._finish(o, "restored")
+            self.emitted = hi
 
     # -- reading ---------------------------------------------------------------------------
     def commit_point(self) -> int:
@@ -101,7 +110,7 @@ class Model:
     def _fail_one(self, o: int, now: float) -> None:
         s = self.offsets[o]
         spent = s.attempt - s.deferrals
-        if spent > self.policy.max_retries:
+        if self.policy.exhausted(spent):
             self._give_up(o, self.policy.on_exhausted, s.attempt)
             return
         due = now + self.policy.backoff.delay(spent)
@@ -130,6 +139,9 @@ class Model:
                     self.counts["retried"] += 1
                 self.offsets[o] = Off("inflight", s.attempt + 1, s.deferrals, deadline=deadline)
                 planned.append((o, s.attempt + 1))
+            elif s.state == "unplanned":
+                self.offsets[o] = Off("inflight", 1, 0, deadline=deadline)
+                planned.append((o, 1))
         new = min(max_new, high - self.emitted)
         if self.policy.max_uncommitted is not None:
             new = min(new, self.policy.max_uncommitted - (self.emitted - self.commit_point()))

@@ -191,9 +191,6 @@ def test_late_results_before_the_probe_do_not_decide(
 
 
 def test_thousands_of_failures_do_not_overflow(breaker: CircuitBreaker, clock: FakeClock) -> None:
-    # Backoff.delay(1025) itself raises OverflowError for multiplier 2: the breaker must not.
-    with pytest.raises(OverflowError):
-        BACKOFF.delay(1025)
     assert fail_in_a_row(breaker, clock, 3000) == BACKOFF.max
     assert breaker.view().failures == 3000
 

@@ -8,7 +8,6 @@ these tests pin down the concrete stories an operator would tell.
 
 from __future__ import annotations
 
-import logging
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import fields, replace
@@ -760,3 +759,25 @@ def test_failed_dead_letter_write_hands_the_offset_out_again(make_pm: MakePM) ->
     pm.dead_lettered([4])
     s = assert_drained(pm)
     assert (s.commit_point, s.dead_lettered) == (10, 1)
+
+
+# -- restart: finished spans restored from the stored record --------------------------------------
+
+
+def test_restored_spans_are_done_counted_apart_and_skipped() -> None:
+    """After a restart at 100 with [103, 110) and [112, 200) finished, only the gaps run again;
+    the commit point moves over the restored spans as over acked ones."""
+    pm = PartitionManager(PartitionPolicy(), 100, FakeClock(), finished=[(103, 110), (112, 200)])
+    s = pm.stats()
+    assert (s.restored, s.acked, s.unplanned) == (95, 0, 5)
+    assert (pm.commit_point, pm.emitted_to) == (100, 200)
+    plan = pm.plan(200, 4)  # the high watermark holds new offsets back: only gaps
+    assert plan.ranges() == [(100, 103), (110, 111)], "the gaps, lowest first"
+    assert {plan.attempt_of(o) for o in plan} == {1}, "a first attempt, like a new offset"
+    pm.ack_many(range(100, 103))
+    assert pm.commit_point == 110
+    pm.ack(110)
+    assert pm.finished_spans(10) == ([(112, 200)], None)
+    assert pm.plan(HIGH, 3).ranges() == [(111, 112), (200, 203)]
+    pm.ack(111)
+    assert pm.commit_point == 200 and pm.stats().acked == 5

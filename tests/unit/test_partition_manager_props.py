@@ -32,7 +32,7 @@ from tests.unit.pm_model import Model
 
 policies = st.builds(
     PartitionPolicy,
-    max_retries=st.integers(0, 3),
+    max_retries=st.none() | st.integers(0, 3),
     backoff=st.builds(
         Backoff,
         st.sampled_from([0.0, 0.5, 2.0]),
@@ -50,6 +50,19 @@ policies = st.builds(
 reasons = st.sampled_from(FailReason)
 
 
+@st.composite
+def finished_spans(draw: st.DrawFn, start: int) -> list[tuple[int, int]]:
+    """Ascending, disjoint ranges above `start`: finished spans restored from a record."""
+    spans: list[tuple[int, int]] = []
+    at = start
+    for _ in range(draw(st.integers(0, 5))):
+        lo = at + draw(st.integers(0, 4))
+        hi = lo + draw(st.integers(1, 6))
+        spans.append((lo, hi))
+        at = hi
+    return spans
+
+
 class PartitionManagerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -57,10 +70,12 @@ class PartitionManagerMachine(RuleBasedStateMachine):
         self.last_commit = 0
         self.reset_happened = False
 
-    @initialize(policy=policies, start=st.integers(0, 1000))
-    def setup(self, policy: PartitionPolicy, start: int) -> None:
-        self.pm = PartitionManager(policy, start, clock=lambda: self.now)
-        self.model = Model(policy, start)
+    @initialize(policy=policies, start=st.integers(0, 1000), data=st.data())
+    def setup(self, policy: PartitionPolicy, start: int, data: st.DataObject) -> None:
+        """A fresh partition, or a restart with finished spans above the stored offset."""
+        finished = data.draw(finished_spans(start))
+        self.pm = PartitionManager(policy, start, clock=lambda: self.now, finished=finished)
+        self.model = Model(policy, start, finished)
         self.last_commit = start
 
     def _offset(self, data: st.DataObject) -> int:
@@ -221,10 +236,18 @@ class PartitionManagerMachine(RuleBasedStateMachine):
         assert s.in_flight == m.count("inflight")
         assert s.failed == m.count("waiting")
         assert s.dead_letter_pending == m.count("deadletter")
+        assert s.unplanned == m.count("unplanned")
         for name, value in m.counts.items():
             assert getattr(s, name) == value, name
+        finishing = ("acked", "duplicates", "skipped", "dead_lettered", "lost", "gaps")
+        assert pm.finished_total == sum(m.counts[name] for name in finishing)
+        # What a commit stores: exactly the model's finished runs above the commit point.
+        done = [o for o in range(cp, m.emitted) if m.offsets[o].state == "done"]
+        runs = _runs(done)
+        spans, cut = pm.finished_spans(3)
+        assert spans == runs[:3] and cut == (runs[3][0] if len(runs) > 3 else None)
         # Memory is per gap: at most one span per unfinished run and one per finished gap.
-        unfinished = s.in_flight + s.failed + s.dead_letter_pending
+        unfinished = s.in_flight + s.failed + s.dead_letter_pending + s.unplanned
         assert s.spans <= 2 * unfinished
         assert (s.spans == 0) == (unfinished == 0)
 
@@ -257,7 +280,18 @@ class PartitionManagerMachine(RuleBasedStateMachine):
                 "dead_lettered",
                 "skipped",
                 "lost",
+                "restored",
             }, f"offset {o} ended without a recorded outcome"
+
+
+def _runs(offsets: list[int]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for o in offsets:
+        if out and out[-1][1] == o:
+            out[-1] = (out[-1][0], o + 1)
+        else:
+            out.append((o, o + 1))
+    return out
 
 
 PartitionManagerMachine.TestCase.settings = settings(
