@@ -53,6 +53,13 @@ def _out_of_range_position(value: object) -> Position:
     return value if isinstance(value, Position) else Position.parse(str(value), allow_fail=True)
 
 
+def _retry_limit(value: object) -> object:
+    """`max_retries` from the file: an integer >= 0, or "unlimited" (never exhausted)."""
+    if value == "unlimited" or (type(value) is int and value >= 0):
+        return value
+    raise ValueError('must be an integer >= 0, or "unlimited" to retry for ever')
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -87,6 +94,10 @@ class DedupSettings(_Section):
     id_source: str = "key"  # key | header:<name> | json:<field>
     ttl: float = Field(86400.0, gt=0)  # seconds a DONE record is kept (the dedup window)
     lease: float = Field(60.0, gt=0)  # seconds an IN_FLIGHT claim holds before re-claim
+    # replicas that must acknowledge each settlement (WAIT) before its messages are acked
+    wait_replicas: int = Field(0, ge=0)
+    wait_timeout: float = Field(1.0, gt=0)  # seconds to wait for them; short: released, retried
+    wait_aof: bool = False  # WAITAOF (Redis >= 7.2): fsynced locally and by wait_replicas
 
     @field_validator("id_source")
     @classmethod
@@ -113,14 +124,14 @@ class TopicConfig(_Section):
     )
     max_offset_behind: int | None = Field(None, gt=0)
     behind_policy: Literal["retry", "dead_letter", "skip"] = "retry"
-    max_retries: int = Field(5, ge=0)
+    max_retries: Annotated[int | Literal["unlimited"], BeforeValidator(_retry_limit)] = 5
     on_retries_exhausted: Literal["dead_letter", "skip"] = "dead_letter"
     retry_backoff: RetryBackoff = RetryBackoff()
     # Waits of a partition's circuit breaker while a dependency (Kafka, Redis, ZooKeeper) is down.
     infra_backoff: RetryBackoff = RetryBackoff(initial=1.0, multiplier=2.0, max=30.0)
     message_timeout: float = Field(30.0, gt=0)
     defer_delay: float = Field(1.0, gt=0)  # seconds before a DEFERRED message is offered again
-    max_uncommitted: int | None = Field(None, gt=0)
+    max_uncommitted: int | None = Field(PartitionPolicy().max_uncommitted, gt=0)
     batch_size: int = Field(10_000, gt=0)
     max_batches_in_flight: int = Field(2, gt=0)
     commit_interval: float = Field(5.0, gt=0)
@@ -167,7 +178,7 @@ class TopicConfig(_Section):
         """The PartitionManager's view of this file."""
         b = self.retry_backoff
         return PartitionPolicy(
-            max_retries=self.max_retries,
+            max_retries=self.max_retries if isinstance(self.max_retries, int) else None,
             backoff=Backoff(b.initial, b.multiplier, b.max),
             on_exhausted=ExhaustedPolicy(self.on_retries_exhausted),
             max_offset_behind=self.max_offset_behind,

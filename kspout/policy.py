@@ -7,6 +7,7 @@ builds them from a topic file.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 
@@ -60,6 +61,13 @@ class Position:
         return str(self.kind.value)
 
 
+# The power `multiplier**(n-1)` is compared with the cap in log space and computed only below
+# it and below 1e300, so no retry count and no multiplier >= 1 overflows a float. Once the power
+# passes 1e300 the delay is `max`: only a `max` above 1e300 times `initial` would tell the
+# difference, and no real backoff has one.
+_LOG_POWER_LIMIT = 300 * math.log(10)
+
+
 @dataclass(frozen=True, slots=True)
 class Backoff:
     """Exponential retry delay: `initial * multiplier**(n-1)`, capped at `max`, for retry n."""
@@ -69,9 +77,16 @@ class Backoff:
     max: float = 60.0
 
     def delay(self, retry: int) -> float:
-        """Seconds to wait before retry number `retry` (1 for the first retry)."""
+        """Seconds to wait before retry number `retry` (1 for the first retry); any count."""
         if retry <= 0:
             return 0.0
+        if self.initial >= self.max:
+            return self.max
+        if self.initial <= 0:
+            return 0.0
+        growth = (retry - 1) * math.log(self.multiplier)  # log of the power, never overflows
+        if growth >= min(_LOG_POWER_LIMIT, math.log(self.max / self.initial)):
+            return self.max
         return min(self.max, self.initial * self.multiplier ** (retry - 1))
 
 
@@ -84,13 +99,18 @@ class PartitionPolicy:
     own retry budget and by `max_offset_behind`, never by how many others failed.
     """
 
-    max_retries: int = 5
+    max_retries: int | None = 5  # None: unlimited (storm-kafka's retryLimit -1), never exhausted
     backoff: Backoff = Backoff()
     on_exhausted: ExhaustedPolicy = ExhaustedPolicy.DEAD_LETTER
     max_offset_behind: int | None = None
     behind_policy: BehindPolicy = BehindPolicy.RETRY
     message_timeout: float = 30.0
-    max_uncommitted: int | None = None
+    # How far a partition may run ahead of a stuck commit point (README: the dedup window).
+    max_uncommitted: int | None = 1_000_000
     out_of_range: Position = Position(PositionKind.EARLIEST)
     # Wait before a DEFERRED offset (in flight elsewhere) is offered again; no attempt is spent.
     defer_delay: float = 1.0
+
+    def exhausted(self, spent: int) -> bool:
+        """True once `spent` charged attempts exceed the retry budget; never when unlimited."""
+        return self.max_retries is not None and spent > self.max_retries

@@ -6,7 +6,9 @@
     spout.foreach_batch(lambda df, batch_id: df.write.parquet(...))
 
 Each call runs the driver loop (planning, retries, dead letters, ZooKeeper commits) with
-micro-batches executed on Spark, until stopped, after `max_batches`, or once caught up.
+micro-batches executed on Spark, until stopped, after `max_batches`, or once caught up. Called
+from the main thread, a first SIGTERM or Ctrl-C stops it after the batches in flight, with a
+commit; a second one stops it at once (see `kspout.stopping`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from kspout.config import TopicConfig, load_config
 from kspout.driver import Driver, Progress
+from kspout.stopping import stop_on_signals
 from kspout.tasks import Executor
 from kspout.topology import ChainItem, Topology
 
@@ -28,16 +31,34 @@ if TYPE_CHECKING:
 
 
 class KafkaSpout:
-    """One topic consumed on Spark with Storm's guarantees."""
+    """One topic consumed on Spark with Storm's guarantees.
 
-    def __init__(self, config: TopicConfig, spark: SparkSession | None = None) -> None:
+    `replay_past_window=True` lets a run start although its restart would replay messages
+    finished longer ago than the chain's replay window (the dedup bolt's `[dedup] ttl`), whose
+    effects would then apply again; by default such a start is refused.
+    """
+
+    def __init__(
+        self,
+        config: TopicConfig,
+        spark: SparkSession | None = None,
+        *,
+        replay_past_window: bool = False,
+    ) -> None:
         self.config = config
         self._spark = spark
+        self.replay_past_window = replay_past_window
 
     @classmethod
-    def from_config(cls, path: str | Path, spark: SparkSession | None = None) -> KafkaSpout:
+    def from_config(
+        cls,
+        path: str | Path,
+        spark: SparkSession | None = None,
+        *,
+        replay_past_window: bool = False,
+    ) -> KafkaSpout:
         """Load a topic's TOML file; use `spark`, or the active session, or a new one."""
-        return cls(load_config(path), spark)
+        return cls(load_config(path), spark, replay_past_window=replay_past_window)
 
     @property
     def spark(self) -> SparkSession:
@@ -62,7 +83,15 @@ class KafkaSpout:
 
         topology = chain if isinstance(chain, Topology) else Topology.of(chain)
         executor = SparkExecutor(self.spark, self.config, topology)
-        return self._drive(self.config, executor, max_batches, until_caught_up, stop, on_progress)
+        return self._drive(
+            self.config,
+            executor,
+            max_batches,
+            until_caught_up,
+            stop,
+            on_progress,
+            topology.replay_window(),
+        )
 
     def foreach_batch(
         self,
@@ -92,6 +121,17 @@ class KafkaSpout:
         until_caught_up: bool,
         stop: threading.Event | None,
         on_progress: Callable[[Progress], None] | None,
+        window: float | None = None,
     ) -> Progress:
-        with Driver(config, executor, on_progress=on_progress) as driver:
+        """Run the driver loop; SIGTERM (YARN, Kubernetes) or Ctrl-C stops it cleanly."""
+        with (
+            stop_on_signals(stop) as stop,
+            Driver(
+                config,
+                executor,
+                on_progress=on_progress,
+                replay_window=window,
+                replay_past_window=self.replay_past_window,
+            ) as driver,
+        ):
             return driver.run(max_batches=max_batches, until_caught_up=until_caught_up, stop=stop)

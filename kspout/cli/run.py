@@ -2,9 +2,9 @@
 
 `--handler module:attr` names a function (called per record), a bolt, or a list of bolts and
 groupings. Without `--spark` batches run in this process; with `--spark MASTER` each batch is
-a Spark job. Ctrl-C stops after the batches in flight and commits before exiting; a second
-Ctrl-C exits at once (nothing is lost: uncommitted offsets are processed again on the next
-start).
+a Spark job. Ctrl-C or SIGTERM stops after the batches in flight and commits before exiting;
+a second one exits at once (nothing is lost: uncommitted offsets are processed again on the
+next start).
 """
 
 from __future__ import annotations
@@ -12,10 +12,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import signal
 import sys
-import threading
-from types import FrameType
 
 import click
 from rich.console import Console
@@ -29,6 +26,7 @@ from kspout.devstack import load_stack_info
 from kspout.driver import Driver, Progress
 from kspout.errors import ChainError, StackError
 from kspout.local_executor import LocalExecutor
+from kspout.stopping import stop_on_signals
 from kspout.tasks import Executor
 from kspout.topology import Topology
 
@@ -76,19 +74,6 @@ def use_dev_stack() -> None:
     os.environ.update(info.env())
 
 
-def stop_on_interrupt(stop: threading.Event) -> None:
-    """First Ctrl-C asks the loop to stop and commit; the second one exits at once."""
-
-    def handle(signum: int, frame: FrameType | None) -> None:
-        if stop.is_set():
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            raise KeyboardInterrupt
-        stop.set()
-        click.echo("stopping after the batch in flight; Ctrl-C again to exit now", err=True)
-
-    signal.signal(signal.SIGINT, handle)
-
-
 @main.command()
 @config_option
 @click.option(
@@ -105,6 +90,12 @@ def stop_on_interrupt(stop: threading.Event) -> None:
 @click.option("--max-batches", type=click.IntRange(min=1), help="Stop after this many batches.")
 @click.option("--until-caught-up", is_flag=True, help="Stop once every offset is finished.")
 @click.option("--dev", "dev_stack", is_flag=True, help="Use the running `kspout dev up` stack.")
+@click.option(
+    "--replay-past-window",
+    is_flag=True,
+    help="Start even if the restart would replay messages finished longer ago than the dedup "
+    "window ([dedup] ttl): their effects would apply again.",
+)
 @json_option
 def run(
     config_path: str,
@@ -113,6 +104,7 @@ def run(
     max_batches: int | None,
     until_caught_up: bool,
     dev_stack: bool,
+    replay_past_window: bool,
     as_json: bool,
 ) -> None:
     """Consume a topic through a handler or bolt chain; an exception fails the record.
@@ -126,10 +118,11 @@ def run(
         config = load_config(config_path)
         chain = load_chain(handler)
         executor = make_executor(config, chain, master)
-        stop = threading.Event()
-        stop_on_interrupt(stop)
         console = Console(stderr=True)
-        with Live(console=console, transient=True, auto_refresh=False) as live:
+        with (
+            stop_on_signals() as stop,
+            Live(console=console, transient=True, auto_refresh=False) as live,
+        ):
 
             def show(progress: Progress) -> None:
                 live.update(progress_table(progress), refresh=True)
@@ -138,6 +131,8 @@ def run(
                 config,
                 executor,
                 on_progress=show if console.is_terminal else None,
+                replay_window=chain.replay_window(),
+                replay_past_window=replay_past_window,
             )
             with driver:
                 final = driver.run(

@@ -157,7 +157,7 @@ def test_orders_example_shows_every_key() -> None:
         pytest.param(
             MINIMAL + "max_retries = -1\n",
             "max_retries",
-            ["greater than or equal to 0", "-1"],
+            [">= 0", '"unlimited"', "-1"],  # storm-kafka's -1 meant unlimited: say what does
             id="negative-max_retries",
         ),
         pytest.param(
@@ -205,8 +205,20 @@ def test_orders_example_shows_every_key() -> None:
         pytest.param(
             MINIMAL + 'max_retries = "three"\n',
             "max_retries",
-            ["integer", "three"],
+            ["integer", '"unlimited"', "three"],
             id="wrong-type",
+        ),
+        pytest.param(
+            MINIMAL + "max_retries = 2.5\n",
+            "max_retries",
+            ["integer", '"unlimited"', "2.5"],
+            id="fractional-max_retries",
+        ),
+        pytest.param(
+            MINIMAL + 'max_retries = "Unlimited"\n',
+            "max_retries",
+            ['"unlimited"', "Unlimited"],
+            id="miscased-unlimited",
         ),
     ],
 )
@@ -347,6 +359,17 @@ def test_out_of_range_values_parse(write_topic: WriteTopic, text: str, expected:
     config = load_config(write_topic(MINIMAL + f'out_of_range = "{text}"\n'))
     assert config.out_of_range == expected
     assert config.partition_policy().out_of_range == expected
+
+
+def test_unlimited_max_retries_is_a_budget_that_never_ends(write_topic: WriteTopic) -> None:
+    """storm-kafka retried for ever by default (`retryLimit = -1`); here that is spelled out."""
+    config = load_config(write_topic(MINIMAL + 'max_retries = "unlimited"\n'))
+    assert config.max_retries == "unlimited"
+    policy = config.partition_policy()
+    assert policy.max_retries is None
+    assert not policy.exhausted(10**12)
+    counted = load_config(write_topic(MINIMAL + "max_retries = 0\n")).partition_policy()
+    assert counted.exhausted(1), "0 means no retry (in storm-kafka, 0 meant unlimited too)"
 
 
 def test_derived_paths_and_defaults(write_topic: WriteTopic) -> None:

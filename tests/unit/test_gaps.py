@@ -141,4 +141,3 @@ def test_the_table_shows_gaps_only_when_there_are_some() -> None:
     assert any("gaps" in line and "lost" in line for line in header)
     quiet = _render(Progress("t", 1, 1.0, [_view(0, 0)]))
     assert "gaps" not in quiet and "lost" in quiet
-

@@ -1,0 +1,130 @@
+"""SIGTERM, as YARN and Kubernetes send it, stops a spout like the first Ctrl-C: the batches in
+flight finish, their offsets are committed, and the process exits 0. Real processes: `kspout run`
+and a script calling `KafkaSpout.run` on Spark `local[2]`, against the session's dev stack."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+from kspout.config import TopicConfig
+from kspout.devstack import DevStack
+from tests.integration.helpers import PARTITIONS, produce, stored
+from tests.integration.test_run import handled_lines, prepare_kspout_run, wait_until_handled
+
+SPOUT_SCRIPT = """
+import sys
+
+from kspout import KafkaSpout
+from kspout.spark import spark_session
+from slow_handler import handle
+
+spark = spark_session("local[2]", conf={"spark.ui.enabled": "false"})
+spark.sparkContext.setLogLevel("ERROR")
+progress = KafkaSpout.from_config(sys.argv[1], spark).run(handle)
+print("acked", progress.total("acked"))
+"""
+
+# Bounds a hung process, not a speed: a drain is one batch of 25 records at 5 ms each.
+DRAIN_LIMIT = 60.0
+
+
+def terminate_and_check(proc: subprocess.Popen[bytes], log: Path, config: TopicConfig) -> str:
+    """SIGTERM once some records were handled; the process exits 0 and has committed exactly
+    what its handler finished. Returns its stderr."""
+    try:
+        wait_until_handled(proc, log, 0)  # started (Spark takes a while)
+        wait_until_handled(proc, log, 150)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=DRAIN_LIMIT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, f"exit {proc.returncode}: {err.decode()[-3000:]}"
+
+    handled = handled_lines(log)
+    assert len(handled) < 1000, "the run finished before SIGTERM: make the handler slower"
+    committed = stored(config)
+    for p in PARTITIONS:
+        mine = sorted(o for q, o in handled if q == p)
+        # Everything handled was committed on the way out, and nothing that was not: a restart
+        # replays no finished record.
+        assert mine == list(range(len(mine))), f"partition {p}: handled {mine}"
+        assert committed.get(p, 0) == len(mine), f"partition {p}: {committed} for {len(mine)}"
+    return err.decode() + out.decode()
+
+
+def test_kspout_run_drains_and_commits_on_sigterm(
+    stack: DevStack, make_config: Callable[..., TopicConfig], producer: Producer, tmp_path: Path
+) -> None:
+    """Before, SIGTERM killed `kspout run` at once (exit -15): the batch in flight was lost
+    and only the last periodic commit was kept."""
+    config = make_config()
+    produce(producer, config.topic, {p: range(250) for p in PARTITIONS})
+    argv, env, log = prepare_kspout_run(stack, config, tmp_path, pause=0.005)
+    proc = subprocess.Popen(
+        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    output = terminate_and_check(proc, log, config)
+    assert "SIGTERM: stopping after the batches in flight" in output
+
+
+def test_kafka_spout_on_spark_drains_and_commits_on_sigterm(
+    stack: DevStack, make_config: Callable[..., TopicConfig], producer: Producer, tmp_path: Path
+) -> None:
+    """`KafkaSpout.run` in a Spark driver, as under spark-submit: before, it installed no
+    handler, so SIGTERM killed the driver without a final commit."""
+    config = make_config()
+    produce(producer, config.topic, {p: range(250) for p in PARTITIONS})
+    argv, env, log = prepare_kspout_run(stack, config, tmp_path, pause=0.005)
+    (tmp_path / "spout_job.py").write_text(SPOUT_SCRIPT)
+    env["PYTHONPATH"] = f"{tmp_path}:{env.get('PYTHONPATH', '')}"  # Spark's workers import it
+    toml = argv[argv.index("--config") + 1]
+    proc = subprocess.Popen(
+        [sys.executable, "spout_job.py", toml],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    output = terminate_and_check(proc, log, config)
+    assert "acked" in output
+
+
+def test_a_second_sigterm_stops_kspout_run_without_draining(
+    stack: DevStack, make_config: Callable[..., TopicConfig], producer: Producer, tmp_path: Path
+) -> None:
+    """The batch in flight takes a second per record; the first SIGTERM would wait for all of
+    it. The second abandons it: the process exits at once (Aborted, exit 1), commits only
+    what was applied, and leaves most of the batch unhandled."""
+    config = make_config()
+    produce(producer, config.topic, {p: range(25) for p in PARTITIONS})
+    argv, env, log = prepare_kspout_run(stack, config, tmp_path, pause=1.0)
+    proc = subprocess.Popen(
+        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        wait_until_handled(proc, log, 0)
+        proc.send_signal(signal.SIGTERM)
+        # One more record handled: the handler runs in the main thread, so the first signal's
+        # handler has run by then, and the second is not merged into it.
+        wait_until_handled(proc, log, len(handled_lines(log)))
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=DRAIN_LIMIT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, err.decode()[-3000:]
+    assert "Aborted" in err.decode()
+    handled = handled_lines(log)
+    assert len(handled) < 25, "the batch in flight was drained, not abandoned"
+    committed = stored(config)
+    for p in PARTITIONS:  # nothing committed that was not handled
+        assert set(range(committed.get(p, 0))) <= {o for q, o in handled if q == p}
