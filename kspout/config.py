@@ -12,6 +12,7 @@ import os
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from kazoo.security import make_digest_acl
 from pydantic import (
@@ -26,6 +27,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from kspout import secrets
 from kspout.errors import ConfigError
 from kspout.policy import (
     Backoff,
@@ -73,19 +75,77 @@ class RetryBackoff(_Section):
 
 
 class ZooKeeperAuth(_Section):
-    """`[zookeeper_auth]`: digest credentials; when set, kspout's znodes get a creator ACL."""
+    """`[zookeeper_auth]`: the digest credential kspout logs in with. Every znode kspout creates
+    then carries a creator-only ACL: all rights for this user, none for anyone else.
+
+    The credential, "user:password", is given as `credential`, `credential_file` or
+    `credential_env`: exactly one of them (`kspout.secrets`).
+    """
 
     scheme: Literal["digest"] = "digest"
     credential: SecretStr  # "user:password"
 
+    @model_validator(mode="before")
+    @classmethod
+    def _credential(cls, data: Any) -> Any:
+        data = secrets.resolve(data, "credential", required=True)
+        if isinstance(data, dict):
+            value = data["credential"]
+            text = value.get_secret_value() if isinstance(value, SecretStr) else value
+            user, colon, password = text.partition(":")
+            if not (user and colon and password):
+                raise ValueError('credential must be "user:password", neither part empty')
+        return data
+
 
 class RedisSettings(_Section):
-    """`[redis]`: where the dedup bolt keeps its idempotency records."""
+    """`[redis]`: where the dedup bolt keeps its idempotency records, and how it logs in.
 
-    url: str = "redis://127.0.0.1:6379/0"
+    `username` is a Redis ACL user (absent: `default`); the password is given as `password`,
+    `password_file` or `password_env`, at most one of them (`kspout.secrets`), and never in
+    the URL, which is logged. TLS is on with `ssl = true` or a `rediss://` URL: the server's
+    certificate is checked against `ssl_ca_certs` (absent: the system's CAs), and
+    `ssl_certfile`/`ssl_keyfile` are the client certificate a server with `tls-auth-clients`
+    asks for.
+    """
+
+    url: str = "redis://127.0.0.1:6379/0"  # redis://, rediss:// (TLS) or unix://
     username: str | None = None
     password: SecretStr | None = None
     ssl: bool = False
+    ssl_ca_certs: str | None = None  # PEM file: the CAs that signed the server's certificate
+    ssl_certfile: str | None = None  # PEM file: the client certificate (and maybe its key)
+    ssl_keyfile: str | None = None  # PEM file: the client certificate's private key
+
+    @model_validator(mode="before")
+    @classmethod
+    def _password(cls, data: Any) -> Any:
+        return secrets.resolve(data, "password")
+
+    @model_validator(mode="after")
+    def _url_and_tls(self) -> RedisSettings:
+        # Errors here never echo the URL: it may hold a password.
+        url = urlsplit(self.url)
+        if url.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError("url must start with redis://, rediss:// (TLS) or unix://")
+        if url.password:
+            raise ValueError(
+                "the url holds a password, and urls are logged: give it as password, "
+                "password_file or password_env instead"
+            )
+        if self.ssl and url.scheme == "unix":
+            raise ValueError("ssl = true needs a redis:// or rediss:// url, not unix://")
+        files = [k for k in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile") if getattr(self, k)]
+        if files and not self.tls:
+            raise ValueError(f"{', '.join(files)}: TLS only; set ssl = true or use a rediss:// url")
+        if self.ssl_keyfile and not self.ssl_certfile:
+            raise ValueError("ssl_keyfile needs ssl_certfile, the certificate the key belongs to")
+        return self
+
+    @property
+    def tls(self) -> bool:
+        """True when connections use TLS: `ssl = true` or a `rediss://` URL."""
+        return self.ssl or self.url.startswith("rediss://")
 
 
 class DedupSettings(_Section):
@@ -106,6 +166,13 @@ class DedupSettings(_Section):
         if value == "key" or (kind in ("header", "json") and name):
             return value
         raise ValueError("must be key, header:<name> or json:<field>")
+
+
+class MetricsSettings(_Section):
+    """`[metrics]`: the Prometheus endpoint the driver serves while it runs."""
+
+    port: int = Field(ge=0, le=65535)  # 0: any free port (the driver logs which)
+    host: str = "0.0.0.0"
 
 
 class TopicConfig(_Section):
@@ -137,9 +204,20 @@ class TopicConfig(_Section):
     commit_interval: float = Field(5.0, gt=0)
     fetch_timeout: float = Field(30.0, gt=0)
     dead_letter_topic: str | None = None
+    # Several instances share a spout id: how long ZooKeeper waits for a silent one before its
+    # partitions move (its session), and how often the topic is checked for added partitions.
+    zk_session_timeout: float = Field(10.0, ge=2, le=120)
+    partition_refresh: float = Field(10.0, gt=0)
+    metrics: MetricsSettings | None = None  # absent: no Prometheus endpoint
+    # Also commit the commit point to this Kafka consumer group, for standard lag tools.
+    consumer_group: str | None = Field(None, min_length=1)
 
     # librdkafka pass-through; may hold SASL/SSL secrets, so it never appears in repr or errors.
-    kafka: dict[str, str | int | float | bool] = Field(default_factory=dict, repr=False)
+    # A setting can also be read from a file or the environment when the file is loaded:
+    # "sasl.password_file" = "<path>" or "sasl.password_env" = "<variable>" (kspout.secrets).
+    kafka: Annotated[
+        dict[str, str | int | float | bool | SecretStr], BeforeValidator(secrets.resolve_all)
+    ] = Field(default_factory=dict, repr=False)
     zookeeper_auth: ZooKeeperAuth | None = None
     redis: RedisSettings = RedisSettings()
     dedup: DedupSettings = DedupSettings()
@@ -190,31 +268,46 @@ class TopicConfig(_Section):
         )
 
     def kafka_config(self, **extra: Any) -> dict[str, Any]:
-        """librdkafka settings: brokers plus the `[kafka]` pass-through (security, tuning)."""
+        """librdkafka settings: brokers plus the `[kafka]` pass-through (security, tuning), with
+        the secrets read from files and the environment in clear (for the client only)."""
         conf: dict[str, Any] = {"bootstrap.servers": self.brokers}
-        conf.update(self.kafka)
+        for key, value in self.kafka.items():
+            conf[key] = value.get_secret_value() if isinstance(value, SecretStr) else value
         conf.update(extra)
         return conf
 
     def kazoo_args(self) -> dict[str, Any]:
-        """Keyword arguments for `kazoo.client.KazooClient`."""
+        """Keyword arguments for `kazoo.client.KazooClient`. With `[zookeeper_auth]`: the digest
+        credential, and a creator-only `default_acl`, which kazoo gives every node it creates
+        without an explicit ACL (parents made by `makepath`/`ensure_path` and transactions
+        included), so kspout's whole tree is closed to other clients."""
         args: dict[str, Any] = {"hosts": self.zookeeper}
         if self.zookeeper_auth is not None:
             cred = self.zookeeper_auth.credential.get_secret_value()
             user, _, password = cred.partition(":")
             args["auth_data"] = [(self.zookeeper_auth.scheme, cred)]
             args["default_acl"] = [make_digest_acl(user, password, all=True)]
+            secrets.hide_kazoo_auth()  # kazoo logs the credential at DEBUG otherwise
         return args
 
     def redis_args(self) -> dict[str, Any]:
-        """Keyword arguments for `redis.Redis.from_url`."""
-        args: dict[str, Any] = {"url": self.redis.url}
-        if self.redis.username:
-            args["username"] = self.redis.username
-        if self.redis.password is not None:
-            args["password"] = self.redis.password.get_secret_value()
-        if self.redis.ssl:
-            args["ssl"] = True
+        """Keyword arguments for `redis.Redis.from_url`: the ACL user and password, and with TLS
+        a `rediss://` URL (redis-py picks TLS by the scheme alone) and the certificate files."""
+        settings = self.redis
+        url = settings.url
+        if settings.ssl and url.startswith("redis://"):
+            url = "rediss://" + url.removeprefix("redis://")
+        args: dict[str, Any] = {"url": url}
+        if settings.username:
+            args["username"] = settings.username
+        if settings.password is not None:
+            args["password"] = settings.password.get_secret_value()
+        tls_files = {
+            "ssl_ca_certs": settings.ssl_ca_certs,
+            "ssl_certfile": settings.ssl_certfile,
+            "ssl_keyfile": settings.ssl_keyfile,
+        }
+        args.update({key: path for key, path in tls_files.items() if path is not None})
         return args
 
 

@@ -23,30 +23,10 @@ from kspout.policy import (
 
 TOPICS_DIR = Path(__file__).resolve().parents[2] / "deploy" / "topics"
 TOPIC_FILES = sorted(TOPICS_DIR.glob("*.toml"))
-ENV_VARS = ("KSPOUT_BROKERS", "KSPOUT_ZOOKEEPER", "KSPOUT_REDIS_URL")
+
 MINIMAL = 'topic = "orders"\nspout_id = "orders-billing"\n'
 
 WriteTopic = Callable[[str], Path]
-
-
-@pytest.fixture(autouse=True)
-def _no_env_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The developer's shell (e.g. after `kspout dev up`) must not leak into these tests."""
-    for name in ENV_VARS:
-        monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture
-def write_topic(tmp_path: Path) -> WriteTopic:
-    """Factory: write TOML text to a fresh topic file and return its path."""
-    counter = iter(range(1_000_000))
-
-    def write(text: str) -> Path:
-        path = tmp_path / f"topic-{next(counter)}.toml"
-        path.write_text(text, encoding="utf-8")
-        return path
-
-    return write
 
 
 def config_error(path: Path) -> ConfigError:
@@ -92,7 +72,14 @@ def test_orders_example_shows_every_key() -> None:
     them all (a key added to TopicConfig must be added to the example too)."""
     data = tomllib.loads((TOPICS_DIR / "orders.example.toml").read_text(encoding="utf-8"))
     assert set(data) == set(TopicConfig.model_fields)
-    for section in ("retry_backoff", "infra_backoff", "zookeeper_auth", "redis", "dedup"):
+    for section in (
+        "retry_backoff",
+        "infra_backoff",
+        "metrics",
+        "zookeeper_auth",
+        "redis",
+        "dedup",
+    ):
         model = type(getattr(load_config(TOPICS_DIR / "orders.example.toml"), section))
         assert set(data[section]) == set(model.model_fields), section
     kafka = data["kafka"]
