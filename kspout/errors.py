@@ -82,6 +82,21 @@ class OffsetConflict(OffsetStoreError):
         )
 
 
+class OwnershipLost(OffsetConflict):
+    """A fenced commit found this instance's claim on the partition gone: its ZooKeeper
+    session expired (a stopped process that woke up) and the partition may have a new owner."""
+
+    def __init__(self, path: str, claim: str) -> None:
+        OffsetStoreError.__init__(
+            self,
+            f"commit to {path} refused: the claim {claim} is gone (this instance's ZooKeeper "
+            "session expired); another instance owns the partition now or will claim it",
+        )
+        self.path = path
+        self.claim = claim
+        self.expected_version = -1
+
+
 class TopicMismatch(OffsetStoreError):
     """The stored offset record belongs to another topic (two spouts share one spout id)."""
 
@@ -156,15 +171,17 @@ class InstanceIdInUse(OffsetStoreError):
 
 
 class SpoutRunning(KspoutError):
-    """An operator command that moves offsets found live spout instances registered."""
+    """An operator command that moves offsets found them owned by live spout instances."""
 
-    def __init__(self, spout_path: str, instances: list[str]) -> None:
+    def __init__(self, spout_path: str, instances: list[str], partitions: list[int]) -> None:
         self.spout_path = spout_path
         self.instances = instances
+        self.partitions = partitions
         super().__init__(
-            f"spout {spout_path} is running (live instances: {', '.join(instances)}); stop it "
-            "first, or pass --force to move the offsets anyway (the running spout then loses "
-            "its next commit for those partitions and stops committing them)"
+            f"spout {spout_path} is running: partitions {', '.join(map(str, partitions))} are "
+            f"owned by live instances ({', '.join(instances)}); pass --force to pause them, "
+            "move them and resume them (their owners finish what runs there first), or stop "
+            "the spout first"
         )
 
 

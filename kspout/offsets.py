@@ -50,6 +50,8 @@ operators (and `kspout offsets set`) can see that a spout is running.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import logging
 import os
@@ -70,6 +72,7 @@ from kazoo.exceptions import (
     NodeExistsError,
     NoNodeError,
     OperationTimeoutError,
+    RolledBackError,
     SessionExpiredError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
@@ -88,6 +91,7 @@ from kspout.errors import (
     OffsetConflict,
     OffsetRecordExists,
     OffsetRecordInvalid,
+    OwnershipLost,
     TopicMismatch,
     ZooKeeperAccessDenied,
     ZooKeeperUnavailable,
@@ -310,6 +314,13 @@ class ZkOffsetStore(Lifecycle):
         self._client: Any = None  # KazooClient once started
         self._registered: str | None = None  # our ephemeral instance node, once registered
         self._session_lost = False
+        self._parents: set[str] = set()  # parent paths known to exist
+        # This instance's node: who it is (`register_instance`) and its last report.
+        self._instance_info: dict[str, Any] = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "topology": config.topology_name,
+        }
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -354,7 +365,7 @@ class ZkOffsetStore(Lifecycle):
         spout id) and `OffsetRecordInvalid` when it is not an offset record at all.
         """
         path = self.partition_path(partition)
-        found = self._call(f"read {path}", path, lambda zk: self._get(zk, path))
+        found = self.call(f"read {path}", path, lambda zk: self._get(zk, path))
         if found is None:
             return None
         raw, version = found
@@ -362,7 +373,7 @@ class ZkOffsetStore(Lifecycle):
 
     def read_all(self) -> dict[int, StoredOffset]:
         """Every `partition_<n>` record under the spout path, by partition."""
-        children = self._call(
+        children = self.call(
             f"list {self.path}", self.path, lambda zk: self._children(zk, self.path)
         )
         stored: dict[int, StoredOffset] = {}
@@ -384,14 +395,18 @@ class ZkOffsetStore(Lifecycle):
         broker: tuple[str, int] = ("", -1),
         extra: Mapping[str, Any] | None = None,
         stopped: str | None = None,
+        fence: str | None = None,
     ) -> int:
         """Write the commit point if the record is still at `version`; return the new version.
 
         `version=None` creates the first record. `extra` adds fields under the `kspout` key.
         `stopped` (a reason, for people) marks the partition as stopped by `out_of_range =
-        "fail"`; a commit without it writes a record without the mark.
-        Raises `OffsetConflict` (`OffsetRecordExists` for a create) when someone else wrote
-        first: this instance no longer owns the partition. That is never retried.
+        "fail"`; a commit without it writes a record without the mark. `fence` is the path of
+        this instance's claim on the partition (`kspout.ownership`): the write and a check that
+        the claim still exists go in one ZooKeeper transaction.
+        Raises `OffsetConflict` (`OffsetRecordExists` for a create, `OwnershipLost` when the
+        claim is gone) when someone else wrote first: this instance no longer owns the
+        partition. That is never retried.
         """
         if extra is not None and STOPPED_KEY in extra:
             raise ValueError(f"pass the stop reason as `stopped=`, not in `extra[{STOPPED_KEY!r}]`")
@@ -407,10 +422,12 @@ class ZkOffsetStore(Lifecycle):
         def write(zk: Any) -> int:
             nonlocal attempts
             attempts += 1
-            return self._write(zk, path, payload, version)
+            if fence is None:
+                return self._write(zk, path, payload, version)
+            return self._fenced_write(zk, path, payload, version, fence)
 
         try:
-            return self._call(f"commit {path}", path, write)
+            return self.call(f"commit {path}", path, write)
         except FENCING_ERRORS:
             # After a lost connection the first attempt may have been applied; if the record
             # holds exactly our bytes, that conflict is with ourselves.
@@ -420,6 +437,96 @@ class ZkOffsetStore(Lifecycle):
             if version is None:
                 raise OffsetRecordExists(path) from None
             raise OffsetConflict(path, version) from None
+
+    def claim(
+        self, partition: int, fence: str, claim: bytes, initial: Callable[[], int]
+    ) -> StoredOffset | None:
+        """Take the partition: create the ephemeral claim node `fence` and, in the same
+        transaction, rewrite the record unchanged (or create it at offset `initial()` when
+        there is none), so its version moves and a former owner's next commit is refused.
+
+        Returns the record as claimed, or None when another live session holds the claim.
+        """
+        path = self.partition_path(partition)
+        for _ in range(MOVE_ATTEMPTS):
+            found = self.call(f"read {path}", path, lambda zk: self._get(zk, path))
+            if found is None:
+                record = self._record(
+                    partition, initial(), ("", -1), "claim", {"advanced_at": now_ms()}
+                )
+                raw, version = _encode(record), None
+            else:
+                raw, version = found
+                self.decode(partition, path, raw, version)  # refuse another topic's record
+            outcome = self.call(
+                f"claim {path}",
+                fence,
+                functools.partial(
+                    self._claim_once, fence=fence, claim=claim, path=path, raw=raw, version=version
+                ),
+            )
+            if outcome == "busy":
+                return None
+            if outcome == "raced":
+                continue
+            return self.decode(partition, path, raw, 0 if version is None else version + 1)
+        raise OffsetConflict(path, -1)
+
+    def _claim_once(
+        self, zk: Any, *, fence: str, claim: bytes, path: str, raw: bytes, version: int | None
+    ) -> str:
+        """One claim transaction: "ok", "busy" (the claim node is held) or "raced" (the record
+        changed since it was read)."""
+        self._ensure_parent(zk, fence)
+        self._ensure_parent(zk, path)
+        t = zk.transaction()
+        t.create(fence, claim, ephemeral=True)
+        if version is None:
+            t.create(path, raw)
+        else:
+            t.set_data(path, raw, version=version)
+        results = self.wait(t.commit_async())
+        if not any(isinstance(r, Exception) for r in results):
+            return "ok"
+        if isinstance(results[0], NodeExistsError):
+            stat = self.wait(zk.exists_async(fence))
+            # Ours when an earlier attempt went through before its reply was lost.
+            if stat is not None and stat.ephemeralOwner == zk.client_id[0]:
+                return "ok"
+            return "busy"
+        return "raced"
+
+    def _fenced_write(
+        self, zk: Any, path: str, payload: bytes, version: int | None, fence: str
+    ) -> int:
+        """`_write` in one transaction with a check that the claim node `fence` exists."""
+        t = zk.transaction()
+        t.check(fence, 0)
+        if version is None:
+            t.create(path, payload)
+        else:
+            t.set_data(path, payload, version=version)
+        checked, written = self.wait(t.commit_async())
+        if isinstance(checked, Exception) and not isinstance(checked, RolledBackError):
+            raise OwnershipLost(path, fence)
+        if isinstance(written, Exception):
+            raise written
+        return 0 if version is None else int(written.version)
+
+    def _ensure_parent(self, zk: Any, path: str) -> None:
+        """Create the parents of `path` (with the client's default ACL) if missing."""
+        parent = path.rsplit("/", 1)[0]
+        if parent and parent not in self._parents:
+            self.wait(zk.ensure_path_async(parent))
+            self._parents.add(parent)
+
+    def read_node(self, path: str) -> tuple[bytes, int] | None:
+        """Any node's bytes and version under the spout path; None when it does not exist."""
+        return self.call(f"read {path}", path, lambda zk: self._get(zk, path))
+
+    def children_of(self, path: str) -> list[str]:
+        """Any node's children, sorted; [] when it does not exist."""
+        return sorted(self.call(f"list {path}", path, lambda zk: self._children(zk, path)))
 
     def move(self, partition: int, offset: int) -> StoredOffset:
         """Operator move: set the commit point to `offset`, creating the record if absent.
@@ -441,7 +548,7 @@ class ZkOffsetStore(Lifecycle):
     def _move_once(self, partition: int, offset: int) -> StoredOffset | None:
         """One read-modify-CAS round of `move`; None when another writer won the race."""
         path = self.partition_path(partition)
-        found = self._call(f"read {path}", path, lambda zk: self._get(zk, path))
+        found = self.call(f"read {path}", path, lambda zk: self._get(zk, path))
         old: StoredOffset | None = None
         if found is not None:
             try:
@@ -460,7 +567,7 @@ class ZkOffsetStore(Lifecycle):
         payload = _encode(record)
         expected = None if found is None else found[1]
         try:
-            version = self._call(
+            version = self.call(
                 f"move {path}", path, lambda zk: self._write(zk, path, payload, expected)
             )
         except FENCING_ERRORS:
@@ -479,32 +586,47 @@ class ZkOffsetStore(Lifecycle):
         created again as soon as the client reconnects.
         """
         path = f"{self.path}/{INSTANCES_NODE}/{self.instance_id}"
-        payload = _encode(
-            {
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "topology": self.config.topology_name,
-                "started_at": now_ms(),
-            }
-        )
+        self._instance_info.setdefault("started_at", now_ms())
+        payload = _encode(self._instance_info)
 
         def create(zk: Any) -> None:
             try:
-                self._wait(zk.create_async(path, payload, ephemeral=True, makepath=True))
+                self.wait(zk.create_async(path, payload, ephemeral=True, makepath=True))
             except NodeExistsError:
-                stat = self._wait(zk.exists_async(path))
+                stat = self.wait(zk.exists_async(path))
                 # Ours when an earlier attempt of this call went through before a lost reply.
                 if stat is None or stat.ephemeralOwner != zk.client_id[0]:
                     raise InstanceIdInUse(path) from None
 
-        self._call(f"register {path}", path, create)
+        self.call(f"register {path}", path, create)
         self._registered = path
         return path
+
+    def report_instance(self, fields: Mapping[str, Any]) -> None:
+        """Add `fields` to this instance's node (what `kspout status` shows of it); kept for
+        the node's re-creation after a session expiry. Needs `register_instance` first."""
+        self._instance_info.update(fields)
+        path = self._registered
+        if path is None:
+            raise RuntimeError("report_instance() before register_instance()")
+        payload = _encode(self._instance_info)
+
+        def write(zk: Any) -> None:
+            # Gone when the session expired: re-registration writes the info kept above.
+            with contextlib.suppress(NoNodeError):
+                self.wait(zk.set_async(path, payload))
+
+        self.call(f"report {path}", path, write)
+
+    @property
+    def client(self) -> Any:
+        """The kazoo client (for watches and listeners); None before `start()`."""
+        return self._client
 
     def live_instances(self) -> list[str]:
         """Instance ids of the spout instances registered right now, sorted."""
         parent = f"{self.path}/{INSTANCES_NODE}"
-        return sorted(self._call(f"list {parent}", parent, lambda zk: self._children(zk, parent)))
+        return sorted(self.call(f"list {parent}", parent, lambda zk: self._children(zk, parent)))
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -560,35 +682,36 @@ class ZkOffsetStore(Lifecycle):
 
     def _version_if_holds(self, path: str, payload: bytes) -> int | None:
         """The znode version if the node holds exactly `payload`, else None."""
-        found = self._call(f"read {path}", path, lambda zk: self._get(zk, path))
+        found = self.call(f"read {path}", path, lambda zk: self._get(zk, path))
         return found[1] if found is not None and found[0] == payload else None
 
     def _write(self, zk: Any, path: str, payload: bytes, version: int | None) -> int:
         """Create (`version` None) or compare-and-set the node; return its new version."""
         if version is None:
-            self._wait(zk.create_async(path, payload, makepath=True))
+            self.wait(zk.create_async(path, payload, makepath=True))
             return 0
-        return int(self._wait(zk.set_async(path, payload, version=version)).version)
+        return int(self.wait(zk.set_async(path, payload, version=version)).version)
 
     def _get(self, zk: Any, path: str) -> tuple[bytes, int] | None:
         try:
-            raw, stat = self._wait(zk.get_async(path))
+            raw, stat = self.wait(zk.get_async(path))
         except NoNodeError:
             return None
         return raw, int(stat.version)
 
     def _children(self, zk: Any, path: str) -> list[str]:
         try:
-            return list(self._wait(zk.get_children_async(path)))
+            return list(self.wait(zk.get_children_async(path)))
         except NoNodeError:
             return []
 
-    def _wait(self, result: Any) -> Any:
+    def wait(self, result: Any) -> Any:
         """A kazoo async result, waited for at most `request_timeout` (KazooTimeoutError)."""
         return result.get(timeout=self._request_timeout)
 
-    def _call(self, action: str, path: str, op: Callable[[Any], T]) -> T:
-        """Run `op(client)`, retrying transient ZooKeeper errors within `retry_timeout`."""
+    def call(self, action: str, path: str, op: Callable[[Any], T]) -> T:
+        """Run `op(client)`, retrying transient ZooKeeper errors within `retry_timeout`; a
+        NoAuth answer becomes `ZooKeeperAccessDenied` naming `path`."""
         client = self._client
         if client is None:
             raise RuntimeError("ZkOffsetStore is not started: call start() or use `with`")

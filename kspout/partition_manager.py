@@ -194,6 +194,7 @@ class Stats:
     retried: int
     deferred: int
     timed_out: int
+    exceptions: int  # failed as EXCEPTION: the handler raised
     skipped: int
     dead_lettered: int
     lost: int  # data Kafka had that was never processed (out-of-range resets)
@@ -213,6 +214,7 @@ class _Counters:
     retried: int = 0
     deferred: int = 0
     timed_out: int = 0
+    exceptions: int = 0
     skipped: int = 0
     dead_lettered: int = 0
     lost: int = 0
@@ -230,8 +232,9 @@ class PartitionManager:
     `start_offset` is where the partition resumes (the stored commit point, or the position
     chosen by the `start` policy). `finished` are half-open ranges above it that the stored
     record says were finished before a restart: they start DONE (counted as `restored`) and
-    are not replayed; the gaps between them are. `clock` returns seconds (monotonic); tests
-    pass a fake.
+    are not replayed; the gaps between them are. `epoch` is the first epoch: a driver that
+    takes a partition again starts above every epoch it planned before, so outcomes of those
+    plans are ignored. `clock` returns seconds (monotonic); tests pass a fake.
     """
 
     def __init__(
@@ -243,6 +246,7 @@ class PartitionManager:
         topic: str = "",
         partition: int = -1,
         finished: Iterable[tuple[int, int]] = (),
+        epoch: int = 0,
     ) -> None:
         if start_offset < 0:
             raise ValueError(f"start_offset must be >= 0, got {start_offset}")
@@ -251,7 +255,7 @@ class PartitionManager:
         self.partition = partition
         self._clock = clock
         self._map: SpanMap[State] = SpanMap(start_offset)
-        self._epoch = 0
+        self._epoch = epoch
         self._c = _Counters()
         self._restore(finished)
         # `max_offset_behind`, when a behind policy acts on it (`retry` never gives up).
@@ -347,6 +351,7 @@ class PartitionManager:
             retried=c.retried,
             deferred=c.deferred,
             timed_out=c.timed_out,
+            exceptions=c.exceptions,
             skipped=c.skipped,
             dead_lettered=c.dead_lettered,
             lost=c.lost,
@@ -765,7 +770,9 @@ class PartitionManager:
         `index`, when the caller already found the span holding `[lo, hi)`, saves a lookup:
         single `fail` calls are a hot path.
         """
-        if reason is FailReason.TIMEOUT:
+        if reason is FailReason.EXCEPTION:
+            self._c.exceptions += hi - lo
+        elif reason is FailReason.TIMEOUT:
             self._c.timed_out += hi - lo
         elif reason is FailReason.CRASH:
             self._c.crashed += hi - lo

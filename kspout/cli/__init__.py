@@ -1,4 +1,5 @@
-"""The `kspout` command: `run`, `demo`, `offsets show|set`, `dev up|down|status`.
+"""The `kspout` command: `run`, `demo`, `status`, `lag`, `rebalance`, `pause`, `resume`,
+`offsets show|set|reset`, `dev up|down|status`.
 
 Each sub-command lives in its own module and registers itself on `main` here.
 """
@@ -20,9 +21,14 @@ def main(verbose: int) -> None:
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
     handler = RichHandler(console=Console(stderr=True), show_path=False, show_time=verbose > 0)
     logging.basicConfig(level=level, format="%(message)s", handlers=[handler], force=True)
+    # kazoo warns at every dropped connection while it retries; kspout's own error says what
+    # failed, so its chatter shows only with -v.
+    logging.getLogger("kazoo").setLevel(level if verbose else logging.ERROR)
 
 
 from kspout.cli import demo as _demo  # noqa: E402,F401
 from kspout.cli import dev as _dev  # noqa: E402,F401
 from kspout.cli import offsets as _offsets  # noqa: E402,F401
+from kspout.cli import ownership as _ownership  # noqa: E402,F401
 from kspout.cli import run as _run  # noqa: E402,F401
+from kspout.cli import status as _status  # noqa: E402,F401

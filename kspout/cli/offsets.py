@@ -1,14 +1,16 @@
-"""`kspout offsets show|set`: inspect and move a spout's offsets stored in ZooKeeper.
+"""`kspout offsets show|set|reset`: inspect and move a spout's offsets stored in ZooKeeper.
 
 `show` puts each partition's stored commit point next to Kafka's watermarks, with the lag and
 the last writer, and marks the partitions `out_of_range = "fail"` stopped, with the `set` command
 that resumes each. `set` is the operator's move (after such a stop, or to replay or skip data);
-it refuses while a spout instance is registered, because the running spout would lose its next
-commit for those partitions, unless every partition it moves is stopped: nobody commits those,
-and the running spout resumes them from the new offset. It also refuses a move back past
-messages that may have been finished longer ago than the replay window the record keeps (the
-dedup bolt's `[dedup] ttl`): their DONE records may be gone, so their effects would apply
-again. `--force` overrides both, and `set` then says what will apply again.
+`reset` moves to the topic file's `start` position. Both refuse a partition that a live
+instance owns and runs, because the owner would lose its next commit there, unless it is
+stopped (nobody commits it; the owner resumes it from the new offset) or paused with the
+owner's ack; `--force` pauses such partitions, waits for their owners to finish what runs
+there, moves them and resumes them. They also refuse a move back past messages that may have
+been finished longer ago than the replay window the record keeps (the dedup bolt's `[dedup]
+ttl`): their DONE records may be gone, so their effects would apply again. `--force` overrides
+that too, and the command then says what will apply again.
 """
 
 from __future__ import annotations
@@ -25,11 +27,20 @@ from rich.table import Table
 from rich.text import Text
 
 from kspout.cli import main
-from kspout.cli.options import config_option, json_option, kspout_errors
+from kspout.cli.options import (
+    chosen_partitions,
+    config_option,
+    json_option,
+    kspout_errors,
+    partition_options,
+)
+from kspout.cli.pausing import paused_while
+from kspout.cli.views import read_marks
 from kspout.config import TopicConfig, load_config
 from kspout.errors import OffsetOutOfRange, OffsetRecordInvalid, ReplayPastWindow, SpoutRunning
 from kspout.kafka import KafkaMetadata
 from kspout.offsets import StoredOffset, ZkOffsetStore, describe_replay, now_ms
+from kspout.ownership.tree import read_ownership
 from kspout.policy import Position
 
 
@@ -93,17 +104,12 @@ def _view(
 def _collect(config: TopicConfig) -> tuple[list[PartitionView], list[str]]:
     """Every partition Kafka knows, plus any stored record for a partition it does not."""
     with ZkOffsetStore(config) as store, KafkaMetadata(config) as kafka:
-        stored = store.read_all()
+        marks = read_marks(config, store, kafka)
         live = store.live_instances()
-        in_kafka = set(kafka.partitions(config.topic))
-        views = []
-        for partition in sorted(in_kafka | set(stored)):
-            record = stored.get(partition)
-            marks = kafka.watermarks(config.topic, partition) if partition in in_kafka else None
-            start_offset = None
-            if record is None and partition in in_kafka:
-                start_offset = kafka.resolve(config.start, config.topic, partition)
-            views.append(_view(partition, record, marks, config.start, start_offset, set(live)))
+    views = [
+        _view(m.partition, m.record, m.watermarks, config.start, m.start_offset, set(live))
+        for m in marks
+    ]
     return views, live
 
 
@@ -199,13 +205,6 @@ def _targets(
     config: TopicConfig, kafka: KafkaMetadata, partitions: list[int], target: int | Position
 ) -> dict[int, int]:
     """The offset to move each partition to, all checked before anything is written."""
-    known = kafka.partitions(config.topic)
-    missing = sorted(set(partitions) - set(known))
-    if missing:
-        raise click.UsageError(
-            f"topic {config.topic!r} has no partition {', '.join(map(str, missing))} "
-            f"(it has {len(known)}: 0-{len(known) - 1})"
-        )
     chosen = {}
     for partition in partitions:
         if isinstance(target, Position):
@@ -226,16 +225,23 @@ def _targets(
     return chosen
 
 
-def _all_stopped(store: ZkOffsetStore, partitions: list[int]) -> bool:
-    """Every partition's record carries a stop mark: no running spout commits them."""
-    for partition in partitions:
+def _blocked(store: ZkOffsetStore, partitions: list[int]) -> dict[int, str]:
+    """The partitions a live instance owns and still runs: partition -> owner. A partition
+    stopped by `out_of_range = "fail"`, or paused with the owner's ack, runs nothing."""
+    own = read_ownership(store)
+    out = {}
+    for p in partitions:
+        owner = own.claims.get(p)
+        pause = own.paused.get(p)
+        if owner is None or (pause is not None and pause.acked_by == owner):
+            continue
         try:
-            record = store.read(partition)
+            record = store.read(p)
         except OffsetRecordInvalid:
-            return False  # `--force` repairs it
+            record = None  # `--force` repairs it
         if record is None or record.stopped is None:
-            return False
-    return True
+            out[p] = owner
+    return out
 
 
 def _past_window(store: ZkOffsetStore, moves: dict[int, int]) -> dict[int, tuple[float, str]]:
@@ -258,8 +264,7 @@ def _past_window(store: ZkOffsetStore, moves: dict[int, int]) -> dict[int, tuple
 
 @offsets.command(name="set")
 @config_option
-@click.option("--partition", "partitions", type=int, multiple=True, help="Repeatable.")
-@click.option("--all", "all_partitions", is_flag=True, help="Every partition of the topic.")
+@partition_options
 @click.option(
     "--to",
     "target",
@@ -270,38 +275,59 @@ def _past_window(store: ZkOffsetStore, moves: dict[int, int]) -> dict[int, tuple
 @click.option(
     "--force",
     is_flag=True,
-    help="Move even while spout instances are registered, or back past the dedup window "
-    "(messages finished longer ago than [dedup] ttl then apply again).",
+    help="Pause partitions live instances run, move them, resume them; move back past the "
+    "dedup window too (messages finished longer ago than [dedup] ttl then apply again).",
 )
 @json_option
 def set_offsets(
     config_path: str,
-    partitions: tuple[int, ...],
-    all_partitions: bool,
+    chosen: tuple[int, ...],
+    every: bool,
     target: int | Position,
     force: bool,
     as_json: bool,
 ) -> None:
     """Move the stored offset (the next offset to process) of some or all partitions."""
-    if bool(partitions) == all_partitions:
-        raise click.UsageError("pass --partition N (repeatable) or --all, not both")
+    _move(config_path, chosen, every, target, force, as_json)
+
+
+@offsets.command(name="reset")
+@config_option
+@partition_options
+@click.option("--force", is_flag=True, help="As for `set`.")
+@json_option
+def reset_offsets(
+    config_path: str,
+    chosen: tuple[int, ...],
+    every: bool,
+    force: bool,
+    as_json: bool,
+) -> None:
+    """Move the stored offset of some or all partitions to the topic file's `start`."""
+    with kspout_errors():
+        start = load_config(config_path).start
+    _move(config_path, chosen, every, start, force, as_json)
+
+
+def _move(
+    config_path: str,
+    chosen: tuple[int, ...],
+    every: bool,
+    target: int | Position,
+    force: bool,
+    as_json: bool,
+) -> None:
+    """`set` and `reset`: check, then move each chosen partition (see the module docstring)."""
     with kspout_errors():
         config = load_config(config_path)
         with (
             ZkOffsetStore(config, instance_id=f"operator@{socket.gethostname()}") as store,
             KafkaMetadata(config) as kafka,
         ):
-            live = store.live_instances()
-            chosen = sorted(set(partitions or kafka.partitions(config.topic)))
-            if live and not force:
-                if not _all_stopped(store, chosen):
-                    raise SpoutRunning(store.path, live)
-                click.echo(
-                    f"moving stopped partitions; live instances {live} resume them", err=True
-                )
-            elif live:
-                click.echo(f"warning: moving offsets under live instances {live}", err=True)
-            moves = _targets(config, kafka, chosen, target)
+            partitions = chosen_partitions(
+                config.topic, kafka.partitions(config.topic), chosen, every
+            )
+            moves = _targets(config, kafka, partitions, target)
             again = _past_window(store, moves)
             if again and not force:
                 raise ReplayPastWindow(
@@ -310,7 +336,11 @@ def set_offsets(
                     [text for _, text in again.values()],
                     "pass --force: those effects then apply again",
                 )
-            done = [(p, store.move(p, offset)) for p, offset in moves.items()]
+            running = _blocked(store, partitions)
+            if running and not force:
+                raise SpoutRunning(store.path, sorted(set(running.values())), sorted(running))
+            with paused_while(store, config, sorted(running)):
+                done = [(p, store.move(p, offset)) for p, offset in moves.items()]
     report = [
         {
             "partition": p,

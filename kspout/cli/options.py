@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import click
 
 from kspout.errors import KspoutError
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 config_option = click.option(
     "--config",
@@ -26,3 +29,24 @@ def kspout_errors() -> Iterator[None]:
         yield
     except KspoutError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def partition_options(f: F) -> F:
+    """`--partition N` (repeatable) and `--all`, as `chosen` and `every`."""
+    f = click.option("--all", "every", is_flag=True, help="Every partition of the topic.")(f)
+    return click.option("--partition", "chosen", type=int, multiple=True, help="Repeatable.")(f)
+
+
+def chosen_partitions(
+    topic: str, known: list[int], chosen: tuple[int, ...], every: bool
+) -> list[int]:
+    """The partitions `--partition`/`--all` name, checked against the topic's `known` ones."""
+    if bool(chosen) == every:
+        raise click.UsageError("pass --partition N (repeatable) or --all, not both")
+    missing = sorted(set(chosen) - set(known))
+    if missing:
+        raise click.UsageError(
+            f"topic {topic!r} has no partition {', '.join(map(str, missing))} "
+            f"(it has {len(known)}: 0-{len(known) - 1})"
+        )
+    return sorted(set(chosen or known))

@@ -14,6 +14,7 @@ COUNTERS = (
     "retried",
     "deferred",
     "timed_out",
+    "exceptions",  # the handler raised (each retried, or dead-lettered once spent)
     "crashed",
     "released",
     "skipped",
@@ -37,6 +38,7 @@ OCCASIONAL = {
 HEADERS = {
     "duplicates": "dup",
     "timed_out": "timeout",
+    "exceptions": "raised",
     "dead_lettered": "dlq",
     "in flight": "inflight",
 }
@@ -106,6 +108,9 @@ def progress_json(progress: Progress) -> dict[str, Any]:
     """The same facts as `progress_table`, as a JSON-ready dict."""
     return {
         "topic": progress.topic,
+        "instance": progress.instance,
+        "commits_refused": progress.commits_refused,
+        "partitions_dropped": progress.partitions_dropped,
         "batches": progress.batches,
         "batch_errors": progress.batch_errors,
         "cancelled_batches": progress.cancelled,

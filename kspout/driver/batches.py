@@ -80,6 +80,7 @@ class RunningBatch:
     cancelled: bool = False
     stuck_since: float | None = None
     held_at: float = float("-inf")
+    started_at: float = 0.0  # driver clock just before the executor got it
 
     def open_spans(self, partition: int) -> list[Span]:
         """The partition's planned spans not settled by streamed outcomes."""
@@ -129,9 +130,15 @@ class BatchTracker:
         tasks: list[PartitionTask],
         future: Future[list[TaskResult]],
         group: Suspects | None = None,
+        *,
+        started_at: float = 0.0,
     ) -> None:
-        """Track a submitted batch."""
-        self._running[batch] = RunningBatch(batch, {t.partition: t for t in tasks}, future, group)
+        """Track a submitted batch; `started_at` is the clock before `submit` (an in-process
+        executor runs the whole batch inside it)."""
+        by_partition = {t.partition: t for t in tasks}
+        self._running[batch] = RunningBatch(
+            batch, by_partition, future, group, started_at=started_at
+        )
 
     # -- what tasks say ----------------------------------------------------------------------
 

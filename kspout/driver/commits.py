@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from kspout.errors import OffsetConflict
 from kspout.offsets import (
     MAX_DONE_SPANS,
     Checkpoint,
@@ -41,7 +42,8 @@ class Committer:
     """Writes commit points; knows the versions and the offsets last written.
 
     `window` (seconds) is the chain's replay window: when set, records keep the checkpoints
-    that tell how long ago offsets were finished.
+    that tell how long ago offsets were finished. `fence(partition)` names the claim node every
+    commit checks in the same transaction (`kspout.ownership`).
     """
 
     def __init__(
@@ -50,8 +52,10 @@ class Committer:
         clock: Callable[[], float],
         leaders: Callable[[], Mapping[int, tuple[str, int]]],
         window: float | None = None,
+        fence: Callable[[int], str] | None = None,
     ) -> None:
         self._store = store
+        self._fence = fence
         self._clock = clock
         self._leaders = leaders
         self._window = window
@@ -62,11 +66,14 @@ class Committer:
         self._seen: dict[int, tuple[int, int, int]] = {}  # what `_held` was computed from
         self._advanced_at: dict[int, int] = {}  # wall ms the commit point last moved
         self._history: dict[int, tuple[Checkpoint, ...]] = {}
+        # Clock time each record was last written (by a commit, the claim, an operator's move).
+        self.written_at: dict[int, float] = {}
         self._polled_at = float("-inf")
 
     def track(self, partition: int, stored: StoredOffset | None) -> None:
         """A partition's stored record as found on start (None: there is none yet)."""
         self._seen.pop(partition, None)
+        self.written_at[partition] = self._clock()  # just written: by a claim, or an operator
         if stored is None:
             self.committed[partition] = self.versions[partition] = None
             self._marks[partition] = self._held[partition] = None
@@ -80,8 +87,20 @@ class Committer:
         self._advanced_at[partition] = stored.advanced_at or now_ms()
         self._history[partition] = stored.history
 
-    def commit(self, pms: Mapping[int, PartitionManager], stopped: Mapping[int, str]) -> None:
-        """Write every partition whose commit point, finished runs or stop mark changed."""
+    def forget(self, partition: int) -> None:
+        """The partition left this instance."""
+        for known in (self.versions, self.committed, self._marks, self._held, self._seen):
+            known.pop(partition, None)
+        self._advanced_at.pop(partition, None)
+        self._history.pop(partition, None)
+        self.written_at.pop(partition, None)
+
+    def commit(
+        self, pms: Mapping[int, PartitionManager], stopped: Mapping[int, str]
+    ) -> list[tuple[int, OffsetConflict]]:
+        """Write every partition whose commit point, finished runs or stop mark changed;
+        returns the partitions whose write was refused (another writer owns them now)."""
+        refused: list[tuple[int, OffsetConflict]] = []
         leaders = self._leaders()
         for p, pm in pms.items():
             mark = stopped.get(p)
@@ -98,16 +117,23 @@ class Committer:
             if mark == self._marks[p] and held == self._held[p]:
                 self._seen[p] = seen
                 continue
-            self.versions[p] = self._store.commit(
-                p,
-                offset,
-                version=self.versions[p],
-                broker=leaders.get(p, ("", -1)),
-                extra=self._fields(p, pm, spans, cut),
-                stopped=mark,
-            )
+            try:
+                self.versions[p] = self._store.commit(
+                    p,
+                    offset,
+                    version=self.versions[p],
+                    broker=leaders.get(p, ("", -1)),
+                    extra=self._fields(p, pm, spans, cut),
+                    stopped=mark,
+                    fence=None if self._fence is None else self._fence(p),
+                )
+            except OffsetConflict as exc:
+                refused.append((p, exc))
+                continue
             self.committed[p], self._marks[p], self._held[p] = offset, mark, held
             self._seen[p] = seen
+            self.written_at[p] = self._clock()
+        return refused
 
     def _fields(
         self, p: int, pm: PartitionManager, spans: list[Range], cut: int | None

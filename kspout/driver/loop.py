@@ -14,6 +14,12 @@ One PartitionManager per partition decides what to run; each step of the loop
    so a restart replays only what is unfinished), watches for commit points stuck against the
    chain's replay window (`window.py`), and resumes stopped partitions an operator moved.
 
+Before that, each step follows the spout's ownership nodes (`kspout.ownership`): it claims the
+partitions the assignment gives this instance, releases the ones it moved away (no new plans,
+batches in flight finish, a final commit, then the claim goes), honours operators' pauses, and
+drops every partition at once when its ZooKeeper session expired (its commits would be refused:
+each one checks the claim in the same transaction).
+
 Whose fault a failure is decides what it costs (design.md, "Failures: whose fault"): a
 message's own failure spends its retry budget; an infrastructure failure releases the
 offsets without spending anything and opens the partition's breaker; a dead worker makes
@@ -25,10 +31,11 @@ exception: the writer fetches their payload again, so the DLQ record carries the
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, wait
 from types import TracebackType
 
@@ -40,15 +47,18 @@ from kspout.driver.commits import Committer
 from kspout.driver.dead_letters import DeadLetterWorker
 from kspout.driver.failures import JobFailure, classify
 from kspout.driver.isolation import Isolation, Suspects
+from kspout.driver.metrics import REFRESH, MetricsExporter
 from kspout.driver.out_of_range import OutOfRangeHandler
-from kspout.driver.progress import PartitionView, Progress
+from kspout.driver.progress import PartitionView, Progress, instance_report
 from kspout.driver.watermarks import WatermarkCache
 from kspout.driver.window import StallWatch, check_start
-from kspout.errors import KafkaUnavailable, TopicNotFound
+from kspout.errors import KafkaUnavailable, OffsetConflict, ReplayPastWindow, TopicNotFound
 from kspout.kafka import KafkaMetadata
+from kspout.kafka.group_mirror import GroupMirror
 from kspout.lifecycle import Lifecycle
 from kspout.offsets import StoredOffset, ZkOffsetStore
 from kspout.outcomes import FailReason, describe_error
+from kspout.ownership.membership import Membership
 from kspout.partition_manager import PartitionManager, Plan, Span
 from kspout.policy import Backoff
 from kspout.tasks import Executor, PartitionTask, TaskResult
@@ -56,6 +66,10 @@ from kspout.tasks import Executor, PartitionTask, TaskResult
 log = logging.getLogger(__name__)
 
 IDLE_WAIT = 0.05  # seconds to wait when nothing is plannable (retries backing off, no data)
+# A partition taken again starts this many epochs above the last one, so results of batches
+# planned before it left are ignored (a partition's own resets add a few epochs at most).
+EPOCH_STRIDE = 1 << 20
+OTHERS_EVERY = 1.0  # seconds between checks of the partitions other instances own (caught_up)
 DRAIN_DEAD_LETTERS = 30.0  # seconds close() waits for dead letters still being written
 
 
@@ -68,6 +82,10 @@ class Driver(Lifecycle):
     `replay_window` is the chain's (`Topology.replay_window()`, the dedup bolt's `[dedup]
     ttl`): with it, a start that would replay offsets finished longer ago is refused unless
     `replay_past_window`, and commit points stuck for half of it are reported.
+
+    With `[metrics]`, a Prometheus endpoint shows a snapshot taken every `metrics_interval`
+    seconds and at each commit (`metrics.py`); with `consumer_group`, each commit round is
+    mirrored to that Kafka consumer group (`kspout.kafka.group_mirror`).
     """
 
     def __init__(
@@ -81,6 +99,7 @@ class Driver(Lifecycle):
         progress_interval: float = 0.25,
         replay_window: float | None = None,
         replay_past_window: bool = False,
+        metrics_interval: float = REFRESH,
     ) -> None:
         self.config = config
         self._executor = executor
@@ -94,7 +113,15 @@ class Driver(Lifecycle):
         self._dead_letters = DeadLetterWorker(config)
         self._watermarks = WatermarkCache(self._metadata, config.topic, clock)
         self._out_of_range = OutOfRangeHandler(config, self._metadata, self._watermarks)
-        self._committer = Committer(self._store, clock, lambda: self._leaders, replay_window)
+        self._membership = Membership(
+            self._store,
+            lambda: self._metadata.partitions(config.topic),
+            clock,
+            config.partition_refresh,
+        )
+        self._committer = Committer(
+            self._store, clock, lambda: self._leaders, replay_window, self._membership.fence
+        )
         self._replay_window = replay_window
         self._replay_past_window = replay_past_window
         self._stalls = StallWatch(config.topic, replay_window, clock)
@@ -105,10 +132,18 @@ class Driver(Lifecycle):
         self._breakers: dict[int, CircuitBreaker] = {}
         self._dlq_breaker = CircuitBreaker(f"{config.dlq_topic} writes", self._infra_backoff())
         self._leaders: dict[int, tuple[str, int]] = {}
+        self._releasing: dict[int, float] = {}  # partitions moving away -> release deadline
+        self._pause_acked: set[int] = set()  # paused partitions whose pause this instance acked
+        self._next_epoch = 0
+        self._others_asked_at = float("-inf")
+        self._refused = 0  # commits refused: the claim was gone or the record changed
+        self._dropped = 0  # partitions dropped because this instance lost them
         self._submitted = 0
         self._batch_errors = 0
         self._started_at = 0.0
         self._last_commit = 0.0
+        self._metrics = MetricsExporter(config, clock, metrics_interval)
+        self._group_mirror = GroupMirror(config)
 
     def _infra_backoff(self) -> Backoff:
         b = self.config.infra_backoff
@@ -133,56 +168,77 @@ class Driver(Lifecycle):
         self._metadata.start()
         self._store.start()
         self._dead_letters.start()
-        partitions = self._metadata.partitions(self.config.topic)
-        if not partitions:
-            raise TopicNotFound(self.config.topic, self.config.brokers)
-        policy = self.config.partition_policy()
+        self._metrics.start()  # first: a port taken is a config error, found before any claim
+        self._group_mirror.start()
         topic = self.config.topic
-        records = {p: r for p in partitions if (r := self._store.read(p)) is not None}
+        if not self._metadata.partitions(topic):
+            raise TopicNotFound(topic, self.config.brokers)
+        self._membership.start()
+        self._membership.poll()
+        records = self._claim(self._membership.mine())
         if self._replay_window is not None:
             check_start(topic, records, self._replay_window, allow=self._replay_past_window)
-        for p in partitions:
-            stored = records.get(p)
-            if stored is not None:
-                start = stored.offset
-                log.info(
-                    "%s[%d] resumes at stored offset %d, skipping %d offsets finished above it",
-                    topic,
-                    p,
-                    start,
-                    sum(hi - lo for lo, hi in stored.done),
-                )
-                if stored.stopped:
-                    self._out_of_range.stopped[p] = stored.stopped
-                    log.error("%s[%d] is stopped: %s", topic, p, stored.stopped)
-            else:
-                start = self._metadata.resolve(self.config.start, topic, p)
-                log.info(
-                    "%s[%d] has no stored offset; starts at %s = %d",
-                    topic,
-                    p,
-                    self.config.start,
-                    start,
-                )
-            self._pms[p] = PartitionManager(
-                policy,
-                start,
-                self._clock,
-                topic=topic,
-                partition=p,
-                finished=stored.done if stored is not None else (),
-            )
-            self._committer.track(p, stored)
-            self._seed_stall(p, stored)
-            self._breakers[p] = CircuitBreaker(f"{topic}[{p}]", self._infra_backoff(), self._clock)
         self._leaders = self._metadata.leaders(topic)
-        self._store.register_instance()
         host = self._executor.channel_host()
         if host is not None:
             self._channel = OutcomeChannel(host)
             self._channel.start()
             assert self._channel.address is not None
             self._executor.attach(self._channel.address)
+        if self._metrics.url is not None:  # in this instance's node, for `kspout status`
+            self._store.report_instance({"metrics": self._metrics.url})
+
+    def _claim(self, partitions: Iterable[int]) -> dict[int, StoredOffset]:
+        """Claim and take on the partitions in `partitions` that no other instance holds."""
+        topic, out = self.config.topic, {}
+        for p in sorted(set(partitions) - self._pms.keys()):
+            start = functools.partial(self._metadata.resolve, self.config.start, topic, p)
+            try:
+                stored = self._membership.claim(p, start)
+            except KafkaUnavailable as exc:  # its start position: claimed at a later poll
+                log.warning("%s[%d] not claimed yet: %s", topic, p, exc)
+                continue
+            if stored is not None:  # None: its last owner has not released it yet
+                self._adopt(p, stored)
+                out[p] = stored
+        return out
+
+    def _adopt(self, p: int, stored: StoredOffset) -> None:
+        """Start running a claimed partition from its record."""
+        topic = self.config.topic
+        log.info(
+            "%s[%d] claimed: resumes at offset %d, skipping %d offsets finished above it",
+            topic,
+            p,
+            stored.offset,
+            sum(hi - lo for lo, hi in stored.done),
+        )
+        if stored.stopped:
+            self._out_of_range.stopped[p] = stored.stopped
+            log.error("%s[%d] is stopped: %s", topic, p, stored.stopped)
+        self._next_epoch += EPOCH_STRIDE
+        self._pms[p] = PartitionManager(
+            self.config.partition_policy(),
+            stored.offset,
+            self._clock,
+            topic=topic,
+            partition=p,
+            finished=stored.done,
+            epoch=self._next_epoch,
+        )
+        self._committer.track(p, stored)
+        self._seed_stall(p, stored)
+        self._breakers[p] = CircuitBreaker(f"{topic}[{p}]", self._infra_backoff(), self._clock)
+
+    def _drop(self, p: int) -> None:
+        """Forget a partition this instance no longer owns (results still coming are ignored)."""
+        self._pms.pop(p, None)
+        self._breakers.pop(p, None)
+        self._releasing.pop(p, None)
+        self._pause_acked.discard(p)
+        self._out_of_range.stopped.pop(p, None)
+        self._isolation.drop_partition(p)
+        self._committer.forget(p)
 
     def _seed_stall(self, p: int, stored: StoredOffset | None) -> None:
         """A stall the record shows (unfinished offsets above a commit point that has not
@@ -221,6 +277,8 @@ class Driver(Lifecycle):
             self._channel.close()
         self._store.close()
         self._metadata.close()
+        self._group_mirror.close()
+        self._metrics.close()
 
     def __exit__(
         self,
@@ -259,6 +317,7 @@ class Driver(Lifecycle):
         if self._full():
             self._wait(IDLE_WAIT)
         self._collect()
+        self._follow_ownership()
         submitted = False
         if self._full():
             for pm in self._pms.values():
@@ -273,19 +332,47 @@ class Driver(Lifecycle):
         if self._on_progress is not None and now - self._last_progress >= self._progress_interval:
             self._last_progress = now
             self._on_progress(self.progress())
+        if self._metrics.due(now):
+            self._metrics.publish(self.progress())
         return submitted
 
     def caught_up(self) -> bool:
-        """True when nothing runs or waits and every running partition is finished up to its
-        high mark (a stopped partition waits for an operator, not for the loop)."""
+        """True when nothing runs or waits, every partition this instance runs is finished up
+        to its high mark, and so is every other partition of the topic by its stored commit
+        point (a stopped or paused partition waits for an operator, not for the loop). The
+        rest of the topic matters when another instance owns it, or still holds it after a
+        crash until its session expires: a run `until_caught_up` leaves nothing behind."""
         if len(self._batches) or len(self._isolation) or self._dead_letters.pending:
             return False
+        if self._releasing or self._membership.mine() - self._pms.keys():
+            return False  # partitions still moving
         for p, pm in self._pms.items():
-            if p in self._out_of_range.stopped:
+            if p in self._out_of_range.stopped or p in self._membership.paused:
                 continue
             high = self._watermarks.known(p)[1]
             if pm.commit_point < high or pm.emitted_to != pm.commit_point:
                 return False
+        return self._others_finished()
+
+    def _others_finished(self) -> bool:
+        """The partitions this instance does not run are committed up to their high marks
+        (asked at most every `OTHERS_EVERY` seconds: a ZooKeeper and a Kafka request each)."""
+        now = self._clock()
+        if now - self._others_asked_at < OTHERS_EVERY:
+            return False
+        self._others_asked_at = now
+        partitions = self._membership.assignment.partitions
+        try:
+            for p in (
+                set(partitions or self._metadata.partitions(self.config.topic)) - self._pms.keys()
+            ):
+                record = self._store.read(p)
+                if record is None or (
+                    record.stopped is None and record.offset < self._watermarks.fresh(p)[1]
+                ):
+                    return False
+        except KafkaUnavailable:
+            return False
         return True
 
     def commit(self) -> None:
@@ -303,10 +390,123 @@ class Driver(Lifecycle):
                     p,
                     abandoned,
                 )
-        self._committer.commit(self._pms, stopped)
+        for p, refused in self._committer.commit(self._pms, stopped):
+            self._refuse(p, refused)
         self._stalls.observe({p: pm for p, pm in self._pms.items() if p not in stopped})
         for p, pm in self._pms.items():
             self._isolation.forget_below(p, pm.commit_point)
+        progress = self.progress()
+        self._store.report_instance({"report": instance_report(progress)})
+        self._metrics.publish(progress)
+        self._group_mirror.mirror(self._committer.committed)
+
+    # -- ownership ---------------------------------------------------------------------------
+
+    def _follow_ownership(self) -> None:
+        """Claim, release, pause and drop partitions as the ownership nodes say."""
+        m = self._membership
+        if m.take_lost():
+            self._lose_all()
+        if m.poll():
+            mine = m.mine()
+            deadline = self._clock() + 2 * self.config.message_timeout
+            for p in self._pms.keys() - mine - self._releasing.keys():
+                log.info("%s[%d] moves to another instance: releasing it", self.config.topic, p)
+                self._releasing[p] = deadline
+            for p in mine & self._releasing.keys():
+                del self._releasing[p]  # assigned back before it went
+            self._claim_running(mine)
+        for p, deadline in list(self._releasing.items()):
+            if self._quiet(p) or self._clock() >= deadline:
+                self._let_go(p)
+        self._follow_pauses()
+
+    def _claim_running(self, partitions: set[int]) -> None:
+        """`_claim` while running: a partition whose replay would pass the window stops."""
+        window, topic = self._replay_window, self.config.topic
+        for p, record in self._claim(partitions).items():
+            if window is None:
+                continue
+            try:
+                check_start(topic, {p: record}, window, allow=self._replay_past_window)
+            except ReplayPastWindow as exc:
+                self._out_of_range.stopped[p] = f"{exc} (`kspout offsets set` resumes it)"
+                log.error("%s[%d] stopped: %s", topic, p, exc)
+
+    def _quiet(self, p: int) -> bool:
+        """Nothing of partition `p` runs or waits to run alone, no dead letter is unwritten."""
+        if any(p in b.tasks and p not in b.finished for b in self._batches):
+            return False
+        if any(group.partition == p for group in self._isolation.waiting()):
+            return False
+        return not self._dead_letters.pending
+
+    def _let_go(self, p: int) -> None:
+        """Release a partition that moved away: final commit, then the claim goes."""
+        pm = self._pms[p]
+        for _, refused in self._committer.commit({p: pm}, self._out_of_range.stopped):
+            self._refuse(p, refused)
+            return
+        self._membership.release(p)
+        self._drop(p)
+        log.info("%s[%d] released at offset %d", self.config.topic, p, pm.commit_point)
+
+    def _refuse(self, p: int, exc: OffsetConflict) -> None:
+        """A commit of `p` was refused: another instance (or an operator) owns it now."""
+        self._refused += 1
+        self._dropped += 1
+        log.error("%s[%d]: commit refused (%s); dropping it", self.config.topic, p, exc)
+        self._membership.release(p)  # if the claim is still ours, it is claimed afresh
+        self._drop(p)
+
+    def _lose_all(self) -> None:
+        """The session expired: every claim is gone; try the final commits (each is refused,
+        counted and logged, unless the partition is still unclaimed and unchanged), drop all."""
+        log.error(
+            "ZooKeeper session expired: the claims on partitions %s are gone; dropping them "
+            "(what ran since the last commit runs again on their next owner)",
+            sorted(self._pms),
+        )
+        for p, refused in self._committer.commit(self._pms, self._out_of_range.stopped):
+            self._refuse(p, refused)
+        for p in list(self._pms):
+            self._dropped += 1
+            self._drop(p)
+
+    def _follow_pauses(self) -> None:
+        """Ack pauses once nothing runs there; reload a resumed partition an operator moved."""
+        m = self._membership
+        for p in self._pause_acked - m.paused.keys():
+            self._pause_acked.discard(p)
+            self._reload_if_moved(p)
+        for p in (m.paused.keys() & self._pms.keys()) - self._pause_acked:
+            if not self._quiet(p):
+                continue
+            pm = self._pms[p]
+            for _, refused in self._committer.commit({p: pm}, self._out_of_range.stopped):
+                self._refuse(p, refused)
+                break
+            else:
+                m.ack_pause(p, pm.commit_point)
+                self._pause_acked.add(p)
+                log.warning("%s[%d] paused at offset %d", self.config.topic, p, pm.commit_point)
+
+    def _reload_if_moved(self, p: int) -> None:
+        """Start over from the record if an operator moved it while the partition was paused."""
+        record = self._store.read(p)
+        if record is None or record.version == self._committer.versions.get(p):
+            log.warning("%s[%d] resumed", self.config.topic, p)
+            return
+        abandoned = self._pms[p].restart_at(record.offset)
+        self._committer.track(p, record)
+        self._isolation.drop_partition(p)
+        log.warning(
+            "%s[%d] resumed at offset %d (moved while paused; left behind: %s)",
+            self.config.topic,
+            p,
+            record.offset,
+            abandoned,
+        )
 
     def progress(self) -> Progress:
         """A snapshot of every partition's counts, watermarks, breakers and commits."""
@@ -323,6 +523,9 @@ class Driver(Lifecycle):
                     self._out_of_range.stopped.get(p),
                     self._stalls.stalls.get(p, 0),
                     self._stalls.stuck_for(p, pm),
+                    p in self._membership.paused,
+                    p in self._releasing,
+                    committed_at=self._committer.written_at[p],
                 )
             )
         return Progress(
@@ -334,6 +537,9 @@ class Driver(Lifecycle):
             self._batch_errors,
             self._batches.cancelled,
             self._isolation.runs,
+            self._membership.instance_id,
+            self._refused,
+            self._dropped,
         )
 
     # -- collecting --------------------------------------------------------------------------
@@ -397,6 +603,7 @@ class Driver(Lifecycle):
     def _end(self, ended: Ended) -> None:
         """A batch's job is over: apply its results, or decide what its failure costs."""
         batch = ended.batch
+        self._metrics.batch_ended(self._clock() - batch.started_at)
         for result in ended.results:
             self._apply(batch, result)
         if ended.error is None:
@@ -405,7 +612,7 @@ class Driver(Lifecycle):
         if batch.cancelled:
             for p in open_partitions:
                 self._release(batch, p, "its batch was cancelled: another record in it hung")
-            for p in ended.hung_partitions:
+            for p in ended.hung_partitions & self._breakers.keys():
                 self._breakers[p].failure("a task hung outside any record (a dependency?)")
             return
         self._batch_errors += 1
@@ -420,12 +627,13 @@ class Driver(Lifecycle):
             log.error("batch %d failed outside any message (%s); retrying it", batch.id, error)
             for p in open_partitions:
                 self._release(batch, p, error)
-                self._breakers[p].failure(error)
+                if p in self._breakers:
+                    self._breakers[p].failure(error)
 
     def _open(self, batch: RunningBatch, p: int) -> list[Span]:
         """What `batch` left unsettled in partition `p`, at the attempts it ran them."""
-        pm, epoch = self._pms[p], batch.tasks[p].plan.epoch
-        if pm.epoch != epoch:
+        pm, epoch = self._pms.get(p), batch.tasks[p].plan.epoch
+        if pm is None or pm.epoch != epoch:
             return []
         return [
             Span(lo, hi, span.attempt)
@@ -434,13 +642,14 @@ class Driver(Lifecycle):
         ]
 
     def _release(self, batch: RunningBatch, p: int, error: str) -> None:
-        pm = self._pms[p]
         for span in self._open(batch, p):
-            pm.release(span.start, span.end, span.attempt, error)
+            self._pms[p].release(span.start, span.end, span.attempt, error)
 
     def _crashed(self, batch: RunningBatch, p: int, error: str) -> None:
         """A task of `batch` died: its open offsets become suspects, or, for a record that
         died alone, the culprit fails with CRASH."""
+        if p not in self._pms:
+            return  # it moved: its next owner runs what was open
         open_spans = self._open(batch, p)
         epoch = batch.tasks[p].plan.epoch
         group = batch.group
@@ -473,7 +682,9 @@ class Driver(Lifecycle):
     def _start_batch(self, tasks: list[PartitionTask], group: Suspects | None) -> None:
         batch = self._submitted
         self._submitted += 1
-        self._batches.add(batch, tasks, self._executor.submit(batch, tasks), group)
+        started = self._clock()
+        future = self._executor.submit(batch, tasks)
+        self._batches.add(batch, tasks, future, group, started_at=started)
 
     def _isolated(self, group: Suspects) -> PartitionTask | None:
         """The task that runs `group` alone, limited to what is still open in it."""
@@ -489,10 +700,15 @@ class Driver(Lifecycle):
             return None
         return PartitionTask(self.config.topic, group.partition, Plan(spans, group.epoch))
 
+    def _plannable(self, p: int) -> bool:
+        """Not moving away, not paused, and the claim on it is sure (ZooKeeper connected)."""
+        m = self._membership
+        return p not in self._releasing and p not in m.paused and not m.suspended
+
     def _plan(self) -> list[PartitionTask]:
         tasks: list[PartitionTask] = []
         for p, pm in self._pms.items():
-            if p in self._out_of_range.stopped:
+            if p in self._out_of_range.stopped or not self._plannable(p):
                 continue
             breaker = self._breakers[p]
             state = breaker.state
@@ -524,7 +740,9 @@ class Driver(Lifecycle):
     def _write_dead_letters(self) -> None:
         """Confirm what the writer finished; hand it what the partitions gave up since."""
         for outcome in self._dead_letters.completed():
-            pm = self._pms[outcome.partition]
+            pm = self._pms.get(outcome.partition)
+            if pm is None:
+                continue  # it moved: its next owner runs those offsets again
             if outcome.error is None:
                 pm.dead_lettered(outcome.offsets)
                 self._dlq_breaker.success()

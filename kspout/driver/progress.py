@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from kspout.driver.breaker import BreakerView
+from kspout.offsets import now_ms
 from kspout.partition_manager import OutOfRangeReset, Stats
 
 
@@ -21,6 +23,11 @@ class PartitionView:
     stopped: str | None = None  # why `out_of_range = "fail"` stopped it
     stalls: int = 0  # times its commit point stood still for half the replay window
     stuck_for: float | None = None  # seconds it has stood still with unfinished offsets above
+    paused: bool = False  # an operator paused it (`kspout pause`)
+    releasing: bool = False  # assigned to another instance: finishing what runs, then released
+    # Driver clock when its record was last written (claim, commit, operator move): the
+    # metrics endpoint's commit age.
+    committed_at: float | None = None
 
     @property
     def lag(self) -> int:
@@ -29,9 +36,12 @@ class PartitionView:
 
     @property
     def status(self) -> str:
-        """`running`, `stopped`, or the breaker's state (`open`, `half-open`)."""
+        """`running`, `stopped`, `paused`, `releasing`, or the breaker's state (`open`,
+        `half-open`)."""
         if self.stopped is not None:
             return "stopped"
+        if self.paused or self.releasing:
+            return "paused" if self.paused else "releasing"
         return self.breaker.state.value if self.breaker is not None else "running"
 
 
@@ -47,6 +57,9 @@ class Progress:
     batch_errors: int = 0  # jobs that failed (a worker died, or Spark could not run them)
     cancelled: int = 0  # batches cancelled because every task left in them was stuck
     isolation_runs: int = 0  # jobs that ran suspect records alone
+    instance: str = ""  # this driver's instance id (its node under `instances/`)
+    commits_refused: int = 0  # commits refused: another instance (or an operator) owned it
+    partitions_dropped: int = 0  # partitions dropped after this instance lost them
 
     def total(self, name: str) -> int:
         """Sum one `Stats` field over the partitions."""
@@ -55,3 +68,33 @@ class Progress:
     @property
     def lag(self) -> int:
         return sum(p.lag for p in self.partitions)
+
+
+# What an instance publishes of each partition in its ZooKeeper node, for `kspout status`.
+REPORTED = (
+    "in_flight",
+    "failed",
+    "dead_letter_pending",
+    "acked",
+    "retried",
+    "dead_lettered",
+    "lost",
+)
+
+
+def instance_report(progress: Progress) -> dict[str, Any]:
+    """The report an instance keeps in its node: per partition, what only it knows."""
+    return {
+        "at": now_ms(),
+        "refused": progress.commits_refused,
+        "dropped": progress.partitions_dropped,
+        "partitions": {
+            str(v.partition): {
+                "status": v.status,
+                "emitted": v.stats.emitted_to,
+                "commit_point": v.stats.commit_point,
+                **{name: getattr(v.stats, name) for name in REPORTED},
+            }
+            for v in progress.partitions
+        },
+    }

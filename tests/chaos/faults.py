@@ -193,6 +193,7 @@ def _librdkafka() -> ctypes.CDLL:
         "rd_kafka_handle_mock_cluster": (vp, [vp]),
         "rd_kafka_mock_cluster_bootstraps": (cp, [vp]),
         "rd_kafka_mock_topic_create": (ctypes.c_int, [vp, cp, ctypes.c_int, ctypes.c_int]),
+        "rd_kafka_mock_topic_delete": (ctypes.c_int, [vp, cp]),
         "rd_kafka_mock_partition_set_leader": (ctypes.c_int, [vp, cp, i32, i32]),
         "rd_kafka_mock_broker_set_down": (ctypes.c_int, [vp, i32]),
         "rd_kafka_mock_broker_set_up": (ctypes.c_int, [vp, i32]),
@@ -239,6 +240,11 @@ class MockCluster:
         self._call("topic", topic, len(leaders))
         for partition, broker in enumerate(leaders):
             self._call("leader", topic, partition, broker)
+
+    def delete_topic(self, topic: str) -> None:
+        """Delete a topic with its data (the mock cannot add partitions: a test that needs
+        more deletes the topic and creates it again with them)."""
+        self._call("delete", topic)
 
     def broker_down(self, broker: int) -> None:
         self._call("down", broker)
@@ -290,6 +296,8 @@ def _serve(broker_count: int) -> None:
         op, *args = line.split()
         if op == "topic":
             err = lib.rd_kafka_mock_topic_create(mock, args[0].encode(), int(args[1]), 1)
+        elif op == "delete":
+            err = lib.rd_kafka_mock_topic_delete(mock, args[0].encode())
         elif op == "leader":
             err = lib.rd_kafka_mock_partition_set_leader(
                 mock, args[0].encode(), int(args[1]), int(args[2])

@@ -1,8 +1,10 @@
 """Helpers shared by the integration tests: producing numbered messages, reading back
-watermarks and the commit points stored in ZooKeeper."""
+watermarks and the commit points stored in ZooKeeper, running `kspout run` processes."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import textwrap
 import time
@@ -70,9 +72,9 @@ def kspout_command() -> Path:
     return command
 
 
-def topic_file(path: Path, stack: DevStack, config: TopicConfig) -> Path:
+def topic_file(path: Path, stack: DevStack, config: TopicConfig, extra: str = "") -> Path:
     """A config file for `config`'s topic and spout id, with small batches and a 0.5 s commit
-    interval, written to `path`."""
+    interval (and the TOML lines in `extra`), written to `path`."""
     path.write_text(
         textwrap.dedent(
             f"""\
@@ -86,6 +88,7 @@ def topic_file(path: Path, stack: DevStack, config: TopicConfig) -> Path:
             commit_interval = 0.5
             """
         )
+        + extra
     )
     return path
 
@@ -123,3 +126,49 @@ def read_topic(brokers: str, topic: str, expected: int) -> list[Message]:
         return found
     finally:
         consumer.close()
+
+
+HANDLER_MODULE = """
+import os
+import time
+
+LOG = open(os.environ["HANDLED_LOG"], "a", buffering=1)
+PAUSE = float(os.environ.get("HANDLER_PAUSE", "0"))
+
+
+def handle(record):
+    time.sleep(PAUSE)
+    LOG.write(f"{record.partition} {record.offset}\\n")
+"""
+
+
+def handled_lines(log: Path) -> list[tuple[int, int]]:
+    """(partition, offset) per line the handler wrote; a line still being written is left out."""
+    if not log.exists():
+        return []
+    *complete, _partial = log.read_text().split("\n")
+    return [(int(p), int(o)) for p, o in (line.split() for line in complete)]
+
+
+def prepare_kspout_run(
+    stack: DevStack, config: TopicConfig, tmp_path: Path, *, pause: float, extra: str = ""
+) -> tuple[list[str], dict[str, str], Path]:
+    """argv, environment and handled-log path for `kspout run` with HANDLER_MODULE, which
+    sleeps `pause` seconds per record (`extra`: more topic-file lines); run it with
+    `cwd=tmp_path`."""
+    (tmp_path / "slow_handler.py").write_text(HANDLER_MODULE)
+    toml = topic_file(tmp_path / "topic.toml", stack, config, extra)
+    log = tmp_path / "handled.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KSPOUT_")}
+    env |= {"HANDLED_LOG": str(log), "HANDLER_PAUSE": str(pause)}
+    argv = [str(kspout_command()), "run", "--config", str(toml), "--handler", "slow_handler:handle"]
+    return argv, env, log
+
+
+def wait_until_handled(proc: subprocess.Popen[bytes], log: Path, count: int) -> None:
+    """Wait (at most 30 s) until the handler logged more than `count` records."""
+    deadline = time.monotonic() + 30
+    while len(handled_lines(log)) <= count:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no progress within 30 s"
+        time.sleep(0.05)

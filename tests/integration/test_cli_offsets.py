@@ -15,6 +15,7 @@ from kspout.cli import main
 from kspout.config import load_config
 from kspout.devstack import DevStack
 from kspout.offsets import ZkOffsetStore
+from kspout.ownership.tree import SpoutTree
 
 BASE_MS = 1_700_000_000_000  # message i of a test topic has timestamp BASE_MS + i * 1000
 
@@ -115,19 +116,26 @@ def test_set_to_earliest_latest_and_timestamp(
     assert json.loads(at.stdout) == [{"partition": 0, "from": 0, "to": 5, "applies_again": None}]
 
 
-def test_set_refuses_while_a_spout_is_registered(
+def claim(spout: ZkOffsetStore, partition: int) -> None:
+    """Claim `partition` as a live owner does (`kspout.ownership`)."""
+    fence = SpoutTree(spout.path).claim(partition)
+    assert spout.claim(partition, fence, b'{"instance": "orders-live"}', lambda: 0) is not None
+
+
+def test_set_refuses_a_partition_a_live_instance_owns(
     topic_file: Path, kspout: Callable[..., Result]
 ) -> None:
     with ZkOffsetStore(load_config(topic_file), instance_id="orders-live") as spout:
         spout.register_instance()
+        claim(spout, 0)
         refused = kspout("set", "--partition", "0", "--to", "3")
         assert refused.exit_code == 1
         assert "orders-live" in refused.stderr and "--force" in refused.stderr
-        assert "stop it" in refused.stderr
-        assert stored_offsets(topic_file) == {}
-        forced = kspout("set", "--partition", "0", "--to", "3", "--force")
-        assert forced.exit_code == 0, forced.output
-        assert stored_offsets(topic_file) == {0: 3}
+        assert "stop the spout" in refused.stderr
+        assert stored_offsets(topic_file) == {0: 0}  # as claimed
+        unowned = kspout("set", "--partition", "1", "--to", "3")  # registered, but not its owner
+        assert unowned.exit_code == 0, unowned.output
+        assert stored_offsets(topic_file) == {0: 0, 1: 3}
 
 
 def test_set_refuses_an_offset_outside_the_partition(
@@ -191,15 +199,19 @@ def test_show_marks_a_stopped_partition_and_its_resume_command_resumes_it(
         assert rows[0]["stopped"] is None and rows[0]["stored_offset"] == 0
 
 
-def test_set_under_a_live_instance_still_needs_force_unless_every_partition_is_stopped(
+def test_set_under_a_live_owner_needs_force_unless_the_partition_is_stopped(
     topic_file: Path, kspout: Callable[..., Result]
 ) -> None:
     with ZkOffsetStore(load_config(topic_file), instance_id="orders-live") as spout:
         spout.commit(0, 100, version=None, stopped=REASON)
         spout.commit(1, 2, version=None)
         spout.register_instance()
+        claim(spout, 0)
+        claim(spout, 1)
         refused = kspout("set", "--partition", "0", "--partition", "1", "--to", "earliest")
         assert refused.exit_code == 1 and "--force" in refused.stderr
-        missing = kspout("set", "--partition", "2", "--to", "earliest")  # no record: not stopped
-        assert missing.exit_code == 1 and "--force" in missing.stderr
+        assert "partitions 1 are owned" in refused.stderr  # 0 is stopped: nobody runs it
         assert stored_offsets(topic_file) == {0: 100, 1: 2}
+        stopped = kspout("set", "--partition", "0", "--to", "earliest")
+        assert stopped.exit_code == 0, stopped.output
+        assert stored_offsets(topic_file) == {0: 0, 1: 2}

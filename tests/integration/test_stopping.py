@@ -14,8 +14,14 @@ from confluent_kafka import Producer
 
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
-from tests.integration.helpers import PARTITIONS, produce, stored
-from tests.integration.test_run import handled_lines, prepare_kspout_run, wait_until_handled
+from tests.integration.helpers import (
+    PARTITIONS,
+    handled_lines,
+    prepare_kspout_run,
+    produce,
+    stored,
+    wait_until_handled,
+)
 
 SPOUT_SCRIPT = """
 import sys

@@ -49,6 +49,7 @@ class Model:
                 "retried",
                 "deferred",
                 "timed_out",
+                "exceptions",
                 "invalid",
                 "crashed",
                 "released",
@@ -168,7 +169,9 @@ class Model:
     ) -> None:
         s = self._live(o)
         if s is not None and s.state == "inflight" and attempt in (None, s.attempt):
-            if reason is FailReason.TIMEOUT:
+            if reason is FailReason.EXCEPTION:
+                self.counts["exceptions"] += 1
+            elif reason is FailReason.TIMEOUT:
                 self.counts["timed_out"] += 1
             elif reason is FailReason.CRASH:
                 self.counts["crashed"] += 1

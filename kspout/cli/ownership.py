@@ -1,0 +1,226 @@
+"""`kspout pause|resume|rebalance`: operators' requests to the instances that own partitions.
+
+Every request is a write to the spout's ownership nodes (`kspout.ownership.tree`), which the
+owners watch: `pause` creates pause nodes (the owner stops planning there, lets what runs
+finish, commits and acks), `resume` deletes them, `rebalance` writes the assignment (the owners
+of moved partitions commit and release them; the new owners claim them and resume from that
+commit, while the other partitions keep flowing).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import click
+from kazoo.exceptions import BadVersionError, NodeExistsError
+from rich.console import Console
+from rich.table import Table
+
+from kspout.cli import main
+from kspout.cli.options import (
+    chosen_partitions,
+    config_option,
+    json_option,
+    kspout_errors,
+    partition_options,
+)
+from kspout.cli.pausing import ack_timeout, operator, pause, resume, wait_for_acks
+from kspout.config import load_config
+from kspout.errors import KspoutError
+from kspout.kafka import KafkaMetadata
+from kspout.offsets import ZkOffsetStore, now_ms
+from kspout.ownership.assignment import Assignment, balance, moves
+from kspout.ownership.tree import SpoutTree, read_ownership, write_assignment
+
+CLAIM_POLL = 0.2  # seconds between reads while waiting for moved partitions' new claims
+
+
+class RebalanceError(KspoutError):
+    """A rebalance that cannot be done as asked (no live instance, unknown target, timeout)."""
+
+
+@main.command(name="pause")
+@config_option
+@partition_options
+@click.option("--wait/--no-wait", default=True, help="Wait for the owners' acks (default).")
+@json_option
+def pause_command(
+    config_path: str, chosen: tuple[int, ...], every: bool, wait: bool, as_json: bool
+) -> None:
+    """Stop planning new offsets on partitions; what runs there finishes and is committed."""
+    with kspout_errors():
+        config = load_config(config_path)
+        with ZkOffsetStore(config) as store, KafkaMetadata(config) as kafka:
+            partitions = chosen_partitions(
+                config.topic, kafka.partitions(config.topic), chosen, every
+            )
+            created = pause(store, partitions, "kspout pause")
+            if wait:
+                wait_for_acks(store, partitions, ack_timeout(config))
+            own = read_ownership(store)
+    rows = [
+        {
+            "partition": p,
+            "paused": True,
+            "already": p not in created,
+            "owner": own.claims.get(p),
+            "acked": p in own.paused and own.paused[p].acked_by is not None,
+            "offset": own.paused[p].acked_offset if p in own.paused else None,
+        }
+        for p in partitions
+    ]
+    _print(rows, as_json, f"{config.topic}: paused")
+
+
+@main.command(name="resume")
+@config_option
+@partition_options
+@json_option
+def resume_command(config_path: str, chosen: tuple[int, ...], every: bool, as_json: bool) -> None:
+    """Resume paused partitions (their owners plan them again)."""
+    with kspout_errors():
+        config = load_config(config_path)
+        with ZkOffsetStore(config) as store, KafkaMetadata(config) as kafka:
+            partitions = chosen_partitions(
+                config.topic, kafka.partitions(config.topic), chosen, every
+            )
+            resumed = resume(store, partitions)
+    rows = [{"partition": p, "resumed": p in resumed} for p in partitions]
+    _print(rows, as_json, f"{config.topic}: resumed")
+
+
+@main.command()
+@config_option
+@click.option("--move", "move", help="Partitions to move, e.g. 3,5 (with --to).")
+@click.option("--to", "target", help="The live instance (id or a unique prefix) to move them to.")
+@click.option("--dry-run", is_flag=True, help="Print what would move; change nothing.")
+@click.option("--wait/--no-wait", default=True, help="Wait until the new owners claimed them.")
+@click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds to wait.")
+@json_option
+def rebalance(
+    config_path: str,
+    move: str | None,
+    target: str | None,
+    dry_run: bool,
+    wait: bool,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Balance the partitions over the live instances now, or move some to one instance.
+
+    Moved partitions are committed by their old owner before it lets them go, and resumed from
+    that commit by the new one; the others keep flowing. Exit code 1 when the moves did not
+    finish within --timeout.
+    """
+    if (move is None) != (target is None):
+        raise click.UsageError("--move and --to go together")
+    with kspout_errors():
+        config = load_config(config_path)
+        with ZkOffsetStore(config) as store, KafkaMetadata(config) as kafka:
+            partitions = kafka.partitions(config.topic)
+            live = store.live_instances()
+            if not live:
+                raise RebalanceError(
+                    f"no live instance of spout {store.path}: nothing owns partitions to move; "
+                    "start one with `kspout run`"
+                )
+            found = store.read_node(SpoutTree(store.path).assignment)
+            current = Assignment.decode(found[0]) if found is not None else Assignment()
+            if move is None or target is None:
+                owners = balance(partitions, live, current.owners)
+            else:
+                owners = _moved(
+                    current.owners, _parse_move(move, partitions), _target(target, live)
+                )
+            changes = moves(current.owners, owners)
+            if not dry_run and changes:
+                new = Assignment(owners, tuple(live), tuple(partitions), operator(), now_ms())
+                _write(store, new, None if found is None else found[1])
+                if wait:
+                    _wait_for_claims(store, {p: to for p, _, to in changes}, timeout)
+    rows = [{"partition": p, "from": old, "to": to} for p, old, to in changes]
+    if as_json:
+        click.echo(json.dumps({"dry_run": dry_run, "moves": rows}, indent=2))
+    elif not rows:
+        click.echo(f"{config.topic}: balanced already; nothing moves")
+    else:
+        title = f"{config.topic}: {'would move' if dry_run else 'moved'} {len(rows)} partitions"
+        _print(rows, False, title)
+
+
+def _parse_move(text: str, partitions: list[int]) -> list[int]:
+    try:
+        chosen = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise click.BadParameter(
+            f"expected partitions like 3,5, got {text!r}", param_hint="--move"
+        ) from None
+    missing = sorted(set(chosen) - set(partitions))
+    if not chosen or missing:
+        raise click.BadParameter(
+            f"the topic has partitions 0-{len(partitions) - 1}; got {text!r}", param_hint="--move"
+        )
+    return chosen
+
+
+def _target(text: str, live: list[str]) -> str:
+    matches = [i for i in live if i == text] or [i for i in live if i.startswith(text)]
+    if len(matches) != 1:
+        raise click.BadParameter(
+            f"{text!r} names {'no' if not matches else 'more than one'} live instance; live: "
+            + ", ".join(live),
+            param_hint="--to",
+        )
+    return matches[0]
+
+
+def _moved(current: dict[int, str], partitions: list[int], target: str) -> dict[int, str]:
+    out = dict(current)
+    out.update(dict.fromkeys(partitions, target))
+    return out
+
+
+def _write(store: ZkOffsetStore, new: Assignment, version: int | None) -> None:
+    """Compare-and-set the assignment (a leader may have balanced meanwhile: try again)."""
+    try:
+        write_assignment(store, new, version)
+    except (BadVersionError, NodeExistsError):
+        raise RebalanceError(
+            "the assignment changed while computing the moves (an instance joined or left): "
+            "run the command again"
+        ) from None
+
+
+def _wait_for_claims(store: ZkOffsetStore, wanted: dict[int, str], timeout: float) -> None:
+    """Until each moved partition is claimed by its new owner (`RebalanceError` on timeout)."""
+    deadline = time.monotonic() + timeout
+    with Console(stderr=True).status(f"moving {len(wanted)} partitions"):
+        while True:
+            claims = read_ownership(store).claims
+            late = {p: to for p, to in wanted.items() if claims.get(p) != to}
+            if not late:
+                return
+            if time.monotonic() >= deadline:
+                raise RebalanceError(
+                    f"partitions {sorted(late)} not claimed by their new owners within "
+                    f"{timeout:g}s (their old owners may still run batches there); see "
+                    "`kspout status`"
+                )
+            time.sleep(CLAIM_POLL)
+
+
+def _print(rows: list[dict[str, Any]], as_json: bool, title: str) -> None:
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title=title, title_justify="left")
+    for name in rows[0] if rows else ():
+        table.add_column(name)
+    for row in rows:
+        table.add_row(*("-" if v is None else str(v) for v in row.values()))
+    console = Console()
+    if not console.is_terminal:
+        console.width = 120
+    console.print(table)

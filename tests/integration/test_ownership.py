@@ -1,0 +1,209 @@
+"""Several drivers on one spout id against the real ZooKeeper and Kafka mock cluster: the
+partitions are divided, moved by `kspout rebalance`, paused, moved under a live owner with
+`offsets set --force`, and picked up when the topic grows.
+
+The drivers run in threads of this process (each with its own ZooKeeper session); the tests
+that kill or stop an instance run `kspout run` processes (test_ownership_processes.py).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+from click.testing import CliRunner, Result
+from confluent_kafka import Producer
+
+from kspout.cli import main
+from kspout.config import TopicConfig
+from kspout.devstack import DevStack
+from kspout.driver import Driver
+from kspout.kafka.records import Record
+from kspout.local_executor import LocalExecutor
+from kspout.offsets import ZkOffsetStore
+from kspout.ownership.tree import read_ownership
+from tests.chaos.faults import MockCluster
+from tests.integration.helpers import PARTITIONS, highs, produce, stored, topic_file
+
+At = tuple[int, int]
+
+
+class Handled:
+    """A handler shared by several drivers' threads: counts each (partition, offset)."""
+
+    def __init__(self, pause: float = 0.0) -> None:
+        self.pause = pause
+        self.counts: Counter[At] = Counter()
+        self._lock = threading.Lock()
+
+    def __call__(self, record: Record) -> None:
+        time.sleep(self.pause)
+        with self._lock:
+            self.counts[(record.partition, record.offset)] += 1
+
+
+@contextmanager
+def running(config: TopicConfig, handler: Handled, count: int = 1) -> Iterator[list[Driver]]:
+    """`count` started drivers, each looping in its own thread until the block ends."""
+    stop = threading.Event()
+    with ExitStack() as stack:
+        drivers = [
+            stack.enter_context(Driver(config, LocalExecutor(config, handler)))
+            for _ in range(count)
+        ]
+        threads = [threading.Thread(target=d.run, kwargs={"stop": stop}) for d in drivers]
+        for thread in threads:
+            thread.start()
+        try:
+            yield drivers
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(60)
+
+
+def claims(config: TopicConfig) -> dict[int, str]:
+    with ZkOffsetStore(config) as store:
+        return read_ownership(store).claims
+
+
+def eventually(check: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
+    """Poll `check` until it returns something truthy (AssertionError after `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while not (result := check()):
+        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
+        time.sleep(0.1)
+    return result
+
+
+def caught_up(config: TopicConfig) -> bool:
+    return stored(config) == highs(config)
+
+
+def cli(command: str, config_path: Any, *args: str) -> Result:
+    """`kspout <command> --config <file> <args>`, in this process."""
+    return CliRunner().invoke(main, [*command.split(), "--config", str(config_path), *args])
+
+
+def test_two_drivers_divide_the_partitions_and_rebalance_move_moves_them_while_flowing(
+    stack: DevStack, make_config: Callable[..., TopicConfig], producer: Producer, tmp_path: Any
+) -> None:
+    config = make_config(batch_size=20)
+    toml = topic_file(tmp_path / "topic.toml", stack, config)
+    produce(producer, config.topic, {p: range(300) for p in PARTITIONS})
+    handler = Handled(pause=0.002)
+    with running(config, handler, count=2) as (a, b):
+        ids = {a.progress().instance, b.progress().instance}
+
+        def halves() -> dict[int, str] | None:
+            found = claims(config)
+            return found if Counter(found.values()) == dict.fromkeys(ids, 2) else None
+
+        split = eventually(halves, what="two partitions each")
+        mine_a = sorted(p for p, owner in split.items() if owner == a.progress().instance)
+        before = dict(handler.counts)
+
+        flowing = threading.Thread(
+            target=produce, args=(producer, config.topic, {p: range(300, 600) for p in PARTITIONS})
+        )
+        flowing.start()
+        moved = cli(
+            "rebalance",
+            toml,
+            "--move",
+            ",".join(map(str, mine_a)),
+            "--to",
+            b.progress().instance,
+            "--json",
+        )
+        flowing.join()
+        assert moved.exit_code == 0, moved.output
+        rows = json.loads(moved.stdout)["moves"]
+        assert sorted(r["partition"] for r in rows) == mine_a
+        assert {r["to"] for r in rows} == {b.progress().instance}
+        assert claims(config) == dict.fromkeys(PARTITIONS, b.progress().instance)
+        assert not a.progress().partitions  # a let them go
+
+        eventually(lambda: caught_up(config), what="every offset committed")
+        assert len(handler.counts) > len(before)  # messages kept flowing
+
+    # Nothing lost; a release commits first, so few (if any) offsets ran twice.
+    assert set(handler.counts) == {(p, o) for p in PARTITIONS for o in range(600)}
+    twice = sum(n - 1 for n in handler.counts.values())
+    assert twice <= 2 * config.batch_size * len(PARTITIONS), twice
+
+
+def test_pause_resume_and_offsets_set_force_go_through_the_owner(
+    stack: DevStack, make_config: Callable[..., TopicConfig], producer: Producer, tmp_path: Any
+) -> None:
+    config = make_config()
+    toml = topic_file(tmp_path / "topic.toml", stack, config)
+    produce(producer, config.topic, {p: range(100) for p in PARTITIONS})
+    handler = Handled()
+    with running(config, handler) as (driver,):
+        eventually(lambda: caught_up(config), what="the first 100 per partition")
+
+        paused = cli("pause", toml, "--partition", "0", "--json")
+        assert paused.exit_code == 0, paused.output
+        (row,) = json.loads(paused.stdout)
+        assert row["acked"] and row["owner"] == driver.progress().instance and row["offset"] == 100
+        produce(producer, config.topic, {0: range(100, 150), 1: range(100, 150)})
+        eventually(lambda: stored(config)[1] == 150, what="partition 1 flows")
+        time.sleep(1.0)  # several commit intervals
+        assert stored(config)[0] == 100 and (0, 100) not in handler.counts
+        status = {v.partition: v.status for v in driver.progress().partitions}
+        assert status[0] == "paused" and status[1] == "running"
+
+        resumed = cli("resume", toml, "--partition", "0", "--json")
+        assert json.loads(resumed.stdout) == [{"partition": 0, "resumed": True}]
+        eventually(lambda: stored(config)[0] == 150, what="partition 0 resumes")
+
+        refused = cli("offsets set", toml, "--partition", "2", "--to", "50")
+        assert refused.exit_code == 1 and "--force" in refused.stderr
+        assert driver.progress().instance in refused.stderr
+        forced = cli("offsets set", toml, "--partition", "2", "--to", "50", "--force", "--json")
+        assert forced.exit_code == 0, forced.output
+        assert json.loads(forced.stdout)[0]["to"] == 50
+        eventually(lambda: all(handler.counts[(2, o)] == 2 for o in range(50, 100)), what="replay")
+        eventually(lambda: caught_up(config), what="caught up after the move")
+        assert read_paused(config) == {}  # --force resumed what it paused
+
+    assert all(handler.counts[(2, o)] == 1 for o in range(50))
+
+
+def read_paused(config: TopicConfig) -> dict[int, Any]:
+    with ZkOffsetStore(config) as store:
+        return read_ownership(store).paused
+
+
+def test_a_partition_added_while_running_is_consumed(
+    make_config: Callable[..., TopicConfig],
+) -> None:
+    cluster = MockCluster(brokers=1)
+    try:
+        config = make_config(brokers=cluster.brokers, partition_refresh=0.5)
+        cluster.create_topic(config.topic, [1, 1])
+        producer = Producer({"bootstrap.servers": cluster.brokers})
+        produce(producer, config.topic, {0: range(20), 1: range(20)})
+        handler = Handled()
+        with running(config, handler) as (driver,):
+            eventually(lambda: stored(config) == {0: 20, 1: 20}, what="the first two partitions")
+            # The mock cluster cannot add partitions: the topic comes back with four.
+            cluster.delete_topic(config.topic)
+            cluster.create_topic(config.topic, [1, 1, 1, 1])
+            producer = Producer({"bootstrap.servers": cluster.brokers})  # fresh metadata
+            produce(producer, config.topic, {p: range(30) for p in PARTITIONS})
+            eventually(lambda: set(claims(config)) == set(PARTITIONS), what="claims on 2 and 3")
+            eventually(
+                lambda: all((p, 29) in handler.counts for p in (2, 3)), what="2 and 3 consumed"
+            )
+            assert {v.partition for v in driver.progress().partitions} == set(PARTITIONS)
+        assert {o for p, o in handler.counts if p == 2} == set(range(30))
+        producer.flush(5)
+    finally:
+        cluster.close()
