@@ -150,6 +150,20 @@ def make_config(stack: DevStack, topic_name: str) -> Callable[..., TopicConfig]:
 
 
 @pytest.fixture
+def dedup_config(
+    make_config: Callable[..., TopicConfig], stack: DevStack
+) -> Callable[..., TopicConfig]:
+    """`make_config` for a chain with the dedup bolt: ids from the key, the stack's Redis."""
+
+    def make(**overrides: Any) -> TopicConfig:
+        overrides["dedup"] = {"id_source": "key", "lease": 30.0, **overrides.get("dedup", {})}
+        overrides.setdefault("redis", {"url": stack.info.redis_url})
+        return make_config(**overrides)
+
+    return make
+
+
+@pytest.fixture
 def producer(stack: DevStack) -> Iterator[Producer]:
     client = Producer({"bootstrap.servers": stack.info.brokers, "linger.ms": 5})
     yield client

@@ -1,5 +1,5 @@
 """The `kspout` command: `run`, `demo`, `status`, `lag`, `rebalance`, `pause`, `resume`,
-`offsets show|set|reset`, `dev up|down|status`.
+`offsets show|set|reset`, `dlq show|replay`, `dev up|down|status`.
 
 Each sub-command lives in its own module and registers itself on `main` here.
 """
@@ -28,6 +28,7 @@ def main(verbose: int) -> None:
 
 from kspout.cli import demo as _demo  # noqa: E402,F401
 from kspout.cli import dev as _dev  # noqa: E402,F401
+from kspout.cli import dlq as _dlq  # noqa: E402,F401
 from kspout.cli import offsets as _offsets  # noqa: E402,F401
 from kspout.cli import ownership as _ownership  # noqa: E402,F401
 from kspout.cli import run as _run  # noqa: E402,F401

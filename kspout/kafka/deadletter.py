@@ -19,6 +19,14 @@ from kspout.kafka.records import DeadLetter
 from kspout.lifecycle import Lifecycle
 
 HEADER_PREFIX = "kspout."
+# The headers every dead letter carries after the original ones (utf-8 text).
+SOURCE_TOPIC = HEADER_PREFIX + "source.topic"
+SOURCE_PARTITION = HEADER_PREFIX + "source.partition"
+SOURCE_OFFSET = HEADER_PREFIX + "source.offset"
+ATTEMPTS = HEADER_PREFIX + "attempts"
+REASON = HEADER_PREFIX + "reason"
+ERROR = HEADER_PREFIX + "error"  # the last error; empty when there was none
+LETTER_HEADERS = (SOURCE_TOPIC, SOURCE_PARTITION, SOURCE_OFFSET, ATTEMPTS, REASON, ERROR)
 # flush() waits this much longer than librdkafka's own delivery timeout, so every letter has
 # a delivery report (success or failure) by the time it returns.
 FLUSH_MARGIN = 5.0
@@ -31,29 +39,30 @@ def letter_headers(letter: DeadLetter) -> list[tuple[str, str | bytes | None]]:
     if letter.record is not None:
         original.extend(letter.record.headers)
     ours = {
-        "source.topic": letter.topic,
-        "source.partition": str(letter.partition),
-        "source.offset": str(letter.offset),
-        "attempts": str(letter.attempts),
-        "reason": letter.reason,
-        "error": letter.error or "",
+        SOURCE_TOPIC: letter.topic,
+        SOURCE_PARTITION: str(letter.partition),
+        SOURCE_OFFSET: str(letter.offset),
+        ATTEMPTS: str(letter.attempts),
+        REASON: letter.reason,
+        ERROR: letter.error or "",
     }
-    return original + [(HEADER_PREFIX + name, value.encode()) for name, value in ours.items()]
+    return original + [(name, value.encode()) for name, value in ours.items()]
 
 
-class DeadLetterWriter(Lifecycle):
-    """Produces dead letters with an idempotent producer (a retried send is never doubled)."""
+class IdempotentProducer(Lifecycle):
+    """An idempotent producer with acks=all (a retried send is never doubled), opened by
+    `start()`; `close()` waits for what is still queued. `role` names it in `client.id`."""
 
-    def __init__(self, config: TopicConfig) -> None:
+    def __init__(self, config: TopicConfig, role: str) -> None:
         self._config = config
-        self._topic = config.dlq_topic
+        self._role = role
         self._producer: Producer | None = None
 
     def start(self) -> None:
         if self._producer is None:
             settings = self._config.kafka_config(
                 **{
-                    "client.id": f"kspout-{self._config.spout_id}-dlq",
+                    "client.id": f"kspout-{self._config.spout_id}-{self._role}",
                     "enable.idempotence": True,
                     "acks": "all",
                     "message.timeout.ms": int(self._config.fetch_timeout * 1000),
@@ -65,6 +74,14 @@ class DeadLetterWriter(Lifecycle):
         producer, self._producer = self._producer, None
         if producer is not None:
             producer.flush(self._config.fetch_timeout + FLUSH_MARGIN)
+
+
+class DeadLetterWriter(IdempotentProducer):
+    """Writes dead letters to the dead-letter topic."""
+
+    def __init__(self, config: TopicConfig) -> None:
+        super().__init__(config, "dlq")
+        self._topic = config.dlq_topic
 
     def write(self, letters: Sequence[DeadLetter]) -> None:
         """Produce every letter and wait for Kafka's acknowledgements.

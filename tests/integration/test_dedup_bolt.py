@@ -44,18 +44,6 @@ class Apply:
         effects.hincrby(self.key, effects.id)
 
 
-@pytest.fixture
-def dedup_config(
-    make_config: Callable[..., TopicConfig], stack: DevStack
-) -> Callable[..., TopicConfig]:
-    def make(**overrides: Any) -> TopicConfig:
-        overrides["dedup"] = {"id_source": "key", "lease": 30.0, **overrides.get("dedup", {})}
-        overrides.setdefault("redis", {"url": stack.info.redis_url})
-        return make_config(**overrides)
-
-    return make
-
-
 def run(config: TopicConfig, bolt: IdempotencyBolt, **kwargs: Any) -> Progress:
     with Driver(config, LocalExecutor(config, bolt)) as driver:
         return driver.run(until_caught_up=True, **kwargs)
