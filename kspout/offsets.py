@@ -289,8 +289,9 @@ class ZkOffsetStore(Lifecycle):
 
     Timeouts, in seconds: `connect_timeout` bounds `start()`; `request_timeout` bounds one
     ZooKeeper request; `retry_timeout` bounds all retries of one call before it gives up;
-    `session_timeout` is the ZooKeeper session (how long ZooKeeper may be unreachable before
-    the ephemeral registration is lost; it is recreated when the client reconnects).
+    `session_timeout` (default: the topic file's `zk_session_timeout`) is the ZooKeeper
+    session: how long ZooKeeper may not hear from this client before its ephemeral nodes (the
+    registration, the claims) are gone; the registration is recreated on reconnect.
     """
 
     def __init__(
@@ -301,7 +302,7 @@ class ZkOffsetStore(Lifecycle):
         connect_timeout: float = 10.0,
         request_timeout: float = 10.0,
         retry_timeout: float = 30.0,
-        session_timeout: float = 10.0,
+        session_timeout: float | None = None,
     ) -> None:
         self.config = config
         self.instance_id = instance_id or f"{config.topology_name}-{uuid.uuid4().hex[:12]}"
@@ -310,7 +311,9 @@ class ZkOffsetStore(Lifecycle):
         self._connect_timeout = connect_timeout
         self._request_timeout = request_timeout
         self._retry_timeout = retry_timeout
-        self._session_timeout = session_timeout
+        self._session_timeout = (
+            config.zk_session_timeout if session_timeout is None else session_timeout
+        )
         self._client: Any = None  # KazooClient once started
         self._registered: str | None = None  # our ephemeral instance node, once registered
         self._session_lost = False

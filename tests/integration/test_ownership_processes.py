@@ -106,8 +106,13 @@ def test_three_instances_divide_the_topic_and_a_killed_ones_partitions_move(
     per_instance = [len(handled_lines(log)) for _, log in runs]
     assert all(n > 0 for n in per_instance), per_instance  # each processed some
     twice = sum(n - 1 for n in handled.values())
+    print(
+        f"\nper instance {per_instance}; processed twice {twice} of {len(handled)}; the killed "
+        f"instance's partitions {held} moved {moved_after:.1f}s after SIGKILL"
+    )
     assert twice < 0.1 * sum(handled.values()), twice  # few processed by two
-    assert moved_after < SESSION + 10
+    # ZooKeeper ends the session after SESSION (checked every tick, 2 s); then a poll and a claim.
+    assert moved_after < 2 * SESSION, moved_after
 
 
 def test_a_stopped_instance_woken_after_its_session_expired_cannot_commit(
