@@ -92,8 +92,11 @@ def value_of(i: int) -> bytes:
     return (head + "x" * (VALUE_BYTES - len(head) - 2) + '"}').encode()
 
 
-def produce(brokers: str, topic: str, n: int, compression: str) -> float:
-    """Produce n keyed messages round-robin over the partitions; seconds until all are acked."""
+def produce(
+    brokers: str, topic: str, n: int, compression: str, partitions: int = PARTITIONS
+) -> float:
+    """Produce n keyed messages round-robin over the first `partitions` partitions; seconds
+    until all are acked."""
     producer = Producer(
         {
             "bootstrap.servers": brokers,
@@ -109,7 +112,7 @@ def produce(brokers: str, topic: str, n: int, compression: str) -> float:
     for i in range(n):
         while True:
             try:
-                producer.produce(topic, value_of(i), b"key-%d" % i, partition=i % PARTITIONS)
+                producer.produce(topic, value_of(i), b"key-%d" % i, partition=i % partitions)
                 break
             except BufferError:
                 producer.poll(0.05)

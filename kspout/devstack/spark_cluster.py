@@ -29,6 +29,7 @@ gives the settings to use.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -109,11 +110,12 @@ class _Daemon:
 
 
 class SparkStandalone(Lifecycle):
-    """A Spark standalone master and one worker on loopback ports, living in `workdir`.
+    """A Spark standalone master and `workers` workers (one by default) on loopback ports,
+    living in `workdir`; each worker offers `cores` cores and `memory`.
 
-    `workdir/master/master.log` and `workdir/worker/worker.log` are the daemons' logs; the
-    worker keeps each application's executor logs under `workdir/worker/work/<app>/<executor>/`
-    and its scratch space under `workdir/worker/local/`.
+    `workdir/master/master.log` and `workdir/worker/worker.log` are the daemons' logs (further
+    workers: `worker-2/`, ...); a worker keeps each application's executor logs under
+    `<its dir>/work/<app>/<executor>/` and its scratch space under `<its dir>/local/`.
     """
 
     def __init__(
@@ -122,6 +124,7 @@ class SparkStandalone(Lifecycle):
         *,
         cores: int = 2,
         memory: str = "1g",
+        workers: int = 1,
         daemon_memory: str = DAEMON_MEMORY,
         start_timeout: float = START_TIMEOUT,
     ) -> None:
@@ -133,8 +136,13 @@ class SparkStandalone(Lifecycle):
         self.memory = memory  # what the worker offers to executors, in Spark's syntax ("1g")
         self.daemon_memory = daemon_memory
         self._start_timeout = start_timeout
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
         self._master = _Daemon("master", workdir / "master")
-        self._worker = _Daemon("worker", workdir / "worker")
+        self._workers = [
+            _Daemon("worker", workdir / ("worker" if i == 0 else f"worker-{i + 1}"))
+            for i in range(workers)
+        ]
         self._ports: dict[str, int] = {}
 
     # -- addresses ---------------------------------------------------------------------------
@@ -157,7 +165,7 @@ class SparkStandalone(Lifecycle):
 
     @property
     def worker_web_url(self) -> str:
-        return f"http://{LOOPBACK}:{self._port('worker_webui')}"
+        return f"http://{LOOPBACK}:{self._port('worker_webui_0')}"
 
     @property
     def master_log(self) -> Path:
@@ -165,7 +173,7 @@ class SparkStandalone(Lifecycle):
 
     @property
     def worker_log(self) -> Path:
-        return self._worker.log_path
+        return self._workers[0].log_path
 
     @property
     def master_pid(self) -> int | None:
@@ -173,19 +181,21 @@ class SparkStandalone(Lifecycle):
 
     @property
     def worker_pid(self) -> int | None:
-        """The worker JVM; executor JVMs are its children."""
-        return None if self._worker.process is None else self._worker.process.pid
+        """The (first) worker JVM; executor JVMs are its children."""
+        process = self._workers[0].process
+        return None if process is None else process.pid
 
     @property
     def running(self) -> bool:
-        return self._master.running and self._worker.running
+        return self._master.running and all(worker.running for worker in self._workers)
 
     def session_conf(self, *, executor_memory: str = "512m") -> dict[str, str]:
         """Settings for a SparkSession on this cluster (pass each to `builder.config`).
 
         The driver binds to loopback, the executors run this interpreter, and one executor
         takes all the worker's cores. The Spark UI is off: tests never read it, and it would
-        take another port.
+        take another port. The driver's environment needs `PYSPARK_PYTHON` too: PySpark ships
+        it with every Python function, and without it the workers run `python3` from PATH.
         """
         return {
             "spark.master": self.master_url,
@@ -194,7 +204,7 @@ class SparkStandalone(Lifecycle):
             "spark.pyspark.python": sys.executable,
             "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
             "spark.executor.memory": executor_memory,
-            "spark.cores.max": str(self.cores),
+            "spark.cores.max": str(self.cores * len(self._workers)),
             "spark.ui.enabled": "false",
         }
 
@@ -218,14 +228,17 @@ class SparkStandalone(Lifecycle):
         self.stop(grace=0)  # one of the two died: start both afresh
         if not self._ports:
             # Picked together so that no two are the same; each is free right now (see free_port).
+            names = ["master", "master_webui"]
+            for i in range(len(self._workers)):
+                names += [f"worker_{i}", f"worker_webui_{i}"]
             ports: set[int] = set()
-            while len(ports) < 4:
+            while len(ports) < len(names):
                 ports.add(free_port())
-            names = ("master", "master_webui", "worker", "worker_webui")
             self._ports = dict(zip(names, sorted(ports), strict=True))
         try:
             self._start_master()
-            self._start_worker()
+            for i in range(len(self._workers)):
+                self._start_worker(i)
         except BaseException:
             self.stop(grace=0)
             raise
@@ -253,16 +266,17 @@ class SparkStandalone(Lifecycle):
             timeout=self._start_timeout,
         )
 
-    def _start_worker(self) -> None:
-        home = self._worker.home
+    def _start_worker(self, i: int) -> None:
+        worker = self._workers[i]
+        home = worker.home
         argv = [
             *self._spark_class(WORKER_CLASS),
             "--host",
             LOOPBACK,
             "--port",
-            str(self._port("worker")),
+            str(self._port(f"worker_{i}")),
             "--webui-port",
-            str(self._port("worker_webui")),
+            str(self._port(f"worker_webui_{i}")),
             "--cores",
             str(self.cores),
             "--memory",
@@ -274,13 +288,13 @@ class SparkStandalone(Lifecycle):
         env = self._env()
         env["SPARK_LOCAL_DIRS"] = str(home / "local")  # executors' shuffle and block files
         env["PYSPARK_PYTHON"] = sys.executable  # executors inherit the worker's environment
-        process = self._worker.spawn(argv, env)
+        process = worker.spawn(argv, env)
         wait_ready(
             process,
-            self._worker_registered,
+            functools.partial(self._workers_registered, i + 1),
             what=f"the Spark worker (registering with {self.master_url}, "
             f"whose log is {self._master.log_path})",
-            log_path=self._worker.log_path,
+            log_path=worker.log_path,
             timeout=self._start_timeout,
         )
 
@@ -314,17 +328,18 @@ class SparkStandalone(Lifecycle):
         except (OSError, ValueError):  # URLError is an OSError; ValueError: JSON half written
             return False
 
-    def _worker_registered(self) -> bool:
+    def _workers_registered(self, count: int) -> bool:
         try:
             alive = self.master_state().get("aliveworkers", 0)
         except (OSError, ValueError):
             return False
-        return isinstance(alive, int) and alive >= 1
+        return isinstance(alive, int) and alive >= count
 
     def stop(self, grace: float = GRACE) -> None:
-        """Stop the worker (and its executors), then the master. Idempotent."""
+        """Stop the workers (and their executors), then the master. Idempotent."""
         try:
-            self._worker.stop(grace)
+            for worker in self._workers:
+                worker.stop(grace)
         finally:
             self._master.stop(grace)
 
@@ -337,8 +352,8 @@ class SparkStandalone(Lifecycle):
         self.stop()
 
     def log_tails(self, lines: int = 20) -> str:
-        """The last lines of both logs, for a failing test's message."""
+        """The last lines of every daemon's log, for a failing test's message."""
         return "\n".join(
             f"--- {daemon.log_path}\n{log_tail(daemon.log_path, lines)}"
-            for daemon in (self._master, self._worker)
+            for daemon in (self._master, *self._workers)
         )
