@@ -137,7 +137,7 @@ def _zookeeper(config: TopicConfig) -> KazooClient:
 _stores: dict[tuple[object, ...], IdempotencyStore] = {}
 
 
-def _store(config: TopicConfig, namespace: str) -> IdempotencyStore:
+def worker_store(config: TopicConfig, namespace: str) -> IdempotencyStore:
     """This Python worker's store for the namespace (clients are made here, not shipped)."""
     redis_args = tuple(sorted(config.redis_args().items()))
     key = (
@@ -197,7 +197,7 @@ class IdempotencyBolt(Bolt):
             log.warning("dedup Redis %s: %s", self.config.redis.url, warning)
 
     def prepare(self, context: TaskContext) -> None:
-        self._store = _store(self.config, self.namespace)
+        self._store = worker_store(self.config, self.namespace)
         host = socket.gethostname()
         self._owner = f"{host}:{os.getpid()}:{context.batch}:{uuid.uuid4().hex[:12]}"
 

@@ -14,9 +14,11 @@ from kspout.bolts import (
 from kspout.config import TopicConfig, load_config
 from kspout.errors import KspoutError
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
+from kspout.output import KafkaOutput, OutputFailed, Publish, output_id
 from kspout.partition_manager import PartitionManager, Plan, Stats
 from kspout.policy import Backoff, BehindPolicy, ExhaustedPolicy, PartitionPolicy, Position
 from kspout.spout import KafkaSpout
+from kspout.streaming import register
 
 __all__ = [
     "Backoff",
@@ -29,18 +31,23 @@ __all__ = [
     "FailReason",
     "Fields",
     "Global",
+    "KafkaOutput",
     "KafkaSpout",
     "KspoutError",
     "Outcome",
     "OutcomeKind",
+    "OutputFailed",
     "PartitionManager",
     "PartitionPolicy",
     "Plan",
     "Position",
+    "Publish",
     "Shuffle",
     "Stats",
     "TaskContext",
     "TopicConfig",
     "Tuple",
     "load_config",
+    "output_id",
+    "register",
 ]

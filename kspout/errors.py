@@ -13,6 +13,16 @@ Classes are grouped by the caller's next move:
 
 from __future__ import annotations
 
+import shlex
+
+
+def resume_command(config_path: str, partition: int) -> str:
+    """The `kspout offsets set` command that resumes a stopped partition from Kafka's earliest."""
+    return (
+        f"kspout offsets set --config {shlex.quote(config_path)} --partition {partition} "
+        "--to earliest"
+    )
+
 
 class KspoutError(Exception):
     """Root of every error raised by kspout."""

@@ -9,7 +9,7 @@ from kspout's records::
      "kspout": {"version": 1, "committed_at": <ms>, "source": "spout" | "operator",
                 "stopped": "<reason>", "moved_from": <offset>,
                 "done": [<gap>, <length>, ...], "done_cut": <offset>, "emitted": <offset>,
-                "advanced_at": <ms>, "window": <seconds>,
+                "advanced_at": <ms>, "lost": <count>, "window": <seconds>,
                 "history": [[<ms>, <offset>, <emitted>], ...]}}
 
 The `kspout` key is ours; storm-kafka ignores unknown keys, and records it wrote (without that
@@ -27,6 +27,8 @@ partition. Every other field is optional too:
   writes a record without them.
 * `emitted`: every offset below it had been handed out when the record was written.
 * `advanced_at`: when the commit point last moved (a stuck one shows how long it has been).
+* `lost`: written by a Structured Streaming query (`kspout.streaming`): offsets it lost to
+  out-of-range resets so far.
 * `window` and `history`, written when the chain has a replay window (the dedup bolt's
   `[dedup] ttl`: a message finished longer ago than that would apply its effect again):
   checkpoints (when, commit point, emitted), oldest first, one every `window / HISTORY_STEP`,

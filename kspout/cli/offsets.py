@@ -16,7 +16,6 @@ that too, and the command then says what will apply again.
 from __future__ import annotations
 
 import json
-import shlex
 import socket
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -37,7 +36,13 @@ from kspout.cli.options import (
 from kspout.cli.pausing import paused_while
 from kspout.cli.views import read_marks
 from kspout.config import TopicConfig, load_config
-from kspout.errors import OffsetOutOfRange, OffsetRecordInvalid, ReplayPastWindow, SpoutRunning
+from kspout.errors import (
+    OffsetOutOfRange,
+    OffsetRecordInvalid,
+    ReplayPastWindow,
+    SpoutRunning,
+    resume_command,
+)
 from kspout.kafka import KafkaMetadata
 from kspout.offsets import StoredOffset, ZkOffsetStore, describe_replay, now_ms
 from kspout.ownership.tree import read_ownership
@@ -123,14 +128,6 @@ def _lag_text(view: PartitionView) -> str:
     if view.low is None:
         return "- (not in Kafka)"
     return f"{view.lag} (out of range)" if view.out_of_range else str(view.lag)
-
-
-def resume_command(config_path: str, partition: int) -> str:
-    """The `kspout offsets set` command that resumes a stopped partition from Kafka's earliest."""
-    return (
-        f"kspout offsets set --config {shlex.quote(config_path)} --partition {partition} "
-        "--to earliest"
-    )
 
 
 def _status(view: PartitionView) -> Text:

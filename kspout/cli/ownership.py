@@ -46,7 +46,7 @@ class RebalanceError(KspoutError):
 @partition_options
 @click.option("--wait/--no-wait", default=True, help="Wait for the owners' acks (default).")
 @json_option
-def pause_command(
+def pause_partitions(
     config_path: str, chosen: tuple[int, ...], every: bool, wait: bool, as_json: bool
 ) -> None:
     """Stop planning new offsets on partitions; what runs there finishes and is committed."""
@@ -78,7 +78,9 @@ def pause_command(
 @config_option
 @partition_options
 @json_option
-def resume_command(config_path: str, chosen: tuple[int, ...], every: bool, as_json: bool) -> None:
+def resume_partitions(
+    config_path: str, chosen: tuple[int, ...], every: bool, as_json: bool
+) -> None:
     """Resume paused partitions (their owners plan them again)."""
     with kspout_errors():
         config = load_config(config_path)

@@ -29,11 +29,10 @@ from rich.table import Table
 from rich.text import Text
 
 from kspout.cli import main
-from kspout.cli.offsets import resume_command
 from kspout.cli.options import config_option, json_option
 from kspout.cli.views import PartitionMarks, age, iso, read_marks
 from kspout.config import TopicConfig, load_config
-from kspout.errors import KspoutError, TopicNotFound
+from kspout.errors import KspoutError, TopicNotFound, resume_command
 from kspout.kafka import KafkaMetadata
 from kspout.offsets import ZkOffsetStore, now_ms
 from kspout.ownership.tree import Ownership, Pause, read_ownership

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
+from kspout import streaming
+
 
 def spark_session(
     master: str | None = None, app_name: str = "kspout", conf: Mapping[str, str] | None = None
@@ -18,7 +20,8 @@ def spark_session(
     adds Spark settings.
     Workers start `python3` from PATH unless told otherwise, and that interpreter may lack
     confluent-kafka or kspout; so unless the environment already names one, the workers use
-    the driver's own interpreter.
+    the driver's own interpreter. A session made here can read `spark.readStream.format(
+    "kspout")` (`kspout.streaming`, with PySpark 4.2+).
     """
     active = SparkSession.getActiveSession()
     if active is not None:
@@ -36,4 +39,7 @@ def spark_session(
         master = "local[*]"  # not under spark-submit, which passes its own --master
     if master is not None:
         builder = builder.master(master)
-    return builder.getOrCreate()
+    session = builder.getOrCreate()
+    if streaming.supported():  # spark.readStream.format("kspout")
+        streaming.register(session)
+    return session

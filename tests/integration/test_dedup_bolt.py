@@ -20,7 +20,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
 from dedup import ClaimStatus, Effects, IdempotencyBolt, Settlement, SettleStatus
-from dedup.bolt import _store
+from dedup.bolt import worker_store
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack, RedisServer
 from kspout.driver import Driver, Progress
@@ -149,7 +149,7 @@ def test_a_live_lease_elsewhere_defers_without_spending_attempts_until_it_settle
     produce(producer, config.topic, {3: range(5)}, key=keyed)
     effect = f"{config.topic}:applied"
     bolt = IdempotencyBolt(Apply(effect), config)
-    store = _store(config, bolt.namespace)
+    store = worker_store(config, bolt.namespace)
     [other] = store.claim(["id-3-2"], owner="another task")
     assert other.status is ClaimStatus.CLAIMED
 
@@ -196,7 +196,7 @@ def test_what_redis_would_refuse_fails_that_message_alone_with_redis_reason(
     key, counter = f"{config.topic}:applied", f"{config.topic}:counter"
     redis_client.set(counter, 2**63 - 1)
     bolt = IdempotencyBolt(ApplyAndAdd(key, counter, {"id-2-4"}), config)
-    redis_client.hset(_store(config, bolt.namespace).key("id-2-1"), "not", "a record")
+    redis_client.hset(worker_store(config, bolt.namespace).key("id-2-1"), "not", "a record")
 
     progress = run(config, bolt, max_batches=50)
 

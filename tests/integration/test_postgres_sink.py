@@ -32,7 +32,7 @@ from dedup import (
     SettleStatus,
     ZkEpoch,
 )
-from dedup.bolt import _store
+from dedup.bolt import worker_store
 from dedup.postgres import FencedOut, FenceTableMissing, PostgresSink, SinkOutcome
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack, PostgresServer
@@ -354,7 +354,7 @@ def test_in_the_bolt_a_fenced_out_zombie_is_not_acked_and_the_newer_owner_settle
     produce(producer, config.topic, {0: range(10)}, key=lambda p, o: b"id-%d" % o)
     handler = SinkHandler(sink, tables, zombie_id="id-4")
     bolt = IdempotencyBolt(handler, config, namespace=namespace)
-    store = handler.store = _store(config, namespace)
+    store = handler.store = worker_store(config, namespace)
 
     with Driver(config, LocalExecutor(config, bolt)) as driver:
         progress = driver.run(until_caught_up=True)

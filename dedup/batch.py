@@ -1,0 +1,352 @@
+"""Exactly-once effects from a Structured Streaming query's `foreachBatch`.
+
+A query over `spark.readStream.format("kspout")` is at least once: a batch that fails, or whose
+query dies before Spark's commit log records it, runs again from the checkpoint. Its effects
+become exactly-once when each row's effects apply at most once, keyed by something that stays
+the same on every replay:
+
+* `key="id"`: the message id, per the topic file's `[dedup] id_source` (`dedup.ids`), so a
+  replay, and a message produced twice, applies once (within `[dedup] ttl`);
+* `key="offset"`: the Kafka record, `(topic, partition, offset)`, for messages without an id:
+  a replay applies once; a message produced twice applies twice.
+
+    from dedup.batch import ExactlyOnce
+
+    def apply(row, effects):        # row: a Row of the batch; effects: dedup.Effects
+        effects.hincrby("revenue", row.country, row.cents)
+
+    df.writeStream.foreachBatch(ExactlyOnce(apply, config)).option("checkpointLocation", ...)
+
+The rows stay on the executors: per Spark partition, in chunks of `CHUNK` rows, their ids are
+claimed in one Redis round trip, `apply` runs on the claimed ones, and they settle in one more,
+the Redis effects atomically with DONE (effects in PostgreSQL: `dedup.postgres.PostgresSink`,
+given `effects`). A row whose id is DONE is skipped (a duplicate). A row claimed elsewhere (a
+task of an earlier attempt of the batch, still running) is waited for: it ends DONE, or its
+lease runs out and it is claimed here. The batch fails, and Spark runs it again, when `apply`
+raised (`HandlerFailed`: that row runs again, the others are duplicates), when a settlement
+was not confirmed (`SettlementRefused`), and when a row has no id (`MissingMessageId`).
+
+The records live in the namespace `IdempotencyBolt` uses (the topic file's `spout_id` unless
+given), so a topic moved from `KafkaSpout.run` with the dedup bolt to a streaming query keeps
+its dedup window for `key="id"`. Offset ids have their own form, `~kafka:<topic>/<partition>/
+<offset>`, which no message id takes (`dedup.ids`: a text starting with `~` gets a second one,
+other kinds start with `~x`, or `~` and a digit or `-`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from itertools import islice
+from typing import TYPE_CHECKING, Literal
+
+from dedup.bolt import Effects, worker_store
+from dedup.ids import id_reader
+from dedup.store import Claim, ClaimStatus, DedupError, IdempotencyStore, Settlement, SettleStatus
+from kspout.config import TopicConfig
+from kspout.kafka import Record
+from kspout.outcomes import describe_error
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, Row
+
+log = logging.getLogger(__name__)
+
+Key = Literal["id", "offset"]
+Position = tuple[str, int, int]  # a row's (topic, partition, offset)
+RowHandler = Callable[["Row", Effects], object]
+
+CHUNK = 1000  # rows per claim and per settlement: two Redis round trips per 1,000 rows
+POLL = 0.5  # seconds between two claims of rows held by a live claim elsewhere
+POSITION = ("topic", "partition", "offset")  # columns every row needs (ids, errors)
+ID_COLUMN = {"key": "key", "header": "headers", "json": "value"}  # by `[dedup] id_source` kind
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+class BatchNotApplied(DedupError):
+    """Some rows of the batch were not applied: the batch must run again (raised out of
+    `foreachBatch`, it fails the query's batch; Spark runs it again from the checkpoint)."""
+
+
+class HandlerFailed(BatchNotApplied):
+    """The handler raised on a row: its id is FAILED and runs again with the batch."""
+
+    def __init__(self, id: str, position: Position, error: str, failed: int) -> None:
+        self.id = id
+        self.position = position  # (topic, partition, offset)
+        self.failed = failed  # rows of the chunk whose handler raised
+        super().__init__(
+            f"the handler raised on {_where(position)} (id {id!r}): {error}"
+            + (f" (and on {failed - 1} more rows)" if failed > 1 else "")
+            + "; the batch runs again: those rows run again, the others are duplicates"
+        )
+
+
+class SettlementRefused(BatchNotApplied):
+    """Redis did not confirm a row as DONE: another claim took it over, its record vanished,
+    or Redis rejected its record or effects (`reason`)."""
+
+    def __init__(self, id: str, position: Position, reason: str) -> None:
+        self.id = id
+        self.position = position
+        self.reason = reason
+        super().__init__(
+            f"{_where(position)} (id {id!r}) was not settled: {reason}; the batch runs again"
+        )
+
+
+class InFlightElsewhere(BatchNotApplied):
+    """A row stayed claimed by another live owner for two leases (a clock or lease setting
+    is off: a holder that died loses its lease within one): the batch runs again later."""
+
+    def __init__(self, id: str, waited: float) -> None:
+        self.id = id
+        self.waited = waited
+        super().__init__(
+            f"id {id!r} stayed in flight elsewhere for {waited:g}s, two [dedup] leases; the "
+            "batch runs again"
+        )
+
+
+class MissingMessageId(DedupError):
+    """A row has no message id per `[dedup] id_source`: fix the producer, or key by offset."""
+
+    def __init__(self, position: Position, why: str) -> None:
+        self.position = position
+        self.why = why
+        super().__init__(
+            f"{_where(position)}: {why}; such a message can never be applied: fix its producer, "
+            'or key the batch by offset (ExactlyOnce(..., key="offset"))'
+        )
+
+
+def _where(position: Position) -> str:
+    topic, partition, offset = position
+    return f"{topic}[{partition}]@{offset}"
+
+
+# -- applying rows -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What one call applied: rows run now, and rows found DONE already."""
+
+    applied: int = 0
+    duplicates: int = 0
+
+    def __add__(self, other: Applied) -> Applied:
+        return Applied(self.applied + other.applied, self.duplicates + other.duplicates)
+
+
+def offset_id(topic: str, partition: int, offset: int) -> str:
+    """The id of a Kafka record for `key="offset"`; no message id takes this form."""
+    return f"~kafka:{topic}/{partition}/{offset}"
+
+
+def _row_ids(key: Key, source: str, columns: frozenset[str]) -> Callable[[Row], str]:
+    """A function giving a row's id: its record's, or its message id per `source`."""
+    if key == "offset":
+        return lambda row: offset_id(*_position(row))
+    read = id_reader(source)
+
+    def message_id(row: Row) -> str:
+        position = _position(row)
+        headers = row["headers"] if "headers" in columns else None
+        record = Record(
+            *position,
+            row["key"] if "key" in columns else None,
+            row["value"] if "value" in columns else None,
+            -1,  # not needed for an id
+            tuple((h["key"], h["value"]) for h in headers or ()),
+        )
+        id_, why = read(record)
+        if id_ is None:
+            raise MissingMessageId(position, why)
+        return id_
+
+    return message_id
+
+
+def apply_rows(
+    rows: Iterable[Row],
+    handler: RowHandler,
+    config: TopicConfig,
+    *,
+    key: Key = "id",
+    columns: Iterable[str] = (*POSITION, "key", "value", "headers"),
+    namespace: str | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> Applied:
+    """Run `handler(row, effects)` at most once to completion per row's id, for rows of a
+    batch (in an executor, or collected on the driver). `columns` are the rows' columns."""
+    id_of = _row_ids(key, config.dedup.id_source, frozenset(columns))
+    store = worker_store(config, namespace or config.spout_id)
+    owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+    patience = 2 * config.dedup.lease  # a holder that died loses its lease within one
+    total = Applied()
+    it = iter(rows)
+    while chunk := list(islice(it, CHUNK)):
+        claimed = _claim(store, [id_of(row) for row in chunk], owner, patience, sleep, clock)
+        total += _run(store, chunk, claimed, handler)
+    return total
+
+
+def _claim(
+    store: IdempotencyStore,
+    ids: list[str],
+    owner: str,
+    patience: float,
+    sleep: Callable[[float], None],
+    clock: Callable[[], float],
+) -> list[tuple[str, Claim | None]]:
+    """Each id with its claim, None for a repeat of an id earlier in `ids` (a duplicate);
+    claims held by a live owner elsewhere are waited for, at most `patience` seconds."""
+    firsts = list(dict.fromkeys(ids))  # one claim per id: a repeat would defer against itself
+    claims = dict(zip(firsts, store.claim(firsts, owner), strict=True))
+    deadline = clock() + patience
+    while waiting := [i for i, c in claims.items() if c.status is ClaimStatus.DEFERRED]:
+        if clock() >= deadline:
+            raise InFlightElsewhere(waiting[0], patience)
+        sleep(min(POLL, max(claims[i].retry_after_ms for i in waiting) / 1000))
+        claims.update(zip(waiting, store.claim(waiting, owner), strict=True))
+    seen: set[str] = set()
+    out: list[tuple[str, Claim | None]] = []
+    for id_ in ids:
+        out.append((id_, None if id_ in seen else claims[id_]))
+        seen.add(id_)
+    return out
+
+
+def _run(
+    store: IdempotencyStore,
+    rows: Sequence[Row],
+    claimed: Sequence[tuple[str, Claim | None]],
+    handler: RowHandler,
+) -> Applied:
+    """Run the handler on the claimed rows, settle them in one call, raise if any failed."""
+    settlements: list[Settlement] = []
+    ran: list[Row] = []
+    failures: list[tuple[Row, str, str]] = []
+    refused: list[tuple[Row, str, str]] = []
+    duplicates = 0
+    for row, (id_, claim) in zip(rows, claimed, strict=True):
+        if claim is None or claim.status is ClaimStatus.DUPLICATE:
+            duplicates += 1
+            continue
+        if claim.status is ClaimStatus.REJECTED:
+            refused.append((row, id_, f"Redis rejected the claim: {claim.error}"))
+            continue
+        effects = Effects(store, id_, claim.token, claim.attempts)
+        try:
+            handler(row, effects)
+        except Exception as exc:
+            failures.append((row, id_, describe_error(exc)))
+            settlements.append(Settlement(id_, claim.token, False, describe_error(exc)))
+        else:
+            settlements.append(Settlement(id_, claim.token, True, None, effects.commands))
+        ran.append(row)
+    applied = 0
+    for row, item, (status, error) in zip(ran, settlements, store.settle(settlements), strict=True):
+        if status is SettleStatus.SETTLED:
+            applied += item.done
+        elif status is SettleStatus.STALE:
+            refused.append((row, item.id, "another claim holds it now (this one's lease ran out)"))
+        elif status is SettleStatus.LOST:
+            refused.append((row, item.id, "its record vanished from Redis"))
+        else:
+            refused.append((row, item.id, f"Redis rejected the settlement: {error}"))
+    if failures:
+        row, id_, error = failures[0]
+        raise HandlerFailed(id_, _position(row), error, len(failures))
+    if refused:
+        row, id_, reason = refused[0]
+        raise SettlementRefused(id_, _position(row), reason)
+    return Applied(applied, duplicates)
+
+
+def _position(row: Row) -> Position:
+    return row["topic"], row["partition"], row["offset"]
+
+
+# -- foreachBatch ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    """What a batch's tasks need, shipped to executors with each job."""
+
+    handler: RowHandler
+    config: TopicConfig
+    key: Key
+    namespace: str
+    columns: tuple[str, ...]
+
+
+def _apply_partition(spec: _Spec, rows: Iterable[Row]) -> Iterator[Applied]:
+    yield apply_rows(
+        rows,
+        spec.handler,
+        spec.config,
+        key=spec.key,
+        columns=spec.columns,
+        namespace=spec.namespace,
+    )
+
+
+class ExactlyOnce:
+    """A `foreachBatch` function that runs `handler(row, effects)` at most once per row's id.
+
+    `applied` and `duplicates` count the rows of every batch so far (on the driver).
+    """
+
+    def __init__(
+        self,
+        handler: RowHandler,
+        config: TopicConfig,
+        *,
+        key: Key = "id",
+        namespace: str | None = None,
+    ) -> None:
+        if key not in ("id", "offset"):
+            raise ValueError(f'key must be "id" or "offset", got {key!r}')
+        self.handler = handler
+        self.config = config
+        self.key: Key = key
+        self.namespace = namespace or config.spout_id
+        self.applied = 0
+        self.duplicates = 0
+
+    def needs(self) -> list[str]:
+        """The columns a batch must keep: the record's position, and for `key="id"` the one
+        the id comes from."""
+        kind = self.config.dedup.id_source.partition(":")[0]
+        return [*POSITION, *([ID_COLUMN[kind]] if self.key == "id" else [])]
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        """Apply one batch's rows on the executors; raises when some were not applied."""
+        missing = [c for c in self.needs() if c not in df.columns]
+        if missing:
+            raise ValueError(
+                f"the batch has no column {', '.join(missing)}: keep the stream's "
+                f"{', '.join(self.needs())} columns for ExactlyOnce(key={self.key!r})"
+            )
+        spec = _Spec(self.handler, self.config, self.key, self.namespace, tuple(df.columns))
+        done = sum(df.rdd.mapPartitions(partial(_apply_partition, spec)).collect(), Applied())
+        self.applied += done.applied
+        self.duplicates += done.duplicates
+        log.info(
+            "batch %d: %d rows applied, %d duplicates skipped",
+            batch_id,
+            done.applied,
+            done.duplicates,
+        )

@@ -1,0 +1,51 @@
+"""A topic as a Structured Streaming source: `spark.readStream.format("kspout")`.
+
+    kspout.register(spark)            # once per session; `kspout.spark.spark_session()` does it
+    df = spark.readStream.format("kspout").option("config", "orders.toml").load()
+
+Built on PySpark's Python Data Source API (PySpark 4.2 or later, with pyarrow). One module per
+job: `source` (the data source and its options), `reader` (what PySpark calls), `planner` (the
+driver side: batches' offsets, out-of-range policies, admission control), `watermarks` (asked
+at a bounded rate), `zk_copy` (the query's progress copied to ZooKeeper), `read` (the executor
+side: fetching a batch's ranges), `schema` (Spark's Kafka columns, as Arrow batches),
+`positions` (offsets as Spark checkpoints them). Spark's checkpoint is the source of truth for
+a query: it is at least once, and exactly-once effects come from `dedup.batch` in
+`foreachBatch`. Per-message retries and dead letters are what `KafkaSpout.run` is for.
+
+This package is imported without PySpark; `register` loads the source.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import TYPE_CHECKING
+
+from kspout.errors import KspoutError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+NEEDS = (4, 2)  # PySpark's `latestOffset(start, limit)` (admission control) came with 4.2
+
+
+def supported() -> bool:
+    """True when this PySpark can run the source: 4.2 or later, and pyarrow installed."""
+    import pyspark
+
+    major, minor = (int(part) for part in pyspark.__version__.split(".")[:2])
+    return (major, minor) >= NEEDS and importlib.util.find_spec("pyarrow") is not None
+
+
+def register(spark: SparkSession) -> None:
+    """Make `spark.readStream.format("kspout")` available in `spark`'s session."""
+    if not supported():
+        import pyspark
+
+        raise KspoutError(
+            f"the kspout streaming source needs PySpark {'.'.join(map(str, NEEDS))} or later and "
+            f"pyarrow (found PySpark {pyspark.__version__}): pip install 'kspout[spark]' "
+            "'pyspark>=4.2'"
+        )
+    from kspout.streaming.source import KspoutDataSource
+
+    spark.dataSource.register(KspoutDataSource)

@@ -1,0 +1,184 @@
+"""Driver side of the stream: where each batch begins and ends, per partition.
+
+PySpark keeps one stream reader per query in a long-lived Python process on the driver and
+asks it, in order: the initial offsets (a new query only), the end of the next batch from the
+end of the last one (`latest`, every few milliseconds while idle), and the tasks of a batch
+(`ranges`). Spark's checkpoint holds every batch's start and end, so this planner keeps only
+caches, and the ZooKeeper copy (`ZkCopy`).
+
+Where a partition's batch begins, per the PartitionManager's policies:
+
+* a new query starts each partition at the topic file's `start`; a partition added to the
+  topic later starts at its earliest offset (all it holds is newer than the query), as in
+  Spark's Kafka source;
+* a batch begins where the last one ended, unless Kafka no longer holds that offset (retention
+  deleted it, or the partition was recreated): then the `out_of_range` policy moves it, and
+  the offsets skipped are logged with their exact range and counted (`lost` in the ZooKeeper
+  record). Under `fail` the query stops with `StreamStopped`, which names the command that
+  moves the partition; an operator's move (`kspout offsets set`) is where the query resumes.
+
+A batch ends at the high watermark, or earlier under a read limit (`maxOffsetsPerTrigger`:
+split between partitions by `positions.admit`), or at the high watermark that
+`prepare_available_now` saw, for `Trigger.AvailableNow`, which then ends once every partition
+reached it.
+
+The end of a completed batch is copied to ZooKeeper when the next one is planned: `latest` is
+given it as its start, and PySpark asks for it only after the batch's commit log entry was
+written. PySpark's own `commit(end)` is no use for this: it comes one batch late, and not at all
+while the query is idle, so the last batch before a pause would never be copied.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from kspout.config import TopicConfig
+from kspout.errors import PartitionStopped
+from kspout.kafka import KafkaMetadata
+from kspout.lifecycle import Lifecycle
+from kspout.partition_manager import PartitionManager
+from kspout.policy import PositionKind
+from kspout.streaming.errors import StreamStopped
+from kspout.streaming.positions import Offsets, admit
+from kspout.streaming.read import KafkaRange
+from kspout.streaming.watermarks import ThrottledWatermarks
+from kspout.streaming.zk_copy import ZkCopy
+
+log = logging.getLogger(__name__)
+
+Bounds = dict[int, tuple[int, int]]  # partition -> (low, high)
+
+
+class StreamPlanner(Lifecycle):
+    """Plans one query's batches; connects to Kafka in `start()`, to ZooKeeper on first copy."""
+
+    def __init__(
+        self,
+        config: TopicConfig,
+        config_path: str,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._config = config
+        self._config_path = config_path
+        self._metadata = KafkaMetadata(config)
+        self._watermarks = ThrottledWatermarks(config, self._metadata, clock=clock)
+        self.copy = ZkCopy(config, lambda: self._metadata.leaders(config.topic), clock=clock)
+        self._target: Offsets | None = None  # Trigger.AvailableNow: where the run ends
+        # The last `latest` call: (start, watermarks, limit) -> end, and where each partition
+        # of that batch begins, keyed by its start, for `ranges`.
+        self._last: tuple[Offsets, Bounds, int | None, Offsets] | None = None
+        self._begins: dict[int, tuple[int | None, int]] = {}
+
+    def start(self) -> None:
+        self._metadata.start()
+
+    def close(self) -> None:
+        """Copy the last completed position, then disconnect."""
+        try:
+            self.copy.flush()
+        finally:
+            self.copy.close()
+            self._metadata.close()
+
+    def initial(self) -> Offsets:
+        """Where a new query starts: each partition at the topic file's `start`."""
+        position, topic = self._config.start, self._config.topic
+        return {p: self._metadata.resolve(position, topic, p) for p in self._watermarks.refresh()}
+
+    def prepare_available_now(self) -> None:
+        """`Trigger.AvailableNow`: read up to the high watermarks of now, then end."""
+        self._target = {p: high for p, (_, high) in self._watermarks.refresh().items()}
+
+    def latest(self, start: Offsets, max_rows: int | None) -> Offsets:
+        """The end of the batch after `start` (the end of the last completed batch); `start`
+        itself when there is nothing to read. Copies `start` to ZooKeeper."""
+        bounds = self._watermarks.get()
+        if self._last is not None and self._last[:3] == (start, bounds, max_rows):
+            if self._last[3] == start:
+                self.copy.flush()  # idle: a copy that failed is tried again
+            return dict(self._last[3])  # nothing changed since the last call
+        begins = {p: self._begin(p, start.get(p), low, high) for p, (low, high) in bounds.items()}
+        self._begins = {p: (start.get(p), b) for p, b in begins.items()}
+        ends = {p: high for p, (_, high) in bounds.items()}
+        if self._target is not None:  # partitions added since the run began wait for the next
+            ends = {p: self._target.get(p, begins[p]) for p in bounds}
+        shares = admit({p: max(0, ends[p] - b) for p, b in begins.items()}, max_rows)
+        end = start | {p: b + shares[p] for p, b in begins.items()}
+        # Completed: everything below `start`. A partition the policy moved is copied once a
+        # batch past the move completed (until then its record may hold an operator's move).
+        self.copy.offer({p: o for p, o in start.items() if begins.get(p, o) == o}, now=end == start)
+        self._last = (start, bounds, max_rows, end)
+        return dict(end)
+
+    def ranges(self, start: Offsets, end: Offsets) -> list[KafkaRange]:
+        """The tasks of the batch `[start, end)`: one per partition with offsets to read."""
+        bounds: Bounds | None = None
+        tasks = []
+        for p, stop in sorted(end.items()):
+            s = start.get(p)
+            known = self._begins.get(p)
+            if known is not None and known[0] == s:
+                begin = known[1]
+            else:  # a batch planned before a restart: Spark runs it again from its offset log
+                bounds = bounds or self._watermarks.get()
+                if p not in bounds:
+                    continue  # the partition is gone from the topic
+                begin = self._begin(p, s, *bounds[p])
+            if begin < stop:
+                tasks.append(KafkaRange(p, begin, stop))
+        return tasks
+
+    def highs(self) -> Offsets:
+        """The high watermarks as last asked (no query; {} before the first)."""
+        return {p: high for p, (_, high) in self._watermarks.known().items()}
+
+    def _begin(self, p: int, start: int | None, low: int, high: int) -> int:
+        """Where partition `p`'s batch begins when the last one ended at `start` (None: the
+        partition is new to the query)."""
+        if start is None:
+            return low
+        pm = PartitionManager(
+            self._config.partition_policy(), start, topic=self._config.topic, partition=p
+        )
+        if not pm.out_of_range(low, high):
+            return start
+        position = self._config.out_of_range
+        timestamp_offset = None
+        if position.kind is PositionKind.TIMESTAMP and position.timestamp_ms is not None:
+            timestamp_offset = self._metadata.offset_for_timestamp(
+                self._config.topic, p, position.timestamp_ms
+            )
+        try:
+            reset = pm.on_out_of_range(low, high, timestamp_offset=timestamp_offset)  # logs it
+        except PartitionStopped:
+            return self._resume_or_stop(p, start, low, high)
+        assert reset is not None  # out of range, so the policy moved it
+        if reset.lost_count:
+            self.copy.count_lost(p, reset.lost_count)
+        return reset.new_start
+
+    def _resume_or_stop(self, p: int, start: int, low: int, high: int) -> int:
+        """Under `fail`: resume where an operator moved the partition, or stop the query."""
+        moved = self.copy.operator_move(p)
+        if moved is not None and low <= moved <= high:
+            log.warning(
+                "%s[%d]: offset %d is out of range (Kafka holds [%d, %d)); resuming at %d, "
+                "where an operator moved it; lost %d offsets [%d, %d)",
+                self._config.topic,
+                p,
+                start,
+                low,
+                high,
+                moved,
+                max(0, moved - start),
+                start,
+                max(start, moved),
+            )
+            if moved > start:
+                self.copy.count_lost(p, moved - start)
+            return moved
+        self.copy.stop(p, start, f"offset {start} is out of range; Kafka holds [{low}, {high})")
+        raise StreamStopped(self._config.topic, p, start, low, high, self._config_path) from None

@@ -1,0 +1,65 @@
+"""The topic's partitions and their watermarks for the stream's planner, asked at a bounded rate.
+
+PySpark calls `latestOffset` every few milliseconds while a query is idle, and a watermark query
+is a broker round trip per partition: answering every call fresh would keep the brokers busy for
+nothing. So the watermarks are asked again at most every `interval` seconds, and the partition
+list (to find partitions added to the topic) every `partition_refresh` seconds of the topic file.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from kspout.config import TopicConfig
+from kspout.errors import TopicNotFound
+from kspout.kafka import KafkaMetadata
+
+# Seconds between two watermark queries: a trigger sees new records at most this late, and an
+# idle query costs one round trip per partition this often.
+INTERVAL = 0.5
+
+
+class ThrottledWatermarks:
+    """`(low, high)` of every partition of the topic, at most `interval` seconds old."""
+
+    def __init__(
+        self,
+        config: TopicConfig,
+        metadata: KafkaMetadata,
+        *,
+        interval: float = INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._config = config
+        self._metadata = metadata
+        self._interval = interval
+        self._clock = clock
+        self._partitions: list[int] = []
+        self._listed_at = float("-inf")
+        self._known: dict[int, tuple[int, int]] = {}
+        self._asked_at = float("-inf")
+
+    def get(self) -> dict[int, tuple[int, int]]:
+        """Each partition's `(low, high)`, asked again when the last answer is `interval` old."""
+        if self._clock() - self._asked_at >= self._interval:
+            self.refresh()
+        return dict(self._known)
+
+    def refresh(self) -> dict[int, tuple[int, int]]:
+        """Each partition's `(low, high)` asked of Kafka now; `TopicNotFound` when the topic
+        has no partitions."""
+        now = self._clock()
+        if now - self._listed_at >= self._config.partition_refresh:
+            partitions = self._metadata.partitions(self._config.topic)
+            if not partitions:
+                raise TopicNotFound(self._config.topic, self._config.brokers)
+            self._partitions, self._listed_at = partitions, now
+        topic = self._config.topic
+        self._known = {p: self._metadata.watermarks(topic, p) for p in self._partitions}
+        self._asked_at = now
+        return dict(self._known)
+
+    def known(self) -> dict[int, tuple[int, int]]:
+        """The last answer, without asking ({} before the first)."""
+        return dict(self._known)
