@@ -25,6 +25,7 @@ from kspout.errors import (
     OffsetConflict,
     OffsetRecordExists,
     OffsetRecordInvalid,
+    OwnershipLost,
     TopicMismatch,
     ZooKeeperAccessDenied,
     ZooKeeperUnavailable,
@@ -142,6 +143,31 @@ def test_compare_and_set_fences_the_second_writer(make_config: Callable[..., Top
         assert caught.value.expected_version == version
         stored = first.read(1)
         assert stored is not None and stored.offset == 20
+
+
+def test_a_commit_is_refused_once_the_claim_is_gone_or_taken(
+    make_config: Callable[..., TopicConfig], zk: KazooClient
+) -> None:
+    """The two halves of the fence (kspout.ownership): a commit checks its claim in the same
+    transaction, and a claim rewrites the record, so the former owner's version is stale even
+    before the new owner's first commit."""
+    config = make_config()
+    fence = f"{config.zk_spout_path}/owners/partition_0"
+    with ZkOffsetStore(config, instance_id="a") as a, ZkOffsetStore(config, instance_id="b") as b:
+        claimed = a.claim(0, fence, b'{"instance": "a"}', lambda: 5)
+        assert claimed is not None and claimed.offset == 5
+        version = a.commit(0, 7, version=claimed.version, fence=fence)
+        assert b.claim(0, fence, b'{"instance": "b"}', lambda: 0) is None  # a holds it
+
+        zk.delete(fence)  # a's session expired: ZooKeeper removed its claim
+        with pytest.raises(OwnershipLost):
+            a.commit(0, 8, version=version, fence=fence)
+        taken = b.claim(0, fence, b'{"instance": "b"}', lambda: 0)
+        assert taken is not None and taken.offset == 7  # b resumes from a's last commit
+        with pytest.raises(OffsetConflict):  # the claim node exists again, but not for a
+            a.commit(0, 8, version=version, fence=fence)
+        assert b.commit(0, 9, version=taken.version, fence=fence) == taken.version + 1
+        assert a.read(0) is not None and a.read(0).offset == 9  # type: ignore[union-attr]
 
 
 def test_create_when_record_exists_conflicts(make_config: Callable[..., TopicConfig]) -> None:
