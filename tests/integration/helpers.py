@@ -3,14 +3,16 @@ watermarks and the commit points stored in ZooKeeper, running `kspout run` proce
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
@@ -172,3 +174,32 @@ def wait_until_handled(proc: subprocess.Popen[bytes], log: Path, count: int) -> 
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "no progress within 30 s"
         time.sleep(0.05)
+
+
+@contextmanager
+def spawned(argv: list[str], cwd: Path, env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
+    """A process with stdout and stderr piped, killed at the end of the block if it still runs."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def run_until_caught_up(
+    argv: list[str], cwd: Path, env: dict[str, str], timeout: float
+) -> dict[str, Any]:
+    """`kspout run ... --until-caught-up --json` to the end; its final report (exit 0 asserted)."""
+    done = subprocess.run(
+        [*argv, "--until-caught-up", "--json"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report

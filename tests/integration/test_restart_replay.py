@@ -8,10 +8,8 @@ commit point back while the offsets above it are acked, as a poison message does
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
 import textwrap
 import time
 from collections.abc import Callable
@@ -22,7 +20,14 @@ from confluent_kafka import Producer
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
 from kspout.offsets import StoredOffset, ZkOffsetStore
-from tests.integration.helpers import PARTITIONS, ZK_ROOT, kspout_command, produce
+from tests.integration.helpers import (
+    PARTITIONS,
+    ZK_ROOT,
+    kspout_command,
+    produce,
+    run_until_caught_up,
+    spawned,
+)
 
 PER_PARTITION = 3000
 HANDLER = """\
@@ -94,10 +99,7 @@ def test_a_restart_after_sigkill_replays_only_what_was_unfinished(
         "restart_handler:handle",
     ]
 
-    first = subprocess.Popen(
-        argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    try:
+    with spawned(argv, tmp_path, env) as first:
         deadline = time.monotonic() + 60
         while len(handled(log)) < PER_PARTITION * len(PARTITIONS) // 2:
             assert first.poll() is None, first.communicate()
@@ -105,10 +107,6 @@ def test_a_restart_after_sigkill_replays_only_what_was_unfinished(
             time.sleep(0.05)
         first.send_signal(signal.SIGKILL)  # mid-run: no drain, no final commit
         first.wait(timeout=10)
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.wait()
     assert first.returncode == -signal.SIGKILL
     run1 = set(handled(log))
     with ZkOffsetStore(config) as store:
@@ -119,15 +117,7 @@ def test_a_restart_after_sigkill_replays_only_what_was_unfinished(
 
     log.unlink()
     env["FAILING"] = "0"
-    second = subprocess.run(
-        [*argv, "--until-caught-up", "--json"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        timeout=120,
-        check=False,
-    )
-    assert second.returncode == 0, second.stderr.decode()
+    report = run_until_caught_up(argv, tmp_path, env, timeout=120)
     run2 = handled(log)
     again = set(run2) & run1
 
@@ -138,7 +128,6 @@ def test_a_restart_after_sigkill_replays_only_what_was_unfinished(
     )
     assert again == unfinished, "processed again == unfinished at the last commit, exactly"
     assert len(unfinished) * 10 < len(above), "far fewer than everything above the commit point"
-    report = json.loads(second.stdout)
     assert report["totals"]["restored"] == len(above) - len(unfinished)
     assert report["lag"] == 0
     # Nothing lost: every offset was processed by one run or the other.

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import threading
 import time
 import uuid
@@ -38,6 +37,8 @@ from tests.integration.helpers import (
     handled_lines,
     prepare_kspout_run,
     produce,
+    run_until_caught_up,
+    spawned,
     stored,
     topic_file,
     value_of,
@@ -436,17 +437,10 @@ def test_kspout_run_stops_on_sigint_and_commits_what_was_handled(
     produce(producer, config.topic, {p: range(250) for p in PARTITIONS})
     argv, env, log = prepare_kspout_run(stack, config, tmp_path, pause=0.005)
 
-    proc = subprocess.Popen(
-        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-    try:
+    with spawned(argv, tmp_path, env) as proc:
         wait_until_handled(proc, log, 150)
         proc.send_signal(signal.SIGINT)
         _out, err = proc.communicate(timeout=30)  # it stops after the batch in flight
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0, err.decode()
 
     handled = handled_lines(log)
@@ -460,16 +454,7 @@ def test_kspout_run_stops_on_sigint_and_commits_what_was_handled(
         assert mine == list(range(len(mine)))
 
     env["HANDLER_PAUSE"] = "0"
-    done = subprocess.run(
-        [*argv, "--until-caught-up", "--json"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr.decode()
-    report = json.loads(done.stdout)
+    report = run_until_caught_up(argv, tmp_path, env, timeout=60)
     rows = {row["partition"]: row for row in report["partitions"]}
     assert sorted(rows) == list(PARTITIONS)
     for p in PARTITIONS:
@@ -490,19 +475,12 @@ def test_kspout_run_commits_every_commit_interval_while_it_runs(
     produce(producer, config.topic, {p: range(250) for p in PARTITIONS})
     argv, env, log = prepare_kspout_run(stack, config, tmp_path, pause=0.005)
 
-    proc = subprocess.Popen(
-        argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    try:
+    with spawned(argv, tmp_path, env) as proc:
         wait_until_handled(proc, log, 150)
         time.sleep(1.5)  # three commit intervals of work (not synchronisation)
         assert proc.poll() is None, proc.communicate()  # still running: it never exited cleanly
         proc.kill()
         proc.wait(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == -signal.SIGKILL
 
     handled = handled_lines(log)

@@ -19,6 +19,7 @@ from tests.integration.helpers import (
     handled_lines,
     prepare_kspout_run,
     produce,
+    spawned,
     stored,
     wait_until_handled,
 )
@@ -43,15 +44,10 @@ DRAIN_LIMIT = 60.0
 def terminate_and_check(proc: subprocess.Popen[bytes], log: Path, config: TopicConfig) -> str:
     """SIGTERM once some records were handled; the process exits 0 and has committed exactly
     what its handler finished. Returns its stderr."""
-    try:
-        wait_until_handled(proc, log, 0)  # started (Spark takes a while)
-        wait_until_handled(proc, log, 150)
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=DRAIN_LIMIT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    wait_until_handled(proc, log, 0)  # started (Spark takes a while)
+    wait_until_handled(proc, log, 150)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=DRAIN_LIMIT)
     assert proc.returncode == 0, f"exit {proc.returncode}: {err.decode()[-3000:]}"
 
     handled = handled_lines(log)
@@ -74,10 +70,8 @@ def test_kspout_run_drains_and_commits_on_sigterm(
     config = make_config()
     produce(producer, config.topic, {p: range(250) for p in PARTITIONS})
     argv, env, log = prepare_kspout_run(stack, config, tmp_path, pause=0.005)
-    proc = subprocess.Popen(
-        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-    output = terminate_and_check(proc, log, config)
+    with spawned(argv, tmp_path, env) as proc:
+        output = terminate_and_check(proc, log, config)
     assert "SIGTERM: stopping after the batches in flight" in output
 
 
@@ -92,14 +86,8 @@ def test_kafka_spout_on_spark_drains_and_commits_on_sigterm(
     (tmp_path / "spout_job.py").write_text(SPOUT_SCRIPT)
     env["PYTHONPATH"] = f"{tmp_path}:{env.get('PYTHONPATH', '')}"  # Spark's workers import it
     toml = argv[argv.index("--config") + 1]
-    proc = subprocess.Popen(
-        [sys.executable, "spout_job.py", toml],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    output = terminate_and_check(proc, log, config)
+    with spawned([sys.executable, "spout_job.py", toml], tmp_path, env) as proc:
+        output = terminate_and_check(proc, log, config)
     assert "acked" in output
 
 
@@ -112,10 +100,7 @@ def test_a_second_sigterm_stops_kspout_run_without_draining(
     config = make_config()
     produce(producer, config.topic, {p: range(25) for p in PARTITIONS})
     argv, env, log = prepare_kspout_run(stack, config, tmp_path, pause=1.0)
-    proc = subprocess.Popen(
-        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-    try:
+    with spawned(argv, tmp_path, env) as proc:
         wait_until_handled(proc, log, 0)
         proc.send_signal(signal.SIGTERM)
         # One more record handled: the handler runs in the main thread, so the first signal's
@@ -123,10 +108,6 @@ def test_a_second_sigterm_stops_kspout_run_without_draining(
         wait_until_handled(proc, log, len(handled_lines(log)))
         proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=DRAIN_LIMIT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 1, err.decode()[-3000:]
     assert "Aborted" in err.decode()
     handled = handled_lines(log)
