@@ -57,7 +57,7 @@ from typing import Final, TypeAlias
 from kspout.errors import PartitionStopped
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
 from kspout.policy import BehindPolicy, ExhaustedPolicy, PartitionPolicy, PositionKind
-from kspout.spans import SpanMap
+from kspout.spans import SpanMap, runs
 
 log = logging.getLogger(__name__)
 
@@ -553,14 +553,14 @@ class PartitionManager:
 
     def ack_many(self, offsets: Iterable[int]) -> None:
         """Ack a batch of offsets; contiguous runs are applied as ranges."""
-        for lo, hi in _runs(offsets):
+        for lo, hi in runs(offsets):
             self._ack_range(lo, hi, duplicate=False)
 
     def fail_many(
         self, offsets: Iterable[int], reason: FailReason, error: str | None = None
     ) -> None:
         """Fail a batch of offsets (at their current attempts); runs are applied as ranges."""
-        for lo, hi in _runs(offsets):
+        for lo, hi in runs(offsets):
             self._fail_range(lo, hi, reason, error, None)
 
     def apply(self, outcomes: Sequence[Outcome], *, epoch: int) -> None:
@@ -631,7 +631,7 @@ class PartitionManager:
 
     def dead_lettered(self, offsets: Iterable[int]) -> None:
         """The dead-letter records for these offsets are durable: they are finished."""
-        for lo, hi in _runs(offsets):
+        for lo, hi in runs(offsets):
             for a, b, value in self._map.spans(lo, hi):
                 if isinstance(value, DeadLetterPending):
                     self._map.assign(a, b, DONE)
@@ -640,7 +640,7 @@ class PartitionManager:
 
     def dead_letter_failed(self, offsets: Iterable[int]) -> None:
         """Writing these dead letters failed: hand them out again later."""
-        for lo, hi in _runs(offsets):
+        for lo, hi in runs(offsets):
             for a, b, value in self._map.spans(lo, hi):
                 if isinstance(value, DeadLetterPending) and value.handed:
                     again = DeadLetterPending(
@@ -891,21 +891,6 @@ class PartitionManager:
             )
         else:
             self._map.assign(lo, hi, DeadLetterPending(attempts, reason, error, cause, False))
-
-
-def _runs(offsets: Iterable[int]) -> Iterator[tuple[int, int]]:
-    """Coalesce ascending offsets into half-open runs `[lo, hi)`."""
-    it = iter(offsets)
-    try:
-        lo = prev = next(it)
-    except StopIteration:
-        return
-    for o in it:
-        if o != prev + 1:
-            yield lo, prev + 1
-            lo = o
-        prev = o
-    yield lo, prev + 1
 
 
 def _clip_lost(ranges: list[tuple[int, int]], target: int, high: int) -> list[tuple[int, int]]:

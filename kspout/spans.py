@@ -13,7 +13,7 @@ sentinel), which makes merging an `is` test instead of a field-by-field comparis
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Generic, TypeVar
 
 V = TypeVar("V")
@@ -173,3 +173,18 @@ class SpanMap(Generic[V]):
         if k:
             del starts[:k]
             del values[:k]
+
+
+def runs(offsets: Iterable[int]) -> Iterator[tuple[int, int]]:
+    """Coalesce ascending offsets into half-open runs `[lo, hi)`."""
+    it = iter(offsets)
+    try:
+        lo = prev = next(it)
+    except StopIteration:
+        return
+    for o in it:
+        if o != prev + 1:
+            yield lo, prev + 1
+            lo = o
+        prev = o
+    yield lo, prev + 1

@@ -42,6 +42,7 @@ from kspout.kafka.deadletter import FLUSH_MARGIN
 from kspout.lifecycle import Lifecycle
 from kspout.outcomes import describe_error
 from kspout.partition_manager import DeadLetterTicket
+from kspout.spans import runs
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +64,7 @@ class DeadLetterOutcome:
 
 def offset_runs(offsets: Iterable[int]) -> list[tuple[int, int]]:
     """Offsets (any order, repeats allowed) as sorted, disjoint half-open runs `[lo, hi)`."""
-    runs: list[tuple[int, int]] = []
-    for o in sorted(set(offsets)):
-        if runs and runs[-1][1] == o:
-            runs[-1] = (runs[-1][0], o + 1)
-        else:
-            runs.append((o, o + 1))
-    return runs
+    return list(runs(sorted(set(offsets))))
 
 
 @dataclass(slots=True)

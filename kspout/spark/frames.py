@@ -44,6 +44,7 @@ from pyspark.sql.types import (
 from kspout.config import TopicConfig
 from kspout.kafka import FetchResult, KafkaMetadata, Record
 from kspout.outcomes import FailReason, Outcome, OutcomeKind, describe_error
+from kspout.spans import runs
 from kspout.spark.jobs import SparkJobs
 from kspout.spark.worker import fetcher_for
 from kspout.tasks import CUT_SHORT, PartitionTask, TaskResult
@@ -113,7 +114,7 @@ class Unfetched:
         missing = _union(fetched.missing)
         if fetched.out_of_range is None:  # every requested offset was returned or is missing
             return cls((), missing, None)
-        got = _union(_runs(record.offset for record in fetched.records), missing)
+        got = _union(runs(record.offset for record in fetched.records), missing)
         cut = tuple((lo, hi) for lo, hi, _ in _subtract(spans, got))
         return cls(cut, missing, fetched.out_of_range)
 
@@ -288,17 +289,6 @@ def _settled(
 
 
 # -- ranges: sorted, disjoint, half-open ---------------------------------------------------------
-
-
-def _runs(offsets: Iterable[int]) -> list[tuple[int, int]]:
-    """Ascending offsets as ranges of consecutive ones."""
-    runs: list[tuple[int, int]] = []
-    for offset in offsets:
-        if runs and runs[-1][1] == offset:
-            runs[-1] = (runs[-1][0], offset + 1)
-        else:
-            runs.append((offset, offset + 1))
-    return runs
 
 
 def _union(*parts: Iterable[tuple[int, int]]) -> Ranges:
