@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kspout.errors import OffsetConflict
@@ -38,8 +39,26 @@ RESUME_POLL = 2.0
 Held = tuple[int, tuple[Range, ...], int | None]
 
 
+@dataclass(slots=True)
+class _Record:
+    """What this instance knows of one partition's record, as last read or written."""
+
+    version: int | None  # the znode version to compare-and-set against (None: no record yet)
+    mark: str | None  # the stop mark it holds
+    held: Held | None  # commit point, finished runs, cut (None: no record yet)
+    advanced_at: int  # wall ms the commit point last moved
+    history: tuple[Checkpoint, ...]
+    written_at: float  # clock time it was last written (a commit, the claim, an operator)
+    seen: tuple[int, int, int] | None = None  # (commit point, epoch, finished) `held` is from
+
+    @property
+    def offset(self) -> int | None:
+        """The commit point it holds."""
+        return None if self.held is None else self.held[0]
+
+
 class Committer:
-    """Writes commit points; knows the versions and the offsets last written.
+    """Writes commit points; knows, per partition, the record as last read or written.
 
     `window` (seconds) is the chain's replay window: when set, records keep the checkpoints
     that tell how long ago offsets were finished. `fence(partition)` names the claim node every
@@ -59,41 +78,43 @@ class Committer:
         self._clock = clock
         self._leaders = leaders
         self._window = window
-        self.versions: dict[int, int | None] = {}
-        self.committed: dict[int, int | None] = {}
-        self._marks: dict[int, str | None] = {}
-        self._held: dict[int, Held | None] = {}
-        self._seen: dict[int, tuple[int, int, int]] = {}  # what `_held` was computed from
-        self._advanced_at: dict[int, int] = {}  # wall ms the commit point last moved
-        self._history: dict[int, tuple[Checkpoint, ...]] = {}
-        # Clock time each record was last written (by a commit, the claim, an operator's move).
-        self.written_at: dict[int, float] = {}
+        self._records: dict[int, _Record] = {}
         self._polled_at = float("-inf")
 
     def track(self, partition: int, stored: StoredOffset | None) -> None:
-        """A partition's stored record as found on start (None: there is none yet)."""
-        self._seen.pop(partition, None)
-        self.written_at[partition] = self._clock()  # just written: by a claim, or an operator
+        """A partition's stored record as found on start or claim (None: there is none)."""
+        now = self._clock()  # just written: by a claim, or an operator
         if stored is None:
-            self.committed[partition] = self.versions[partition] = None
-            self._marks[partition] = self._held[partition] = None
-            self._advanced_at[partition] = now_ms()
-            self._history[partition] = ()
+            self._records[partition] = _Record(None, None, None, now_ms(), (), now)
             return
-        self.committed[partition] = stored.offset
-        self.versions[partition] = stored.version
-        self._marks[partition] = stored.stopped
-        self._held[partition] = (stored.offset, stored.done, stored.done_cut)
-        self._advanced_at[partition] = stored.advanced_at or now_ms()
-        self._history[partition] = stored.history
+        self._records[partition] = _Record(
+            stored.version,
+            stored.stopped,
+            (stored.offset, stored.done, stored.done_cut),
+            stored.advanced_at or now_ms(),
+            stored.history,
+            now,
+        )
 
     def forget(self, partition: int) -> None:
         """The partition left this instance."""
-        for known in (self.versions, self.committed, self._marks, self._held, self._seen):
-            known.pop(partition, None)
-        self._advanced_at.pop(partition, None)
-        self._history.pop(partition, None)
-        self.written_at.pop(partition, None)
+        self._records.pop(partition, None)
+
+    def committed(self, partition: int) -> int | None:
+        """The commit point the partition's record holds (None: no record yet)."""
+        return self._records[partition].offset
+
+    def committed_points(self) -> dict[int, int | None]:
+        """Every tracked partition's commit point."""
+        return {p: record.offset for p, record in self._records.items()}
+
+    def version(self, partition: int) -> int | None:
+        """The znode version last read or written."""
+        return self._records[partition].version
+
+    def written_at(self, partition: int) -> float:
+        """Clock time the record was last written."""
+        return self._records[partition].written_at
 
     def commit(
         self, pms: Mapping[int, PartitionManager], stopped: Mapping[int, str]
@@ -103,54 +124,54 @@ class Committer:
         refused: list[tuple[int, OffsetConflict]] = []
         leaders = self._leaders()
         for p, pm in pms.items():
+            record = self._records[p]
             mark = stopped.get(p)
-            if mark is not None and mark == self._marks[p]:
+            if mark is not None and mark == record.mark:
                 continue  # a stopped record is the operator's to change now
             # Nothing finished and the commit point stood still: the record is as written
             # (saves listing the runs of a thousand quiet partitions every commit).
             seen = (pm.commit_point, pm.epoch, pm.finished_total)
-            if mark == self._marks[p] and seen == self._seen.get(p):
+            if mark == record.mark and seen == record.seen:
                 continue
             offset = pm.commit_point
             spans, cut = pm.finished_spans(MAX_DONE_SPANS)
             held: Held = (offset, tuple(spans), cut)
-            if mark == self._marks[p] and held == self._held[p]:
-                self._seen[p] = seen
+            if mark == record.mark and held == record.held:
+                record.seen = seen
                 continue
             try:
-                self.versions[p] = self._store.commit(
+                record.version = self._store.commit(
                     p,
                     offset,
-                    version=self.versions[p],
+                    version=record.version,
                     broker=leaders.get(p, ("", -1)),
-                    extra=self._fields(p, pm, spans, cut),
+                    extra=self._fields(record, pm, spans, cut),
                     stopped=mark,
                     fence=None if self._fence is None else self._fence(p),
                 )
             except OffsetConflict as exc:
                 refused.append((p, exc))
                 continue
-            self.committed[p], self._marks[p], self._held[p] = offset, mark, held
-            self._seen[p] = seen
-            self.written_at[p] = self._clock()
+            record.mark, record.held, record.seen = mark, held, seen
+            record.written_at = self._clock()
         return refused
 
     def _fields(
-        self, p: int, pm: PartitionManager, spans: list[Range], cut: int | None
+        self, record: _Record, pm: PartitionManager, spans: list[Range], cut: int | None
     ) -> dict[str, Any]:
         """What the record keeps under `kspout` besides the stamps (module docstring)."""
         now, offset, emitted = now_ms(), pm.commit_point, pm.emitted_to
-        if offset != self.committed[p]:
-            self._advanced_at[p] = now
+        if offset != record.offset:
+            record.advanced_at = now
         fields = {
             **encode_done(offset, spans, cut),
             "emitted": emitted,
-            "advanced_at": self._advanced_at[p],
+            "advanced_at": record.advanced_at,
         }
         if self._window is not None:
             checkpoint = Checkpoint(now, offset, emitted)
-            self._history[p] = next_history(self._history[p], checkpoint, self._window)
-            fields.update(history_fields(self._history[p], self._window))
+            record.history = next_history(record.history, checkpoint, self._window)
+            fields.update(history_fields(record.history, self._window))
         return fields
 
     def moved(self, stopped: Mapping[int, str]) -> dict[int, int]:
@@ -162,7 +183,7 @@ class Committer:
         out = {}
         for p in stopped:
             record = self._store.read(p)
-            if record is None or record.version == self.versions[p] or record.stopped:
+            if record is None or record.version == self.version(p) or record.stopped:
                 continue
             out[p] = record.offset
             self.track(p, record)

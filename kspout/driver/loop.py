@@ -398,7 +398,7 @@ class Driver(Lifecycle):
         progress = self.progress()
         self._store.report_instance({"report": instance_report(progress)})
         self._metrics.publish(progress)
-        self._group_mirror.mirror(self._committer.committed)
+        self._group_mirror.mirror(self._committer.committed_points())
 
     # -- ownership ---------------------------------------------------------------------------
 
@@ -494,7 +494,7 @@ class Driver(Lifecycle):
     def _reload_if_moved(self, p: int) -> None:
         """Start over from the record if an operator moved it while the partition was paused."""
         record = self._store.read(p)
-        if record is None or record.version == self._committer.versions.get(p):
+        if record is None or record.version == self._committer.version(p):
             log.warning("%s[%d] resumed", self.config.topic, p)
             return
         abandoned = self._pms[p].restart_at(record.offset)
@@ -518,14 +518,14 @@ class Driver(Lifecycle):
                     p,
                     pm.stats(),
                     *self._watermarks.known(p),
-                    self._committer.committed[p],
+                    self._committer.committed(p),
                     None if breaker.state is BreakerState.CLOSED else breaker,
                     self._out_of_range.stopped.get(p),
                     self._stalls.stalls.get(p, 0),
                     self._stalls.stuck_for(p, pm),
                     p in self._membership.paused,
                     p in self._releasing,
-                    committed_at=self._committer.written_at[p],
+                    committed_at=self._committer.written_at(p),
                 )
             )
         return Progress(
