@@ -164,10 +164,6 @@ class SparkStandalone(Lifecycle):
         return f"http://{LOOPBACK}:{self._port('master_webui')}"
 
     @property
-    def worker_web_url(self) -> str:
-        return f"http://{LOOPBACK}:{self._port('worker_webui_0')}"
-
-    @property
     def master_log(self) -> Path:
         return self._master.log_path
 

@@ -198,10 +198,6 @@ class Membership:
         self._lost.clear()
         return True
 
-    def wake(self) -> None:
-        """Read the tree again at the next poll (a claim was busy, a pause changed)."""
-        self._changed.set()
-
     # -- kazoo callbacks (its event thread: never block) -------------------------------------
 
     def _children_changed(self, _children: list[str]) -> None:
