@@ -201,6 +201,10 @@ class TopicConfig(_Section):
     max_uncommitted: int | None = Field(PartitionPolicy().max_uncommitted, gt=0)
     batch_size: int = Field(10_000, gt=0)
     max_batches_in_flight: int = Field(2, gt=0)
+    # none: Storm's semantics (batches of a partition overlap, retries reorder); key: a record
+    # waits while an earlier record with its key is unfinished (kspout.ordering).
+    ordering: Literal["none", "key"] = "none"
+    max_tasks_per_partition: int = Field(1, gt=0)  # with ordering = key: split by key hash
     commit_interval: float = Field(5.0, gt=0)
     fetch_timeout: float = Field(30.0, gt=0)
     dead_letter_topic: str | None = None
@@ -238,6 +242,15 @@ class TopicConfig(_Section):
     def _dlq_differs(self) -> TopicConfig:
         if self.dead_letter_topic == self.topic:
             raise ValueError("dead_letter_topic must differ from topic")
+        return self
+
+    @model_validator(mode="after")
+    def _split_needs_key_order(self) -> TopicConfig:
+        if self.max_tasks_per_partition > 1 and self.ordering != "key":
+            raise ValueError(
+                "max_tasks_per_partition > 1 splits a partition by key hash and needs "
+                'ordering = "key" (with ordering = "none", raise max_batches_in_flight instead)'
+            )
         return self
 
     # -- derived values ---------------------------------------------------------------------

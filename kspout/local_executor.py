@@ -16,6 +16,7 @@ from kspout.bolts import RootKey, TaskContext, Tuple
 from kspout.channel.reporter import ChannelAddress
 from kspout.config import TopicConfig
 from kspout.kafka import PartitionFetcher
+from kspout.ordering import check_runs_in_order
 from kspout.tasks import PartitionTask, TaskResult, run_task
 from kspout.topology import (
     ChainItem,
@@ -38,6 +39,7 @@ class LocalExecutor:
     ) -> None:
         self._config = config
         self._topology = chain if isinstance(chain, Topology) else Topology.of(chain)
+        check_runs_in_order(config.ordering, per_record=self._topology.handler is not None)
         self._fetcher = PartitionFetcher(config)
         self._started = False
         self._batches = 0

@@ -713,6 +713,11 @@ class PartitionManager:
 
     # -- internals ---------------------------------------------------------------------------
 
+    def unfinished_below(self, hi: int) -> list[tuple[int, int]]:
+        """The runs not finished between the commit point and `hi` (what holds back a key
+        under `ordering = key`)."""
+        return self._unfinished(self.commit_point, hi)
+
     def _unfinished(self, lo: int, hi: int) -> list[tuple[int, int]]:
         out: list[tuple[int, int]] = []
         for a, b, value in self._map.spans(lo, hi):

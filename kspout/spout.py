@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from kspout.config import TopicConfig, load_config
 from kspout.driver import Driver, Progress
+from kspout.ordering import check_runs_in_order
 from kspout.stopping import stop_on_signals
 from kspout.tasks import Executor
 from kspout.topology import ChainItem, Topology
@@ -82,6 +83,7 @@ class KafkaSpout:
         from kspout.spark import SparkExecutor
 
         topology = chain if isinstance(chain, Topology) else Topology.of(chain)
+        check_runs_in_order(self.config.ordering, per_record=topology.handler is not None)
         executor = SparkExecutor(self.spark, self.config, topology)
         return self._drive(
             self.config,
@@ -109,6 +111,7 @@ class KafkaSpout:
         """
         from kspout.spark import FrameExecutor
 
+        check_runs_in_order(self.config.ordering, per_record=False)
         config = self.config.model_copy(update={"max_batches_in_flight": 1})
         executor = FrameExecutor(self.spark, config, function)
         return self._drive(config, executor, max_batches, until_caught_up, stop, on_progress)

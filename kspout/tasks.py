@@ -12,11 +12,12 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 from kspout.channel.beacon import BEACON
 from kspout.kafka import FetchResult, PartitionFetcher, Record
+from kspout.ordering import WAITS_FOR_KEY, KeyGate, KeyOrder, fetch_ranges, within
 from kspout.outcomes import FailReason, Outcome, OutcomeKind, describe_error
 from kspout.partition_manager import Plan
 
@@ -33,6 +34,13 @@ class PartitionTask:
     topic: str
     partition: int
     plan: Plan
+    keys: KeyOrder | None = None  # set with `ordering = key`: blockers and the key slice
+
+    def fetch_ranges(self) -> list[tuple[int, int]]:
+        """What to fetch: the plan, and with `ordering = key` the blockers too."""
+        if self.keys is None or not self.keys.blockers:
+            return self.plan.ranges()
+        return fetch_ranges(self.plan.ranges(), self.keys.blockers)
 
     def attempt_lookup(self) -> Callable[[int], int]:
         """An offset -> attempt function for the hot loop (no search when all match)."""
@@ -182,7 +190,7 @@ class OutcomeLog:
 
 
 _ACK, _FAIL, _GONE = OutcomeKind.ACK, OutcomeKind.FAIL, OutcomeKind.GONE
-_RELEASED = OutcomeKind.RELEASED
+_RELEASED, _DEFERRED = OutcomeKind.RELEASED, OutcomeKind.DEFERRED
 
 OnFetched = Callable[[Sequence[tuple[int, int]], list[Outcome]], None]
 
@@ -240,7 +248,132 @@ def run_task(
     released (no attempt spent) and the error is reported for the partition's breaker.
     """
     try:
-        fetched = fetcher.fetch(task.topic, task.partition, task.plan.ranges())
+        fetched = fetcher.fetch(task.topic, task.partition, task.fetch_ranges())
     except Exception as exc:
         return released(task, describe_error(exc))
+    if task.keys is not None:
+        return settle_in_key_order(task, task.keys, fetched, handler, on_fetched)
     return settle(task, fetched, handler, on_fetched)
+
+
+def settle_in_key_order(
+    task: PartitionTask,
+    order: KeyOrder,
+    fetched: FetchResult,
+    handler: Handler,
+    on_fetched: OnFetched | None = None,
+) -> TaskResult:
+    """`settle` for `ordering = key` (see kspout.ordering): a record runs only when no
+    earlier record of its key is unfinished; one that has to wait is DEFERRED.
+
+    `fetched` holds the blockers too; they only teach the gate their keys. In a slice of a
+    split partition, records of other slices are reported acked here: the slices' results
+    are merged with every non-ack winning (`merge_slices`), and each record is some slice's.
+    """
+    planned = task.plan.ranges()
+    log = OutcomeLog(task)
+    missing = within(planned, fetched.missing)
+    if on_fetched is not None:
+        on_fetched(missing, log.outcomes)
+    records, blockers = _planned_and_blockers(fetched.records, planned)
+    gate = KeyGate(blockers)
+    beacon = BEACON
+    for record in records:
+        offset = record.offset
+        if not order.mine(record):
+            log.ack(offset)
+            continue
+        if not gate.admits(record):
+            log.add(offset, _DEFERRED, None, WAITS_FOR_KEY)
+            gate.hold(record)
+            continue
+        beacon.current = record
+        try:
+            handler(record)
+        except Exception as exc:
+            log.fail(offset, describe_error(exc))
+            gate.hold(record)
+            continue
+        log.ack(offset)
+    beacon.current = None
+    if fetched.out_of_range is not None:
+        log.outcomes.extend(cut_short(task, fetched.reached(task.plan.spans[0].start)))
+    outcomes = log.finish(missing)
+    return TaskResult(task.topic, task.partition, task.plan.epoch, outcomes, fetched.out_of_range)
+
+
+def _planned_and_blockers(
+    records: Sequence[Record], planned: Sequence[tuple[int, int]]
+) -> tuple[list[Record], list[Record]]:
+    """Split fetched records (ascending) into the planned ones and the blockers."""
+    mine: list[Record] = []
+    others: list[Record] = []
+    i = 0
+    for record in records:
+        offset = record.offset
+        while i < len(planned) and planned[i][1] <= offset:
+            i += 1
+        (mine if i < len(planned) and planned[i][0] <= offset else others).append(record)
+    return mine, others
+
+
+def split_by_key(tasks: Sequence[PartitionTask], slices: int) -> list[PartitionTask]:
+    """Each key-ordered task as `slices` tasks that share its plan and split its keys by
+    hash (`max_tasks_per_partition`); other tasks as they are."""
+    out: list[PartitionTask] = []
+    for task in tasks:
+        if task.keys is None or slices == 1:
+            out.append(task)
+        else:
+            out.extend(replace(task, keys=keys) for keys in task.keys.sliced(slices))
+    return out
+
+
+def join_slices(tasks: Sequence[PartitionTask], results: Sequence[TaskResult]) -> list[TaskResult]:
+    """One result per task of `tasks`, merging the results of a split partition's slices."""
+    by_partition: dict[int, list[TaskResult]] = {}
+    for result in results:
+        by_partition.setdefault(result.partition, []).append(result)
+    return [merge_slices(t, by_partition[t.partition]) for t in tasks]
+
+
+def merge_slices(task: PartitionTask, results: Sequence[TaskResult]) -> TaskResult:
+    """One result for a partition split by key hash, from its slices' results.
+
+    Each record belongs to one slice; the others report it acked. So every non-ack outcome
+    stands (GONE and out-of-range ones, seen by every slice, once), and the rest is acked. A
+    slice that died or failed outside per-message code speaks for the whole partition: which
+    offsets were its records is not known here.
+    """
+    if len(results) == 1:
+        return results[0]
+    for result in results:
+        if result.attempt_died or result.infra_error is not None:
+            return result
+    settled: dict[tuple[int, int, OutcomeKind], Outcome] = {}
+    for result in results:
+        for o in result.outcomes:
+            if o.kind is not _ACK:
+                settled.setdefault((o.offset, o.count, o.kind), o)
+    holes: list[Outcome] = []
+    for o in sorted(settled.values(), key=lambda o: o.offset):
+        if not holes or o.offset >= holes[-1].offset + holes[-1].count:
+            holes.append(o)  # an overlap only comes of slices whose fetch stopped apart
+    outcomes = list(holes)
+    h = 0
+    for span in task.plan.spans:
+        lo = span.start
+        while h < len(holes) and holes[h].offset < span.end:
+            hole = holes[h]
+            end = hole.offset + hole.count
+            if hole.offset > lo:
+                outcomes.append(Outcome(lo, _ACK, span.attempt, count=hole.offset - lo))
+            lo = max(lo, end)
+            if end > span.end:
+                break  # the hole goes on into the next span
+            h += 1
+        if lo < span.end:
+            outcomes.append(Outcome(lo, _ACK, span.attempt, count=span.end - lo))
+    outcomes.sort(key=lambda o: o.offset)
+    out_of_range = next((r.out_of_range for r in results if r.out_of_range), None)
+    return TaskResult(task.topic, task.partition, task.plan.epoch, outcomes, out_of_range)

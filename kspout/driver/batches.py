@@ -124,6 +124,12 @@ class BatchTracker:
     def futures(self) -> list[Future[list[TaskResult]]]:
         return [b.future for b in self._running.values()]
 
+    def running(self, partition: int) -> bool:
+        """True while a batch has a task of `partition` whose result is not in yet."""
+        return any(
+            partition in b.tasks and partition not in b.finished for b in self._running.values()
+        )
+
     def add(
         self,
         batch: int,

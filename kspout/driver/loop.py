@@ -57,6 +57,7 @@ from kspout.kafka import KafkaMetadata
 from kspout.kafka.group_mirror import GroupMirror
 from kspout.lifecycle import Lifecycle
 from kspout.offsets import StoredOffset, ZkOffsetStore
+from kspout.ordering import KeyOrder, blockers_of
 from kspout.outcomes import FailReason, describe_error
 from kspout.ownership.membership import Membership
 from kspout.partition_manager import PartitionManager, Plan, Span
@@ -698,12 +699,24 @@ class Driver(Lifecycle):
         )
         if not spans:
             return None
-        return PartitionTask(self.config.topic, group.partition, Plan(spans, group.epoch))
+        return self._task(group.partition, Plan(spans, group.epoch), pm)
+
+    def _task(self, p: int, plan: Plan, pm: PartitionManager) -> PartitionTask:
+        """The task for `plan`; with `ordering = key`, with the offsets that can hold back
+        its records' keys (kspout.ordering)."""
+        if self.config.ordering == "none":
+            return PartitionTask(self.config.topic, p, plan)
+        ranges = plan.ranges()
+        blockers = blockers_of(pm.unfinished_below(ranges[-1][1]), ranges)
+        return PartitionTask(self.config.topic, p, plan, KeyOrder(blockers))
 
     def _plannable(self, p: int) -> bool:
-        """Not moving away, not paused, and the claim on it is sure (ZooKeeper connected)."""
+        """Not moving away, not paused, and the claim on it is sure (ZooKeeper connected);
+        with `ordering = key`, its last task is over (a record in flight is never overtaken)."""
         m = self._membership
-        return p not in self._releasing and p not in m.paused and not m.suspended
+        if p in self._releasing or p in m.paused or m.suspended:
+            return False
+        return self.config.ordering == "none" or not self._batches.running(p)
 
     def _plan(self) -> list[PartitionTask]:
         tasks: list[PartitionTask] = []
@@ -732,7 +745,7 @@ class Driver(Lifecycle):
             plan, alone = self._isolation.carve(p, plan)
             self._isolation.queue_front(alone)
             if plan:
-                tasks.append(PartitionTask(self.config.topic, p, plan))
+                tasks.append(self._task(p, plan, pm))
         return tasks
 
     # -- dead letters ------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from kspout.spark.worker import (
     later_stage,
     single_stage_tasks,
 )
-from kspout.tasks import PartitionTask, TaskResult
+from kspout.tasks import PartitionTask, TaskResult, join_slices, split_by_key
 from kspout.topology import Topology
 
 
@@ -65,7 +65,11 @@ class SparkExecutor(SparkJobs):
         planned: RDD[PartitionTask] = sc.parallelize(tasks, len(tasks))
         stages = self._topology.stages
         if self._topology.handler is not None:
-            return planned.mapPartitionsWithIndex(partial(handler_tasks, spec)).collect()
+            sliced = split_by_key(tasks, self._config.max_tasks_per_partition)
+            handled = sc.parallelize(sliced, len(sliced)).mapPartitionsWithIndex(
+                partial(handler_tasks, spec)
+            )
+            return join_slices(tasks, handled.collect())
         if len(stages) == 1:
             return planned.mapPartitionsWithIndex(partial(single_stage_tasks, spec)).collect()
         width = len(tasks)

@@ -108,14 +108,18 @@ def handler_tasks(
         if _retried():
             yield _died(task)
             continue
+        # A slice of a split partition speaks only once its siblings are in: its result is
+        # merged with theirs on the driver, and none of them streams acks for the others.
+        whole = task.keys is None or task.keys.slices == 1
         with spec.reporter(0, index, task.partition) as reporter:
             try:
                 fetcher = fetcher_for(spec.config)
             except Exception as exc:
                 result = released(task, describe_error(exc))
             else:
-                result = run_task(fetcher, task, handler, reporter.fetched)
-            reporter.final([result])
+                result = run_task(fetcher, task, handler, reporter.fetched if whole else None)
+            if whole:
+                reporter.final([result])
         yield result
 
 

@@ -99,3 +99,29 @@ class RecordEffect:
 def record_effect(record: Record) -> None:
     """The CLI test's handler: `RecordEffect` on the Redis that `kspout run` was pointed at."""
     RecordEffect(os.environ["KSPOUT_REDIS_URL"])(record)
+
+
+@dataclass(frozen=True)
+class InKeyOrder:
+    """A handler for `ordering = key` tests: each record's value is its rank among the
+    records of its key. A call whose rank is not the number of its key's records finished
+    so far broke the rule (logged under `violations`). Ranks divisible by `flaky_every` fail
+    their first call; every call records which Spark task ran it."""
+
+    url: str
+    flaky_every: int = 4
+
+    def __call__(self, record: Record) -> None:
+        from pyspark import TaskContext as SparkTaskContext
+
+        r, topic = client(self.url), record.topic
+        key, rank = (record.key or b"").decode(), int(record.value or b"0")
+        context = SparkTaskContext.get()
+        if context is not None:
+            r.sadd(f"{topic}:tasks", f"{context.stageId()}:{context.partitionId()}")
+        done = int(r.get(f"{topic}:done:{key}") or 0)
+        if done != rank:
+            r.rpush(f"{topic}:violations", f"{key}: rank {rank} ran after {done} finished")
+        if rank % self.flaky_every == 0 and attempt(self.url, record) == 1:
+            raise RuntimeError(f"injected: first call of {key}#{rank}")
+        r.set(f"{topic}:done:{key}", rank + 1)
