@@ -22,6 +22,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -244,14 +245,15 @@ class TopicConfig(_Section):
             raise ValueError("dead_letter_topic must differ from topic")
         return self
 
-    @model_validator(mode="after")
-    def _split_needs_key_order(self) -> TopicConfig:
-        if self.max_tasks_per_partition > 1 and self.ordering != "key":
+    @field_validator("max_tasks_per_partition")
+    @classmethod
+    def _split_needs_key_order(cls, value: int, info: ValidationInfo) -> int:
+        if value > 1 and info.data.get("ordering") != "key":
             raise ValueError(
-                "max_tasks_per_partition > 1 splits a partition by key hash and needs "
-                'ordering = "key" (with ordering = "none", raise max_batches_in_flight instead)'
+                'a value > 1 splits a partition by key hash and needs ordering = "key" '
+                '(with ordering = "none", raise max_batches_in_flight instead); allowed: 1'
             )
-        return self
+        return value
 
     # -- derived values ---------------------------------------------------------------------
 

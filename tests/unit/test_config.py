@@ -202,6 +202,18 @@ def test_orders_example_shows_every_key() -> None:
             id="fractional-max_retries",
         ),
         pytest.param(
+            MINIMAL + "max_tasks_per_partition = 2\n",
+            "max_tasks_per_partition",
+            ['ordering = "key"', "allowed: 1"],
+            id="split-without-key-order",
+        ),
+        pytest.param(
+            MINIMAL + 'ordering = "offset"\n',
+            "ordering",
+            ["'none'", "'key'", "offset"],
+            id="unknown-ordering",
+        ),
+        pytest.param(
             MINIMAL + 'max_retries = "Unlimited"\n',
             "max_retries",
             ['"unlimited"', "Unlimited"],
