@@ -44,7 +44,9 @@ Anything malformed in these fields is ignored with a warning: the offset is what
 
 Writes are fenced: a commit names the znode version it read, so a driver that lost ownership of
 a partition gets `OffsetConflict` instead of overwriting a newer commit. Transient ZooKeeper
-errors are retried here (bounded, exponential backoff); fencing errors never are.
+errors are retried here (bounded, exponential backoff); fencing errors never are. Many records
+are written at once by `commit_all`: every partition's write is its own fenced transaction, and
+all of them are sent before any answer is awaited, so a commit round costs one round trip.
 
 Live spout instances register an ephemeral node under `<zk_root>/<spout_id>/instances/`, so
 operators (and `kspout offsets set`) can see that a spout is running.
@@ -278,6 +280,19 @@ class StoredOffset:
         return _str_field(self.data.get("topology"), "id")
 
 
+@dataclass(frozen=True, slots=True)
+class OffsetWrite:
+    """One partition's commit for `ZkOffsetStore.commit_all` (the arguments of `commit`)."""
+
+    partition: int
+    offset: int
+    version: int | None  # the record's znode version as last read or written; None: create it
+    broker: tuple[str, int] = ("", -1)
+    extra: Mapping[str, Any] | None = None
+    stopped: str | None = None
+    fence: str | None = None
+
+
 def _str_field(section: Any, key: str) -> str | None:
     value = section.get(key) if isinstance(section, dict) else None
     return value if isinstance(value, str) else None
@@ -413,35 +428,89 @@ class ZkOffsetStore(Lifecycle):
         claim is gone) when someone else wrote first: this instance no longer owns the
         partition. That is never retried.
         """
-        if extra is not None and STOPPED_KEY in extra:
+        write = OffsetWrite(partition, offset, version, broker, extra, stopped, fence)
+        outcome = self.commit_all([write])[partition]
+        if isinstance(outcome, OffsetConflict):
+            raise outcome
+        return outcome
+
+    def commit_all(self, writes: Sequence[OffsetWrite]) -> dict[int, int | OffsetConflict]:
+        """`commit` of many partitions at once: per partition, its record's new version, or
+        the `OffsetConflict` that refused it.
+
+        Each write keeps its own fenced compare-and-set transaction, so a partition whose claim
+        was lost is refused alone: one ZooKeeper `multi` for all would be all-or-nothing (and
+        bounded by the server's 1 MB request limit). All are sent before any answer is
+        awaited; kazoo pipelines them on the session's one connection, so the round costs one
+        round trip, not one per partition. After a lost connection, the writes that got no
+        answer are sent again (`call`).
+        """
+        payloads = {w.partition: self._payload(w) for w in writes}
+        if len(payloads) != len(writes):
+            raise ValueError("commit_all takes at most one write per partition")
+        if not writes:
+            return {}
+        answers: dict[int, int | Exception] = {}
+        sends = dict.fromkeys(payloads, 0)
+
+        def send_unanswered(zk: Any) -> None:
+            pending = [w for w in writes if w.partition not in answers]
+            requests = []
+            for w in pending:
+                sends[w.partition] += 1
+                path = self.partition_path(w.partition)
+                requests.append(self._send(zk, path, payloads[w.partition], w.version, w.fence))
+            lost: Exception | None = None
+            for w, request in zip(pending, requests, strict=True):
+                path = self.partition_path(w.partition)
+                try:
+                    answers[w.partition] = self._written(
+                        self.wait(request), path, w.version, w.fence
+                    )
+                except (*FENCING_ERRORS, OwnershipLost) as exc:
+                    answers[w.partition] = exc
+                except Exception as exc:
+                    if not _is_transient(exc):
+                        raise
+                    lost = exc  # sent again, with the others that got no answer
+            if lost is not None:
+                raise lost
+
+        where = self.partition_path(writes[0].partition) if len(writes) == 1 else self.path
+        self.call(f"commit {len(writes)} record(s) under {where}", where, send_unanswered)
+        outcomes: dict[int, int | OffsetConflict] = {}
+        for w in writes:
+            p = w.partition
+            outcomes[p] = self._outcome(w, payloads[p], answers[p], resent=sends[p] > 1)
+        return outcomes
+
+    def _payload(self, write: OffsetWrite) -> bytes:
+        """The record `write` puts in its partition's node (checks the stop mark first)."""
+        if write.extra is not None and STOPPED_KEY in write.extra:
             raise ValueError(f"pass the stop reason as `stopped=`, not in `extra[{STOPPED_KEY!r}]`")
-        if stopped is not None and not stopped.strip():
+        if write.stopped is not None and not write.stopped.strip():
             raise ValueError("`stopped` must say why the partition stopped")
-        path = self.partition_path(partition)
-        fields = dict(extra or {})
-        if stopped is not None:
-            fields[STOPPED_KEY] = stopped
-        payload = _encode(self._record(partition, offset, broker, "spout", fields))
-        attempts = 0
+        fields = dict(write.extra or {})
+        if write.stopped is not None:
+            fields[STOPPED_KEY] = write.stopped
+        record = self._record(write.partition, write.offset, write.broker, "spout", fields)
+        return _encode(record)
 
-        def write(zk: Any) -> int:
-            nonlocal attempts
-            attempts += 1
-            if fence is None:
-                return self._write(zk, path, payload, version)
-            return self._fenced_write(zk, path, payload, version, fence)
-
-        try:
-            return self.call(f"commit {path}", path, write)
-        except FENCING_ERRORS:
-            # After a lost connection the first attempt may have been applied; if the record
-            # holds exactly our bytes, that conflict is with ourselves.
-            applied = self._version_if_holds(path, payload) if attempts > 1 else None
-            if applied is not None:
-                return applied
-            if version is None:
-                raise OffsetRecordExists(path) from None
-            raise OffsetConflict(path, version) from None
+    def _outcome(
+        self, write: OffsetWrite, payload: bytes, answer: int | Exception, resent: bool
+    ) -> int | OffsetConflict:
+        """A write's new version, or the conflict that refused it (never retried)."""
+        if isinstance(answer, int | OffsetConflict):
+            return answer
+        path = self.partition_path(write.partition)
+        # After a lost connection an earlier send may have been applied; if the record holds
+        # exactly our bytes, that conflict is with ourselves.
+        applied = self._version_if_holds(path, payload) if resent else None
+        if applied is not None:
+            return applied
+        if write.version is None:
+            return OffsetRecordExists(path)
+        return OffsetConflict(path, write.version)
 
     def claim(
         self, partition: int, fence: str, claim: bytes, initial: Callable[[], int]
@@ -501,23 +570,6 @@ class ZkOffsetStore(Lifecycle):
             return "busy"
         return "raced"
 
-    def _fenced_write(
-        self, zk: Any, path: str, payload: bytes, version: int | None, fence: str
-    ) -> int:
-        """`_write` in one transaction with a check that the claim node `fence` exists."""
-        t = zk.transaction()
-        t.check(fence, 0)
-        if version is None:
-            t.create(path, payload)
-        else:
-            t.set_data(path, payload, version=version)
-        checked, written = self.wait(t.commit_async())
-        if isinstance(checked, Exception) and not isinstance(checked, RolledBackError):
-            raise OwnershipLost(path, fence)
-        if isinstance(written, Exception):
-            raise written
-        return 0 if version is None else int(written.version)
-
     def _ensure_parent(self, zk: Any, path: str) -> None:
         """Create the parents of `path` (with the client's default ACL) if missing."""
         parent = path.rsplit("/", 1)[0]
@@ -573,7 +625,11 @@ class ZkOffsetStore(Lifecycle):
         expected = None if found is None else found[1]
         try:
             version = self.call(
-                f"move {path}", path, lambda zk: self._write(zk, path, payload, expected)
+                f"move {path}",
+                path,
+                lambda zk: self._written(
+                    self.wait(self._write(zk, path, payload, expected)), path, expected
+                ),
             )
         except FENCING_ERRORS:
             return None
@@ -690,12 +746,46 @@ class ZkOffsetStore(Lifecycle):
         found = self.call(f"read {path}", path, lambda zk: self._get(zk, path))
         return found[1] if found is not None and found[0] == payload else None
 
-    def _write(self, zk: Any, path: str, payload: bytes, version: int | None) -> int:
-        """Create (`version` None) or compare-and-set the node; return its new version."""
+    def _send(
+        self, zk: Any, path: str, payload: bytes, version: int | None, fence: str | None
+    ) -> Any:
+        """Send one record write without waiting for its answer (kazoo's async result, read
+        by `_written`); with `fence`, in one transaction with a check that the claim node
+        `fence` still exists."""
+        if fence is None:
+            return self._write(zk, path, payload, version)
+        return self._fenced_write(zk, path, payload, version, fence)
+
+    def _write(self, zk: Any, path: str, payload: bytes, version: int | None) -> Any:
+        """Send a create (`version` None) or a compare-and-set of the node (async result)."""
         if version is None:
-            self.wait(zk.create_async(path, payload, makepath=True))
-            return 0
-        return int(self.wait(zk.set_async(path, payload, version=version)).version)
+            return zk.create_async(path, payload, makepath=True)
+        return zk.set_async(path, payload, version=version)
+
+    def _fenced_write(
+        self, zk: Any, path: str, payload: bytes, version: int | None, fence: str
+    ) -> Any:
+        """`_write` in one transaction with a check that the claim node `fence` exists."""
+        t = zk.transaction()
+        t.check(fence, 0)
+        if version is None:
+            t.create(path, payload)
+        else:
+            t.set_data(path, payload, version=version)
+        return t.commit_async()
+
+    def _written(
+        self, answer: Any, path: str, version: int | None, fence: str | None = None
+    ) -> int:
+        """The record's new version from the answer to `_send`; raises `OwnershipLost` when
+        the claim check failed, or the write's own error."""
+        if fence is not None:
+            checked, answer = answer
+            if isinstance(checked, Exception) and not isinstance(checked, RolledBackError):
+                raise OwnershipLost(path, fence)
+            if isinstance(answer, Exception):
+                raise answer
+        return 0 if version is None else int(answer.version)
 
     def _get(self, zk: Any, path: str) -> tuple[bytes, int] | None:
         try:

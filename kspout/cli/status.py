@@ -1,10 +1,11 @@
 """`kspout status` and `kspout lag`: who runs a spout, and how far behind it is.
 
 `status` reads everything a spout keeps in ZooKeeper (the live instances' nodes, each with the
-report its driver writes at every commit; the claims, pauses and assignment; every partition's
-record) beside Kafka's watermarks. A partition's counts (in flight, waiting, dead-lettered,
-lost) come from its live owner's report, so they are as old as that report: one older than
-`STALE_AFTER` commit intervals is marked stale (the owner is stuck, or its clock is off).
+report its driver writes at a commit when it changed, and at least every 2 commit intervals;
+the claims, pauses and assignment; every partition's record) beside Kafka's watermarks. A
+partition's counts (in flight, waiting, dead-lettered, lost) come from its live owner's report,
+so they are as old as that report: one older than `STALE_AFTER` commit intervals is marked stale
+(the owner is stuck, or its clock is off).
 
 `lag` reads only the records and Kafka's watermarks, for scripts and cron alerts. Lag is
 `high - commit point`; a partition without a record counts from where `start` would begin.
@@ -37,7 +38,7 @@ from kspout.kafka import KafkaMetadata
 from kspout.offsets import ZkOffsetStore, now_ms
 from kspout.ownership.tree import Ownership, Pause, read_ownership
 
-STALE_AFTER = 3  # commit intervals: a live driver reports at every commit
+STALE_AFTER = 3  # commit intervals: a live driver reports at least every 2 (REPORT_EVERY)
 COULD_NOT_TELL = 3  # exit code (1 is `lag`'s "above the threshold", 2 click's usage error)
 WIDTH = 140  # columns for tables written to a pipe or file (rich's default there is 80)
 

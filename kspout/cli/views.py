@@ -1,8 +1,8 @@
 """What the operator commands read of a topic's partitions, and how they print times.
 
-`read_marks` puts each partition's stored record beside Kafka's watermarks and, for a partition
-without a record, the offset the topic file's `start` gives: `offsets show`, `status` and `lag`
-all start from it.
+`read_marks` puts each partition's stored record beside Kafka's watermarks (asked in one batched
+query) and, for a partition without a record, the offset the topic file's `start` gives:
+`offsets show`, `status` and `lag` all start from it.
 """
 
 from __future__ import annotations
@@ -51,14 +51,14 @@ def read_marks(
 ) -> list[PartitionMarks]:
     """Every partition Kafka knows, plus any stored record for a partition it does not."""
     stored = store.read_all()
-    in_kafka = set(kafka.partitions(config.topic))
+    in_kafka = kafka.watermarks_of(config.topic, kafka.partitions(config.topic))
     out = []
-    for partition in sorted(in_kafka | set(stored)):
+    for partition in sorted(in_kafka.keys() | stored.keys()):
         record = stored.get(partition)
-        marks = kafka.watermarks(config.topic, partition) if partition in in_kafka else None
+        marks = in_kafka.get(partition)
         start_offset = None
-        if record is None and partition in in_kafka:
-            start_offset = kafka.resolve(config.start, config.topic, partition)
+        if record is None and marks is not None:
+            start_offset = kafka.resolve(config.start, config.topic, partition, bounds=marks)
         out.append(PartitionMarks(partition, record, marks, start_offset))
     return out
 

@@ -2,11 +2,13 @@
 
 Each partition's record is written only when its commit point, its finished runs above the
 commit point, or its stop mark changed, with compare-and-set on the znode version, so a writer
-that lost the record cannot overwrite a newer one. The record carries what a restart needs to
-replay only what is unfinished, and what the replay window needs (`kspout.offsets`). A
-partition stopped by `out_of_range = "fail"` carries the reason in its record (`kspout offsets
-show` prints it with the command that resumes it); the committer reads such records back every
-few seconds and reports when an operator moved the offset.
+that lost the record cannot overwrite a newer one. The records of one commit round go out
+together (`ZkOffsetStore.commit_all`): one round trip, each partition fenced on its own. The
+record carries what a restart needs to replay only what is unfinished, and what the replay
+window needs (`kspout.offsets`). A partition stopped by `out_of_range = "fail"` carries the
+reason in its record (`kspout offsets show` prints it with the command that resumes it); the
+committer reads such records back every few seconds and reports when an operator moved the
+offset.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from kspout.errors import OffsetConflict
 from kspout.offsets import (
     MAX_DONE_SPANS,
     Checkpoint,
+    OffsetWrite,
     Range,
     StoredOffset,
     ZkOffsetStore,
@@ -55,6 +58,16 @@ class _Record:
     def offset(self) -> int | None:
         """The commit point it holds."""
         return None if self.held is None else self.held[0]
+
+
+@dataclass(frozen=True, slots=True)
+class _Change:
+    """A record to write in this commit round, and what it holds once written."""
+
+    write: OffsetWrite
+    mark: str | None
+    held: Held
+    seen: tuple[int, int, int]
 
 
 class Committer:
@@ -119,42 +132,60 @@ class Committer:
     def commit(
         self, pms: Mapping[int, PartitionManager], stopped: Mapping[int, str]
     ) -> list[tuple[int, OffsetConflict]]:
-        """Write every partition whose commit point, finished runs or stop mark changed;
-        returns the partitions whose write was refused (another writer owns them now)."""
-        refused: list[tuple[int, OffsetConflict]] = []
+        """Write every partition whose commit point, finished runs or stop mark changed, all
+        in one round trip; returns the partitions whose write was refused (another writer
+        owns them now)."""
         leaders = self._leaders()
-        for p, pm in pms.items():
+        changes = [
+            change
+            for p, pm in pms.items()
+            if (change := self._change(p, pm, stopped.get(p), leaders)) is not None
+        ]
+        outcomes = self._store.commit_all([change.write for change in changes])
+        refused: list[tuple[int, OffsetConflict]] = []
+        for change in changes:
+            p = change.write.partition
+            outcome = outcomes[p]
+            if isinstance(outcome, OffsetConflict):
+                refused.append((p, outcome))
+                continue
             record = self._records[p]
-            mark = stopped.get(p)
-            if mark is not None and mark == record.mark:
-                continue  # a stopped record is the operator's to change now
-            # Nothing finished and the commit point stood still: the record is as written
-            # (saves listing the runs of a thousand quiet partitions every commit).
-            seen = (pm.commit_point, pm.epoch, pm.finished_total)
-            if mark == record.mark and seen == record.seen:
-                continue
-            offset = pm.commit_point
-            spans, cut = pm.finished_spans(MAX_DONE_SPANS)
-            held: Held = (offset, tuple(spans), cut)
-            if mark == record.mark and held == record.held:
-                record.seen = seen
-                continue
-            try:
-                record.version = self._store.commit(
-                    p,
-                    offset,
-                    version=record.version,
-                    broker=leaders.get(p, ("", -1)),
-                    extra=self._fields(record, pm, spans, cut),
-                    stopped=mark,
-                    fence=None if self._fence is None else self._fence(p),
-                )
-            except OffsetConflict as exc:
-                refused.append((p, exc))
-                continue
-            record.mark, record.held, record.seen = mark, held, seen
-            record.written_at = self._clock()
+            record.version, record.mark, record.held = outcome, change.mark, change.held
+            record.seen, record.written_at = change.seen, self._clock()
         return refused
+
+    def _change(
+        self,
+        p: int,
+        pm: PartitionManager,
+        mark: str | None,
+        leaders: Mapping[int, tuple[str, int]],
+    ) -> _Change | None:
+        """The write partition `p` needs, None when its record already says it all."""
+        record = self._records[p]
+        if mark is not None and mark == record.mark:
+            return None  # a stopped record is the operator's to change now
+        # Nothing finished and the commit point stood still: the record is as written
+        # (saves listing the runs of a thousand quiet partitions every commit).
+        seen = (pm.commit_point, pm.epoch, pm.finished_total)
+        if mark == record.mark and seen == record.seen:
+            return None
+        offset = pm.commit_point
+        spans, cut = pm.finished_spans(MAX_DONE_SPANS)
+        held: Held = (offset, tuple(spans), cut)
+        if mark == record.mark and held == record.held:
+            record.seen = seen
+            return None
+        write = OffsetWrite(
+            p,
+            offset,
+            record.version,
+            broker=leaders.get(p, ("", -1)),
+            extra=self._fields(record, pm, spans, cut),
+            stopped=mark,
+            fence=None if self._fence is None else self._fence(p),
+        )
+        return _Change(write, mark, held, seen)
 
     def _fields(
         self, record: _Record, pm: PartitionManager, spans: list[Range], cut: int | None

@@ -49,7 +49,7 @@ from kspout.driver.failures import JobFailure, classify
 from kspout.driver.isolation import Isolation, Suspects
 from kspout.driver.metrics import REFRESH, MetricsExporter
 from kspout.driver.out_of_range import OutOfRangeHandler
-from kspout.driver.progress import PartitionView, Progress, instance_report
+from kspout.driver.progress import InstanceReporter, PartitionView, Progress
 from kspout.driver.watermarks import WatermarkCache
 from kspout.driver.window import StallWatch, check_start
 from kspout.errors import KafkaUnavailable, OffsetConflict, ReplayPastWindow, TopicNotFound
@@ -145,6 +145,7 @@ class Driver(Lifecycle):
         self._last_commit = 0.0
         self._metrics = MetricsExporter(config, clock, metrics_interval)
         self._group_mirror = GroupMirror(config)
+        self._reporter = InstanceReporter(self._store, clock, config.commit_interval)
 
     def _infra_backoff(self) -> Backoff:
         b = self.config.infra_backoff
@@ -357,23 +358,26 @@ class Driver(Lifecycle):
 
     def _others_finished(self) -> bool:
         """The partitions this instance does not run are committed up to their high marks
-        (asked at most every `OTHERS_EVERY` seconds: a ZooKeeper and a Kafka request each)."""
+        (asked at most every `OTHERS_EVERY` seconds: a ZooKeeper read each, and one batched
+        Kafka query for all of them)."""
         now = self._clock()
         if now - self._others_asked_at < OTHERS_EVERY:
             return False
         self._others_asked_at = now
         partitions = self._membership.assignment.partitions
         try:
-            for p in (
-                set(partitions or self._metadata.partitions(self.config.topic)) - self._pms.keys()
-            ):
-                record = self._store.read(p)
-                if record is None or (
-                    record.stopped is None and record.offset < self._watermarks.fresh(p)[1]
-                ):
-                    return False
+            others = set(partitions or self._metadata.partitions(self.config.topic))
         except KafkaUnavailable:
             return False
+        others -= self._pms.keys()
+        if self._watermarks.ask(others):  # some have no answer: not known to be finished
+            return False
+        for p in others:
+            record = self._store.read(p)
+            if record is None or (
+                record.stopped is None and record.offset < self._watermarks.known(p)[1]
+            ):
+                return False
         return True
 
     def commit(self) -> None:
@@ -397,7 +401,7 @@ class Driver(Lifecycle):
         for p, pm in self._pms.items():
             self._isolation.forget_below(p, pm.commit_point)
         progress = self.progress()
-        self._store.report_instance({"report": instance_report(progress)})
+        self._reporter.report(progress)  # when it changed, or as a heartbeat
         self._metrics.publish(progress)
         self._group_mirror.mirror(self._committer.committed_points())
 
@@ -718,28 +722,34 @@ class Driver(Lifecycle):
             return False
         return self.config.ordering == "none" or not self._batches.running(p)
 
+    def _runnable(self, p: int) -> bool:
+        """Not stopped, plannable, and its breaker lets it run (a half-open one only while
+        its probe batch is not out yet)."""
+        if p in self._out_of_range.stopped or not self._plannable(p):
+            return False
+        breaker = self._breakers[p]
+        state = breaker.state
+        if state is BreakerState.OPEN:
+            return False
+        return state is BreakerState.CLOSED or breaker.allow()
+
     def _plan(self) -> list[PartitionTask]:
         tasks: list[PartitionTask] = []
-        for p, pm in self._pms.items():
-            if p in self._out_of_range.stopped or not self._plannable(p):
-                continue
+        runnable = {p: pm for p, pm in self._pms.items() if self._runnable(p)}
+        # One batched watermark query for every partition that needs fresh ones.
+        failed = self._watermarks.refresh({p: pm.emitted_to for p, pm in runnable.items()})
+        for p, pm in runnable.items():
             breaker = self._breakers[p]
-            state = breaker.state
-            if state is BreakerState.OPEN:
+            if p in failed:  # no leader, broker down: this partition waits
+                breaker.failure(describe_error(failed[p]))
                 continue
-            if state is BreakerState.HALF_OPEN and not breaker.allow():
-                continue  # its probe batch is out
-            try:
-                low, high = self._watermarks.get(p, pm.emitted_to)
-            except KafkaUnavailable as exc:  # no leader, broker down: this partition waits
-                breaker.failure(describe_error(exc))
-                continue
+            low, high = self._watermarks.known(p)
             self._out_of_range.check(p, pm, low, high)
             if p in self._out_of_range.stopped:
                 continue
             plan = pm.plan(high, self.config.batch_size)
             if not plan:
-                if state is BreakerState.HALF_OPEN:
+                if breaker.state is BreakerState.HALF_OPEN:
                     breaker.success()  # nothing to probe with: the next batch is the probe
                 continue
             plan, alone = self._isolation.carve(p, plan)

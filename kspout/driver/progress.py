@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from kspout.driver.breaker import BreakerView
-from kspout.offsets import now_ms
+from kspout.offsets import ZkOffsetStore, now_ms
 from kspout.partition_manager import OutOfRangeReset, Stats
 
 
@@ -98,3 +99,32 @@ def instance_report(progress: Progress) -> dict[str, Any]:
             for v in progress.partitions
         },
     }
+
+
+# Commit intervals a quiet instance leaves its report unwritten at most (`kspout status` calls
+# a report older than 3 stale).
+REPORT_EVERY = 2
+
+
+class InstanceReporter:
+    """Writes `instance_report` into this instance's node when what it says changed, else
+    every `REPORT_EVERY` commit intervals, so `kspout status` still sees the instance alive:
+    an idle instance with a thousand partitions need not rewrite the same report (about 100
+    bytes a partition) at every commit."""
+
+    def __init__(self, store: ZkOffsetStore, clock: Callable[[], float], interval: float) -> None:
+        self._store = store
+        self._clock = clock
+        self._heartbeat = REPORT_EVERY * interval
+        self._said: dict[str, Any] | None = None  # the last report written, without its time
+        self._written_at = float("-inf")
+
+    def report(self, progress: Progress) -> None:
+        """Write the report if it says something new, or the last one is a heartbeat old."""
+        report = instance_report(progress)
+        said = {key: value for key, value in report.items() if key != "at"}
+        now = self._clock()
+        if said == self._said and now - self._written_at < self._heartbeat:
+            return
+        self._store.report_instance({"report": report})
+        self._said, self._written_at = said, now

@@ -1,9 +1,10 @@
-"""Each partition's `(low, high)` from Kafka, asked only when it can matter."""
+"""Each partition's `(low, high)` from Kafka, asked only when it can matter, many at a time."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 
+from kspout.errors import KafkaUnavailable
 from kspout.kafka import KafkaMetadata
 
 # Seconds a partition's watermarks are reused while it still has a backlog below `high`.
@@ -13,7 +14,8 @@ MAX_AGE = 1.0
 class WatermarkCache:
     """Watermarks per partition, refreshed when the plan reaches the known high mark or the
     answer is older than `MAX_AGE`: a query costs a broker round trip, and the loop steps every
-    few milliseconds while batches run."""
+    few milliseconds while batches run. The partitions one step needs are asked together, in
+    one batched query (`KafkaMetadata.watermarks_now`)."""
 
     def __init__(self, metadata: KafkaMetadata, topic: str, clock: Callable[[], float]) -> None:
         self._metadata = metadata
@@ -22,17 +24,30 @@ class WatermarkCache:
         self._known: dict[int, tuple[int, int]] = {}
         self._asked_at: dict[int, float] = {}
 
-    def get(self, partition: int, emitted_to: int) -> tuple[int, int]:
-        """`(low, high)` for planning from `emitted_to`, cached while it has a backlog."""
-        cached = self._known.get(partition)
+    def refresh(self, wanted: Mapping[int, int]) -> dict[int, KafkaUnavailable]:
+        """Make `known` fit for planning each partition of `wanted` (partition -> its
+        `emitted_to`): ask again, together, those planned up to their known high and those
+        asked `MAX_AGE` ago. Returns the partitions Kafka gave no answer for, and why."""
         now = self._clock()
-        if (
-            cached is not None
-            and emitted_to < cached[1]
-            and now - self._asked_at.get(partition, float("-inf")) < MAX_AGE
-        ):
-            return cached
-        return self.fresh(partition)
+        return self.ask(
+            p
+            for p, emitted_to in wanted.items()
+            if p not in self._known
+            or emitted_to >= self._known[p][1]
+            or now - self._asked_at[p] >= MAX_AGE
+        )
+
+    def ask(self, partitions: Iterable[int]) -> dict[int, KafkaUnavailable]:
+        """Ask Kafka now, once and briefly, for `partitions` in one query; returns those
+        without an answer, and why (the caller's breakers decide when to ask again)."""
+        asked = list(partitions)
+        if not asked:
+            return {}
+        found, failed = self._metadata.watermarks_now(self._topic, asked)
+        now = self._clock()
+        self._known.update(found)
+        self._asked_at.update(dict.fromkeys(found, now))
+        return dict(failed)
 
     def fresh(self, partition: int) -> tuple[int, int]:
         """`(low, high)` asked of Kafka now, once and briefly (raises KafkaUnavailable: the

@@ -2,15 +2,25 @@
 
 The driver asks these questions when it plans (high watermark), starts a partition (`start`)
 and handles out-of-range (`out_of_range`). Each answer comes fresh from the broker, with
-transient errors retried a bounded number of times.
+transient errors retried a bounded number of times. Watermarks of many partitions are asked in
+one batched query (`watermarks_of`, `watermarks_now`): a request per leader, not per partition.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from kspout.config import TopicConfig
-from kspout.kafka._client import REQUEST_TIMEOUT, call_kafka, consumer_settings, watermarks
+from kspout.errors import KafkaRequestFailed
+from kspout.kafka._client import (
+    REQUEST_TIMEOUT,
+    all_watermarks,
+    call_kafka,
+    consumer_settings,
+    watermarks,
+)
 from kspout.kafka.fetcher import PartitionFetcher
 from kspout.kafka.records import FetchResult
 from kspout.lifecycle import Lifecycle
@@ -24,6 +34,8 @@ SCAN_STEP = 10_000
 
 # Seconds a `quick` watermark query may take (the driver loop's; its breaker retries).
 QUICK_TIMEOUT = 1.0
+
+Bounds = dict[int, tuple[int, int]]  # partition -> (low, high)
 
 
 class KafkaMetadata(Lifecycle):
@@ -92,6 +104,55 @@ class KafkaMetadata(Lifecycle):
             return watermarks(self._client(), topic, partition, timeout=QUICK_TIMEOUT, attempts=1)
         return watermarks(self._client(), topic, partition)
 
+    def watermarks_of(self, topic: str, partitions: Iterable[int]) -> Bounds:
+        """`(low, high)` of each of `partitions`, in one batched query (two requests per
+        partition leader, however many partitions it leads); `KafkaRequestFailed` when any
+        partition has no answer after the retries."""
+        return all_watermarks(self._client(), topic, partitions)
+
+    def watermarks_now(
+        self, topic: str, partitions: Iterable[int]
+    ) -> tuple[Bounds, dict[int, KafkaRequestFailed]]:
+        """`watermarks_of` asked once, for at most `QUICK_TIMEOUT`, for a loop whose
+        per-partition breakers decide when to ask again: the answers, and for each partition
+        without one, why.
+
+        A batched query fails whole when one leader does not answer, so then each leader's
+        partitions are asked apart: a broker that is down holds back only what it leads.
+        """
+        consumer, asked = self._client(), sorted(set(partitions))
+
+        def ask(group: list[int]) -> Bounds:
+            return all_watermarks(consumer, topic, group, timeout=QUICK_TIMEOUT, attempts=1)
+
+        try:
+            return ask(asked), {}
+        except KafkaRequestFailed as exc:
+            groups = self._by_leader(topic, asked)
+            if len(groups) < 2:
+                return {}, dict.fromkeys(asked, exc)
+        found: Bounds = {}
+        failed: dict[int, KafkaRequestFailed] = {}
+        for group in groups:
+            try:
+                found.update(ask(group))
+            except KafkaRequestFailed as exc:
+                failed.update(dict.fromkeys(group, exc))
+        return found, failed
+
+    def _by_leader(self, topic: str, partitions: list[int]) -> list[list[int]]:
+        """`partitions` grouped by their leader's broker id (those without one together);
+        [] when the metadata request fails too (nothing to tell the leaders apart by)."""
+        try:
+            found = self._client().list_topics(topic, timeout=QUICK_TIMEOUT).topics.get(topic)
+        except KafkaException:
+            return []
+        leaders = {} if found is None else {p: info.leader for p, info in found.partitions.items()}
+        groups: dict[int | None, list[int]] = {}
+        for p in partitions:
+            groups.setdefault(leaders.get(p), []).append(p)
+        return list(groups.values())
+
     def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> int | None:
         """The first offset whose record has a timestamp >= `timestamp_ms`; None if none has.
 
@@ -120,17 +181,25 @@ class KafkaMetadata(Lifecycle):
             return None
         return self._scan(topic, partition, timestamp_ms, low, newest)
 
-    def resolve(self, position: Position, topic: str, partition: int) -> int:
+    def resolve(
+        self,
+        position: Position,
+        topic: str,
+        partition: int,
+        *,
+        bounds: tuple[int, int] | None = None,
+    ) -> int:
         """The offset a rule-chosen position stands for, right now.
 
         `earliest` is low, `latest` is high. `timestamp:<ms>` is the first offset at or after
         that time; when every record Kafka holds is older, it is high: the next record written
         is the first one at or after that time, so nothing at or after it is skipped (this is
-        not a jump past data). `fail` has no offset: ValueError.
+        not a jump past data). `fail` has no offset: ValueError. `bounds`: the partition's
+        `(low, high)` just asked (with others, by `watermarks_of`), so they are not asked again.
         """
         if position.kind is PositionKind.FAIL:
             raise ValueError("the `fail` position names no offset; the caller must stop")
-        low, high = self.watermarks(topic, partition)
+        low, high = bounds if bounds is not None else self.watermarks(topic, partition)
         if position.kind is PositionKind.EARLIEST:
             return low
         if position.kind is PositionKind.LATEST:

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from kspout.config import TopicConfig
 from kspout.errors import PartitionStopped
 from kspout.kafka import KafkaMetadata
+from kspout.kafka.metadata import Bounds
 from kspout.lifecycle import Lifecycle
 from kspout.partition_manager import PartitionManager
 from kspout.policy import PositionKind
@@ -47,8 +48,6 @@ from kspout.streaming.watermarks import ThrottledWatermarks
 from kspout.streaming.zk_copy import ZkCopy
 
 log = logging.getLogger(__name__)
-
-Bounds = dict[int, tuple[int, int]]  # partition -> (low, high)
 
 
 class StreamPlanner(Lifecycle):
@@ -86,7 +85,10 @@ class StreamPlanner(Lifecycle):
     def initial(self) -> Offsets:
         """Where a new query starts: each partition at the topic file's `start`."""
         position, topic = self._config.start, self._config.topic
-        return {p: self._metadata.resolve(position, topic, p) for p in self._watermarks.refresh()}
+        return {
+            p: self._metadata.resolve(position, topic, p, bounds=bounds)
+            for p, bounds in self._watermarks.refresh().items()
+        }
 
     def prepare_available_now(self) -> None:
         """`Trigger.AvailableNow`: read up to the high watermarks of now, then end."""

@@ -1,9 +1,10 @@
 """The topic's partitions and their watermarks for the stream's planner, asked at a bounded rate.
 
 PySpark calls `latestOffset` every few milliseconds while a query is idle, and a watermark query
-is a broker round trip per partition: answering every call fresh would keep the brokers busy for
-nothing. So the watermarks are asked again at most every `interval` seconds, and the partition
-list (to find partitions added to the topic) every `partition_refresh` seconds of the topic file.
+is a broker round trip (one batched query for all partitions, `KafkaMetadata.watermarks_of`):
+answering every call fresh would keep the brokers busy for nothing. So the watermarks are asked
+again at most every `interval` seconds, and the partition list (to find partitions added to the
+topic) every `partition_refresh` seconds of the topic file.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from kspout.errors import TopicNotFound
 from kspout.kafka import KafkaMetadata
 
 # Seconds between two watermark queries: a trigger sees new records at most this late, and an
-# idle query costs one round trip per partition this often.
+# idle query costs one batched watermark query this often.
 INTERVAL = 0.5
 
 
@@ -55,8 +56,7 @@ class ThrottledWatermarks:
             if not partitions:
                 raise TopicNotFound(self._config.topic, self._config.brokers)
             self._partitions, self._listed_at = partitions, now
-        topic = self._config.topic
-        self._known = {p: self._metadata.watermarks(topic, p) for p in self._partitions}
+        self._known = self._metadata.watermarks_of(self._config.topic, self._partitions)
         self._asked_at = now
         return dict(self._known)
 

@@ -97,7 +97,7 @@ def test_a_current_hint_resets_only_if_fresh_watermarks_are_still_out_of_range(
     plan = pm.plan(100, 100)
     # The cache holds an answer that is out of range and young: the hint must not trust it.
     s.kafka.answers.append((150, 400))
-    assert s.cache.get(P, pm.emitted_to) == (150, 400)
+    assert s.cache.fresh(P) == (150, 400)
     s.kafka.answers.append((0, 400))  # ... Kafka has moved back into range since
     s.handler.hint(P, pm, plan.epoch)
     assert s.kafka.asked == [(TOPIC, P), (TOPIC, P)], "the hint asked Kafka afresh"
