@@ -17,12 +17,15 @@ from __future__ import annotations
 import enum
 import os
 import random
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterator, Sequence
+from itertools import repeat
 from typing import Generic, TypeVar
 
 RootKey = TypeVar("RootKey", bound=Hashable)
 
 _rng = random.Random()
+# `random_bits(64) or 1` is `new_tuple_id()` without the call, for loops that make an id each.
+random_bits = _rng.getrandbits
 
 
 def reseed() -> None:
@@ -36,7 +39,15 @@ def reseed() -> None:
 
 def new_tuple_id() -> int:
     """A random non-zero 64-bit id (zero would leave no trace in an XOR)."""
-    return _rng.getrandbits(64) or 1
+    return random_bits(64) or 1
+
+
+def new_tuple_ids(count: int) -> list[int]:
+    """`count` ids of `new_tuple_id`, made at once."""
+    ids = list(map(random_bits, repeat(64, count)))
+    if 0 in ids:
+        ids = [id_ or 1 for id_ in ids]
+    return ids
 
 
 class Mark(enum.IntEnum):
@@ -69,23 +80,39 @@ _MARKED = {
 
 
 class Acker(Generic[RootKey]):
-    """The XOR ledger for a set of roots."""
+    """The XOR ledger for a set of roots.
 
-    __slots__ = ("_errors", "_marks", "_values")
+    `values` maps each root to its ack value: a plain dict of ints, which the bolt API's hot
+    loops update in place (`values[root] = values.get(root, 0) ^ tuple_id` is `xor`).
+    """
+
+    __slots__ = ("_errors", "_marks", "values")
 
     def __init__(self) -> None:
-        self._values: dict[RootKey, int] = {}
+        self.values: dict[RootKey, int] = {}
         self._marks: dict[RootKey, Mark] = {}
         self._errors: dict[RootKey, str] = {}
 
     def xor(self, root: RootKey, value: int) -> None:
         """Fold a tuple id (created or acked) into `root`'s ack value."""
-        values = self._values
+        values = self.values
         values[root] = values.get(root, 0) ^ value
+
+    def xor_each(self, roots: Sequence[RootKey], ids: Sequence[int]) -> None:
+        """`xor(root, id)` for each pair; at once into an empty ledger (the usual case: a
+        task registering its root tuples)."""
+        values = self.values
+        if not values:
+            values.update(zip(roots, ids, strict=True))
+            if len(values) == len(roots):
+                return
+            values.clear()  # a root came twice: its ids must cancel out, not overwrite
+        for root, value in zip(roots, ids, strict=True):
+            values[root] = values.get(root, 0) ^ value
 
     def mark(self, root: RootKey, mark: Mark, error: str | None = None) -> None:
         """Record what a bolt said about `root`; a higher mark overrides a lower one."""
-        self._values.setdefault(root, 0)
+        self.values.setdefault(root, 0)
         if mark > self._marks.get(root, Mark.NONE):
             self._marks[root] = mark
             if error is not None:
@@ -110,25 +137,29 @@ class Acker(Generic[RootKey]):
         mark = self._marks.get(root, Mark.NONE)
         if mark >= Mark.DEFERRED:
             return _MARKED[mark]
-        if self._values.get(root, 0):
+        if self.values.get(root, 0):
             return RootState.PENDING
         return RootState.DUPLICATE if mark is Mark.DUPLICATE else RootState.COMPLETE
 
-    def states(self) -> Iterator[tuple[RootKey, RootState, str | None]]:
-        """`(root, state, error)` for every root, in one pass (what `state` gives per root)."""
+    def settled(self) -> tuple[list[RootKey], list[tuple[RootKey, RootState, str | None]]]:
+        """The complete roots (unmarked, value zero), and every marked root with its state
+        and error (the unmarked roots with a value are pending: they have no outcome yet)."""
         marks, errors = self._marks, self._errors
-        pending, complete = RootState.PENDING, RootState.COMPLETE
-        for root, value in self._values.items():
-            if root in marks:
-                yield root, self.state(root), errors.get(root)
-            else:
-                yield root, pending if value else complete, None
+        complete = [root for root, value in self.values.items() if not value and root not in marks]
+        marked = [(root, self.state(root), errors.get(root)) for root in marks]
+        return complete, marked
+
+    def marked(self) -> Iterator[tuple[RootKey, Mark, str | None]]:
+        """`(root, mark, error)` for every marked root (usually few: most have a value only)."""
+        errors = self._errors
+        for root, mark in self._marks.items():
+            yield root, mark, errors.get(root)
 
     def entries(self) -> Iterator[tuple[RootKey, int, Mark, str | None]]:
-        """`(root, ack value, mark, error)` per root: what ships between tasks."""
+        """`(root, ack value, mark, error)` per root: what `merge` folds into another ledger."""
         marks, errors = self._marks, self._errors
-        for root, value in self._values.items():
+        for root, value in self.values.items():
             yield root, value, marks.get(root, Mark.NONE), errors.get(root)
 
     def __len__(self) -> int:
-        return len(self._values)
+        return len(self.values)

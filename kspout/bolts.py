@@ -17,32 +17,48 @@ a repartition. Consecutive bolts with no grouping between them run in the same t
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import repeat
+from operator import itemgetter
+from typing import Any, overload
 
-from kspout.acker import Acker, Mark, new_tuple_id
+from kspout.acker import Acker, Mark, new_tuple_id, random_bits
 from kspout.channel.beacon import BEACON
+from kspout.gc_pause import cyclic_gc_paused
 from kspout.kafka import Record
 from kspout.outcomes import describe_error
 
 RootKey = tuple[int, int]  # (partition, offset) of the root record
 Values = Sequence[Any]
+# The roots a tuple descends from: one root's key (the common case: the tuple's id in that
+# root's tree is kept beside it, no dict), a dict of root -> id for several, None for none.
+Anchor = RootKey | dict[RootKey, int] | None
+# A tuple as it travels between stages: (values, anchor, id); the fields go once per chunk.
+Row = tuple[tuple[Any, ...], Anchor, int]
 
 
 class Tuple:
     """Values with field names, and the tuple's ids in the trees of the roots it descends from.
 
     `roots` maps each root to the id this tuple contributes when acked; a tuple anchored to
-    nothing has no roots.
+    nothing has no roots. Inside, one root is kept as its key and id (most tuples have one).
     """
 
-    __slots__ = ("fields", "roots", "values")
+    __slots__ = ("_anchor", "_id", "fields", "values")
 
-    def __init__(self, values: Values, fields: tuple[str, ...], roots: dict[RootKey, int]) -> None:
+    def __init__(
+        self, values: Values, fields: tuple[str, ...], roots: Mapping[RootKey, int]
+    ) -> None:
         self.values = values if type(values) is tuple else tuple(values)
         self.fields = fields
-        self.roots = roots
+        self._anchor, self._id = _anchor_of(dict(roots))
+
+    @property
+    def roots(self) -> dict[RootKey, int]:
+        """Each root this tuple descends from, with the id it contributes when acked."""
+        return dict(_pairs(self._anchor, self._id))
 
     def __getitem__(self, key: int | str) -> Any:
         """A value by position or by field name."""
@@ -64,8 +80,99 @@ class Tuple:
         shown = ", ".join(f"{f}={v!r}" for f, v in zip(self.fields, self.values, strict=False))
         return f"Tuple({shown})"
 
-    def __reduce__(self) -> tuple[type[Tuple], tuple[tuple[Any, ...], tuple[str, ...], dict]]:  # type: ignore[type-arg]
-        return (Tuple, (self.values, self.fields, self.roots))
+    def __reduce__(self) -> tuple[Callable[..., Tuple], tuple[Any, ...]]:
+        return (make_tuple, (self.values, self.fields, self._anchor, self._id))
+
+
+_new = object.__new__
+
+
+def make_tuple(values: tuple[Any, ...], fields: tuple[str, ...], anchor: Anchor, id_: int) -> Tuple:
+    """A `Tuple` from its parts as a `Row` holds them (no checks: for the hot loops)."""
+    tuple_: Tuple = _new(Tuple)
+    tuple_.values = values
+    tuple_.fields = fields
+    tuple_._anchor = anchor
+    tuple_._id = id_
+    return tuple_
+
+
+def _anchor_of(roots: dict[RootKey, int]) -> tuple[Anchor, int]:
+    """The compact form of `roots`: (key, id) for one root, (dict, 0) for several."""
+    if not roots:
+        return None, 0
+    if len(roots) == 1:
+        [(root, id_)] = roots.items()
+        return root, id_
+    return roots, 0
+
+
+def _pairs(anchor: Anchor, id_: int) -> Iterable[tuple[RootKey, int]]:
+    """(root, id) for each root of a tuple with this anchor and id."""
+    if anchor is None:
+        return ()
+    if isinstance(anchor, dict):
+        return anchor.items()
+    return ((anchor, id_),)
+
+
+@dataclass(slots=True)
+class Chunk(Sequence[Tuple]):
+    """Tuples as rows, with their field names: how a stage's input and output are held,
+    routed and shipped.
+
+    Between Spark stages, plain lists of tuples and ints pickle in C at once; one `Tuple`
+    object per message would go through Python code on both ends. Read as a sequence, a
+    chunk makes each `Tuple` as it is read, usually dropped right after: a stage's input is
+    not a long-lived object per message for the cycle collector to scan again and again.
+    """
+
+    fields: tuple[str, ...]
+    rows: list[Row] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @overload
+    def __getitem__(self, index: int) -> Tuple: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Chunk: ...
+
+    def __getitem__(self, index: int | slice) -> Tuple | Chunk:
+        if isinstance(index, slice):
+            return Chunk(self.fields, self.rows[index])
+        values, anchor, id_ = self.rows[index]
+        return make_tuple(values, self.fields, anchor, id_)
+
+    def __iter__(self) -> Iterator[Tuple]:
+        rows = self.rows
+        columns = map(_FIRST, rows), map(_SECOND, rows), map(_THIRD, rows)
+        return map(make_tuple, columns[0], repeat(self.fields), columns[1], columns[2])
+
+    def __reduce__(self) -> tuple[Callable[..., Chunk], tuple[Any, ...]]:
+        """Pickled in columns: a list per field (values were checked against the fields, when
+        declared), the anchors, and the ids as one block of bytes. A tuple object per row
+        would cost the pickler about four times as much on each end."""
+        rows = self.rows
+        values: list[Any] = list(map(_FIRST, rows))
+        if self.fields:
+            values = [list(map(itemgetter(i), values)) for i in range(len(self.fields))]
+        anchors = list(map(_SECOND, rows))
+        ids = array("Q", map(_THIRD, rows))
+        return (_chunk_of_columns, (self.fields, values, anchors, ids))
+
+
+_FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
+
+
+def _chunk_of_columns(
+    fields: tuple[str, ...], values: list[Any], anchors: list[Anchor], ids: array[int]
+) -> Chunk:
+    """A `Chunk` back from its pickled columns (see `Chunk.__reduce__`)."""
+    rows = zip(zip(*values, strict=True) if fields else values, anchors, ids, strict=True)
+    with cyclic_gc_paused():  # a collection per 700 new rows, each over every live object
+        return Chunk(fields, list(rows))
 
 
 ROOT_FIELDS = ("record",)
@@ -76,50 +183,72 @@ def root_tuple(record: Record, acker: Acker[RootKey]) -> Tuple:
     key = (record.partition, record.offset)
     tuple_id = new_tuple_id()
     acker.xor(key, tuple_id)
-    return Tuple((record,), ROOT_FIELDS, {key: tuple_id})
+    return make_tuple((record,), ROOT_FIELDS, key, tuple_id)
 
 
 class Collector:
-    """What a bolt emits, acks and fails through; every call updates the ack ledger."""
+    """What a bolt emits, acks and fails through; every call updates the ack ledger.
 
-    __slots__ = ("_acker", "_basic", "_fields", "_out")
+    Emits go to `out`: a list of `Tuple`s, a `Chunk` (rows, for the next stage's grouping),
+    or None (the last bolt, whose emits go nowhere).
+    """
+
+    __slots__ = ("_acker", "_basic", "_fields", "_ledger", "_rows", "_tuples", "emits")
 
     def __init__(
-        self, acker: Acker[RootKey], fields: tuple[str, ...], out: list[Tuple] | None
+        self, acker: Acker[RootKey], fields: tuple[str, ...], out: list[Tuple] | Chunk | None
     ) -> None:
         self._acker = acker
+        self._ledger = acker.values
         self._fields = fields
-        self._out = out  # None: the last bolt, whose emits go nowhere
-        self._basic = BasicCollector(self, None)
+        self._rows = out.rows if isinstance(out, Chunk) else None
+        self._tuples = out if isinstance(out, list) else None
+        self.emits = out is not None  # False for the last bolt, whose emits go nowhere
+        self._basic = BasicCollector(self)
 
     def basic(self, input_: Tuple) -> BasicCollector:
         """The `BasicCollector` for `input_` (one object per task, re-pointed per input: the
         bolt itself keeps no per-task state, so it pickles as it was built)."""
         basic = self._basic
-        basic._input = input_
+        basic.point_at(input_)
         return basic
 
     def emit(self, anchors: Tuple | Sequence[Tuple] | None, values: Values) -> None:
         """Emit `values`, anchored to `anchors` (one tuple, several, or None for unanchored)."""
-        if self._out is None:
+        if not self.emits:
             return
-        if self._fields and len(values) != len(self._fields):
-            raise ValueError(f"emitted {len(values)} values for fields {self._fields}")
+        values = self.checked(values)
         roots: dict[RootKey, int] = {}
         if anchors is not None:
-            acker = self._acker
+            ledger = self._ledger
             for anchor in (anchors,) if isinstance(anchors, Tuple) else anchors:
-                for root in anchor.roots:
+                for root, _ in _pairs(anchor._anchor, anchor._id):
                     edge = new_tuple_id()
-                    acker.xor(root, edge)
+                    ledger[root] = ledger.get(root, 0) ^ edge
                     roots[root] = roots.get(root, 0) ^ edge
-        self._out.append(Tuple(values, self._fields, roots))
+        self.put(values, *_anchor_of(roots))
+
+    def checked(self, values: Values) -> tuple[Any, ...]:
+        """`values` as a tuple, after checking they match the declared fields."""
+        if type(values) is not tuple:
+            values = tuple(values)
+        if self._fields and len(values) != len(self._fields):
+            raise ValueError(f"emitted {len(values)} values for fields {self._fields}")
+        return values
+
+    def put(self, values: tuple[Any, ...], anchor: Anchor, id_: int) -> None:
+        """Append an emitted tuple, its ids already in the ledger, to the output."""
+        rows = self._rows
+        if rows is not None:
+            rows.append((values, anchor, id_))
+        elif self._tuples is not None:
+            self._tuples.append(make_tuple(values, self._fields, anchor, id_))
 
     def ack(self, tuple_: Tuple) -> None:
         """This input is done with."""
-        acker = self._acker
-        for root, tuple_id in tuple_.roots.items():
-            acker.xor(root, tuple_id)
+        ledger = self._ledger
+        for root, tuple_id in _pairs(tuple_._anchor, tuple_._id):
+            ledger[root] = ledger.get(root, 0) ^ tuple_id
 
     def fail(self, tuple_: Tuple, error: str | BaseException = "failed by the bolt") -> None:
         """This input failed: its roots fail at once with EXCEPTION."""
@@ -148,23 +277,62 @@ class Collector:
         self.ack(tuple_)
 
     def _mark(self, tuple_: Tuple, mark: Mark, error: str | None = None) -> None:
-        for root in tuple_.roots:
+        for root, _ in _pairs(tuple_._anchor, tuple_._id):
             self._acker.mark(root, mark, error)
 
 
 class BasicCollector:
-    """A `BasicBolt`'s collector: emits are anchored to the current input."""
+    """A `BasicBolt`'s collector: emits are anchored to the current input.
 
-    __slots__ = ("_collector", "_input")
+    When the input has one root (the common case), the ids of the tuples emitted from it are
+    folded into one running XOR, `edges`, that reaches the ledger once, with the input's ack.
+    """
 
-    def __init__(self, collector: Collector, input_: Tuple | None) -> None:
+    __slots__ = ("_collector", "_input", "_root", "_rows", "_width", "edges")
+
+    def __init__(self, collector: Collector) -> None:
         self._collector = collector
-        self._input = input_
+        self._rows = collector._rows  # the next stage's chunk, when the emits go there
+        self._width = len(collector._fields)
+        self._input: Tuple | None = None
+        self._root: RootKey | None = None  # the input's root when it has exactly one
+        self.edges = 0  # XOR of the ids emitted under `_root` since `point_at`
+
+    def point_at(self, input_: Tuple) -> RootKey | None:
+        """Anchor the emits from now on to `input_`; returns its root when it has one only."""
+        anchor = input_._anchor
+        root = anchor if type(anchor) is tuple else None
+        self._input, self._root, self.edges = input_, root, 0
+        return root
 
     def emit(self, values: Values) -> None:
         """Emit `values` anchored to the tuple being executed."""
-        assert self._input is not None, "emit outside process()"
-        self._collector.emit(self._input, values)
+        collector, root = self._collector, self._root
+        if root is None or not collector.emits:  # several roots or none, or emits go nowhere
+            assert self._input is not None, "emit outside process()"
+            collector.emit(self._input, values)
+            return
+        if type(values) is not tuple or len(values) != self._width:
+            values = collector.checked(values)
+        edge = random_bits(64) or 1  # new_tuple_id()
+        self.edges ^= edge
+        rows = self._rows
+        if rows is not None:  # collector.put, inline
+            rows.append((values, root, edge))
+        else:
+            collector.put(values, root, edge)
+
+    def settle(self, *, ack: bool) -> None:
+        """Fold the emitted ids into the ledger, with the input's own id when `ack`."""
+        input_, root = self._input, self._root
+        assert input_ is not None
+        if root is None:
+            if ack:
+                self._collector.ack(input_)
+            return
+        ledger = self._collector._ledger
+        ledger[root] = ledger.get(root, 0) ^ self.edges ^ (input_._id if ack else 0)
+        self.edges = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,8 +400,37 @@ class BasicBolt(Bolt):
         raise NotImplementedError
 
     def execute(self, tuple_: Tuple, collector: Collector) -> None:
-        self.process(tuple_, collector.basic(tuple_))
-        collector.ack(tuple_)
+        basic = collector.basic(tuple_)
+        try:
+            self.process(tuple_, basic)
+        except BaseException:
+            basic.settle(ack=False)
+            raise
+        basic.settle(ack=True)
+
+    def execute_batch(self, tuples: Sequence[Tuple], collector: Collector) -> None:
+        """`execute` per tuple, failing the tuple whose `process` raised, with the per-tuple
+        work kept to the ledger's: one XOR into it per input (see BasicCollector)."""
+        if type(self).execute is not BasicBolt.execute:  # a subclass that redefines execute
+            super().execute_batch(tuples, collector)
+            return
+        basic, ledger = collector._basic, collector._ledger
+        process = self.process
+        beacon = BEACON
+        for tuple_ in tuples:
+            beacon.current = tuple_
+            root = basic.point_at(tuple_)
+            try:
+                process(tuple_, basic)
+            except Exception as exc:
+                basic.settle(ack=False)
+                collector.fail(tuple_, exc)
+                continue
+            if root is None:
+                basic.settle(ack=True)
+            else:  # settle(ack=True) inline: the input's one update of the ledger
+                ledger[root] = ledger.get(root, 0) ^ basic.edges ^ tuple_._id
+        beacon.current = None
 
 
 class FunctionBolt(BasicBolt):
@@ -257,6 +454,16 @@ class Grouping:
         """The index of the task that receives `tuple_`."""
         raise NotImplementedError
 
+    def split(self, chunk: Chunk, tasks: int) -> list[Chunk]:
+        """`chunk` cut into one chunk per receiving task, as `route` says of each tuple.
+
+        The groupings here override it to route a whole chunk without a `Tuple` per row.
+        """
+        parts = [Chunk(chunk.fields) for _ in range(tasks)]
+        for row, tuple_ in zip(chunk.rows, chunk, strict=True):
+            parts[self.route(tuple_, tasks)].rows.append(row)
+        return parts
+
 
 class Shuffle(Grouping):
     """Any task; tuples are spread evenly (round robin from a random start per copy, since
@@ -266,12 +473,26 @@ class Shuffle(Grouping):
         self._next: int | None = None
 
     def route(self, tuple_: Tuple, tasks: int) -> int:
+        return self._advance(1, tasks)
+
+    def split(self, chunk: Chunk, tasks: int) -> list[Chunk]:
+        rows = chunk.rows
+        first = self._advance(len(rows), tasks)
+        return [Chunk(chunk.fields, rows[(task - first) % tasks :: tasks]) for task in range(tasks)]
+
+    def _advance(self, count: int, tasks: int) -> int:
+        """The task of the first of `count` tuples; the round robin moves past all of them."""
         current = new_tuple_id() if self._next is None else self._next
-        self._next = (current + 1) % tasks
-        return self._next
+        self._next = (current + count) % tasks
+        return (current + 1) % tasks
 
     def __repr__(self) -> str:
         return "Shuffle()"
+
+
+# Exact types whose equal values always hash alike in `stable_hash`, so a route found for
+# one value may be reused for an equal one (1 == 1.0 == True, but 1.0 and True are not here).
+_REUSABLE = frozenset({str, bytes, int})
 
 
 class Fields(Grouping):
@@ -286,6 +507,32 @@ class Fields(Grouping):
         key = tuple(tuple_[name] for name in self.names)
         return stable_hash(key) % tasks
 
+    def split(self, chunk: Chunk, tasks: int) -> list[Chunk]:
+        parts = [Chunk(chunk.fields) for _ in range(tasks)]
+        if not chunk.rows:  # nothing to route (a stage that failed may not know its fields)
+            return parts
+        buckets = [part.rows for part in parts]
+        key = self._key(chunk.fields)
+        routes: dict[object, int] = {}  # per split: a value repeats within a task's output
+        for row in chunk.rows:
+            value = key(row[0])
+            if type(value) in _REUSABLE:
+                target = routes.get(value)
+                if target is None:
+                    target = routes[value] = stable_hash((value,)) % tasks
+            else:
+                target = stable_hash(value if len(self.names) > 1 else (value,)) % tasks
+            buckets[target].append(row)
+        return parts
+
+    def _key(self, fields: tuple[str, ...]) -> Callable[[tuple[Any, ...]], Any]:
+        """Picks the grouped values out of a row's values: the value itself for one name,
+        a tuple of them for several."""
+        try:
+            return itemgetter(*(fields.index(name) for name in self.names))
+        except ValueError:
+            raise KeyError(f"{self!r}: the tuples have fields {fields}") from None
+
     def __repr__(self) -> str:
         return f"Fields({', '.join(map(repr, self.names))})"
 
@@ -295,6 +542,9 @@ class Global(Grouping):
 
     def route(self, tuple_: Tuple, tasks: int) -> int:
         return 0
+
+    def split(self, chunk: Chunk, tasks: int) -> list[Chunk]:
+        return [chunk, *(Chunk(chunk.fields) for _ in range(tasks - 1))]
 
     def __repr__(self) -> str:
         return "Global()"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 @contextlib.contextmanager
@@ -38,3 +38,36 @@ def cyclic_gc_frozen() -> Iterator[None]:
         yield
     finally:
         gc.unfreeze()
+
+
+@contextlib.contextmanager
+def cyclic_gc_paused_until_built() -> Iterator[Callable[[], None]]:
+    """Pause the cycle collector while a task builds what it keeps (records, root tuples);
+    the yielded `built()` then freezes all of it and resumes the collector for the code that
+    runs over it (the handler, the bolts). It thaws when the block ends.
+
+    `cyclic_gc_paused` alone leaves what was built young, so the first collection after it
+    scans every object, and later the older generations again (measured: ~0.3 us per record
+    on a fetch, ~0.6 us per record on a one-bolt stage). Freezing before resuming skips all of
+    those scans, while cycles that user code makes afterwards are still collected. Freezing is
+    process-wide: a `cyclic_gc_frozen` block inside this one thaws everything when it ends.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    frozen = False
+
+    def built() -> None:
+        nonlocal frozen
+        if not frozen:
+            gc.freeze()
+            frozen = True
+            if enabled:
+                gc.enable()
+
+    try:
+        yield built
+    finally:
+        if frozen:
+            gc.unfreeze()
+        elif enabled:
+            gc.enable()

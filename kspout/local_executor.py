@@ -12,9 +12,10 @@ from concurrent.futures import Future
 from functools import partial
 
 from kspout.acker import Acker
-from kspout.bolts import RootKey, TaskContext, Tuple
+from kspout.bolts import ROOT_FIELDS, Chunk, RootKey, TaskContext
 from kspout.channel.reporter import ChannelAddress
 from kspout.config import TopicConfig
+from kspout.gc_pause import cyclic_gc_paused_until_built
 from kspout.kafka import PartitionFetcher
 from kspout.ordering import check_runs_in_order
 from kspout.tasks import PartitionTask, TaskResult, run_task
@@ -78,27 +79,37 @@ class LocalExecutor:
         if handler is not None:
             return [run_task(self._fetcher, task, handler) for task in tasks]
         acker: Acker[RootKey] = Acker()
+        with cyclic_gc_paused_until_built() as built:
+            roots, reports = self._roots(tasks, acker)
+            built()
+            try:
+                output = run_guarded(roots, lambda: self._runner(0, acker)).chunk
+            except StageFailed as failed:
+                reports = [
+                    r if r.infra_error else FetchReport(r.partition, (), None, failed.error)
+                    for r in reports
+                ]
+                return task_results(tasks, acker, reports)
+            for stage in range(1, len(self._topology.stages)):
+                output = run_later_stage(output, partial(self._runner, stage, acker))
+        return task_results(tasks, acker, reports)
+
+    def _roots(
+        self, tasks: Sequence[PartitionTask], acker: Acker[RootKey]
+    ) -> tuple[Chunk, list[FetchReport]]:
+        """Every task's records as root tuples registered with `acker`, and what each fetch
+        found; a failed fetch releases its partition's offsets (its report says so)."""
+        roots = Chunk(ROOT_FIELDS)
         reports: list[FetchReport] = []
-        roots: list[Tuple] = []
         for task in tasks:
             try:
                 fetched = self._fetcher.fetch(task.topic, task.partition, task.plan.ranges())
             except Exception as exc:  # the partition's offsets are released, not failed
                 reports.append(FetchReport.failed(task.partition, exc))
                 continue
-            roots.extend(root_tuples(fetched, acker))
+            roots.rows.extend(root_tuples(fetched, acker).rows)
             reports.append(FetchReport.of(task.partition, fetched))
-        try:
-            output = run_guarded(roots, lambda: self._runner(0, acker)).output
-        except StageFailed as failed:
-            reports = [
-                r if r.infra_error else FetchReport(r.partition, (), None, failed.error)
-                for r in reports
-            ]
-            return task_results(tasks, acker, reports)
-        for stage in range(1, len(self._topology.stages)):
-            output = run_later_stage(output, partial(self._runner, stage, acker))
-        return task_results(tasks, acker, reports)
+        return roots, reports
 
     def _runner(self, stage: int, acker: Acker[RootKey]) -> StageRunner:
         context = TaskContext(self._config.topic, stage, 0, self._batches)

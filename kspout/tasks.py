@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 from kspout.channel.beacon import BEACON
+from kspout.gc_pause import cyclic_gc_paused_until_built
 from kspout.kafka import FetchResult, PartitionFetcher, Record
 from kspout.ordering import WAITS_FOR_KEY, KeyGate, KeyOrder, fetch_ranges, within
 from kspout.outcomes import FailReason, Outcome, OutcomeKind, describe_error
@@ -246,14 +247,17 @@ def run_task(
 
     A failed fetch is the infrastructure's fault, not the messages': the task's offsets are
     released (no attempt spent) and the error is reported for the partition's breaker.
+    The fetched records are kept out of the cycle collector's scans while the handler runs.
     """
-    try:
-        fetched = fetcher.fetch(task.topic, task.partition, task.fetch_ranges())
-    except Exception as exc:
-        return released(task, describe_error(exc))
-    if task.keys is not None:
-        return settle_in_key_order(task, task.keys, fetched, handler, on_fetched)
-    return settle(task, fetched, handler, on_fetched)
+    with cyclic_gc_paused_until_built() as built:
+        try:
+            fetched = fetcher.fetch(task.topic, task.partition, task.fetch_ranges())
+        except Exception as exc:
+            return released(task, describe_error(exc))
+        built()
+        if task.keys is not None:
+            return settle_in_key_order(task, task.keys, fetched, handler, on_fetched)
+        return settle(task, fetched, handler, on_fetched)
 
 
 def settle_in_key_order(

@@ -15,15 +15,16 @@ when a bolt found the message unprocessable), deferred ones are DEFERRED, and pe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
-from kspout.acker import Acker, RootState, reseed
+from kspout.acker import Acker, RootState, new_tuple_ids, reseed
 from kspout.bolts import (
     ROOT_FIELDS,
     Bolt,
+    Chunk,
     Collector,
     Fields,
     FunctionBolt,
@@ -31,13 +32,13 @@ from kspout.bolts import (
     RootKey,
     TaskContext,
     Tuple,
-    root_tuple,
 )
 from kspout.channel.beacon import BEACON
 from kspout.errors import ChainError
 from kspout.gc_pause import cyclic_gc_frozen, cyclic_gc_paused
 from kspout.kafka import FetchResult
 from kspout.outcomes import FailReason, OutcomeKind, describe_error
+from kspout.spans import runs
 from kspout.tasks import Handler, OutcomeLog, PartitionTask, TaskResult, cut_short, released
 
 ChainItem = Bolt | Grouping | Callable[[Any], object]
@@ -159,7 +160,7 @@ def _not_first(bolt: Bolt, position: int) -> str:
 class StageRunner:
     """Runs one stage's bolts over a task's input tuples, the later bolts depth first.
 
-    Tuples the stage's last bolt emits are collected in `output` for the next stage's
+    Tuples the stage's last bolt emits are collected as rows in `chunk` for the next stage's
     grouping; in the chain's last stage they go nowhere.
     """
 
@@ -167,15 +168,20 @@ class StageRunner:
         self, stage: Stage, acker: Acker[RootKey], context: TaskContext, *, last: bool
     ) -> None:
         self._bolts = stage.bolts
-        self.output: list[Tuple] = []
+        self.chunk = Chunk(stage.bolts[-1].outputs)
         self._buffers: list[list[Tuple]] = [[] for _ in stage.bolts[:-1]]
-        final_out = None if last else self.output
+        final_out = None if last else self.chunk
         self._collectors = [
             Collector(acker, bolt.outputs, buffer)
             for bolt, buffer in zip(stage.bolts, [*self._buffers, final_out], strict=True)
         ]
         for bolt in self._bolts:
             bolt.prepare(context)
+
+    @property
+    def output(self) -> list[Tuple]:
+        """What the stage emitted, as tuples (empty in the chain's last stage)."""
+        return list(self.chunk)
 
     def run(self, tuples: Sequence[Tuple]) -> None:
         """The stage's first bolt takes all the task's input in one batch; whatever it emits
@@ -218,14 +224,22 @@ class StageRunner:
         self._collectors[0].release(tuple_, error)
 
 
-def root_tuples(fetched: FetchResult, acker: Acker[RootKey]) -> list[Tuple]:
+def root_tuples(fetched: FetchResult, acker: Acker[RootKey]) -> Chunk:
     """The fetched records as the chain's root tuples, registered with `acker`."""
     reseed()
+    records = fetched.records
     with cyclic_gc_paused():
-        return [root_tuple(record, acker) for record in fetched.records]
+        keys: list[RootKey] = list(map(_ROOT_KEY, records))
+        ids = new_tuple_ids(len(records))
+        acker.xor_each(keys, ids)
+        return Chunk(ROOT_FIELDS, list(zip(zip(records), keys, ids, strict=True)))
 
 
-def run_later_stage(tuples: list[Tuple], make_runner: Callable[[], StageRunner]) -> list[Tuple]:
+_ROOT_KEY = attrgetter("partition", "offset")
+_OFFSET = itemgetter(1)
+
+
+def run_later_stage(tuples: Sequence[Tuple], make_runner: Callable[[], StageRunner]) -> Chunk:
     """Run tuples routed here by a grouping through a later stage; returns what it emitted.
 
     When the stage fails outside per-message code, every root of its input is marked
@@ -240,12 +254,13 @@ def run_later_stage(tuples: list[Tuple], make_runner: Callable[[], StageRunner])
         return runner
 
     try:
-        return run_guarded(tuples, make).output
+        return run_guarded(tuples, make).chunk
     except StageFailed as failed:
-        if runner is not None:
-            for tuple_ in tuples:
-                runner.release(tuple_, failed.error)
-        return []
+        if runner is None:
+            return Chunk(())
+        for tuple_ in tuples:
+            runner.release(tuple_, failed.error)
+        return Chunk(runner.chunk.fields)
 
 
 _SETTLED = {
@@ -316,12 +331,30 @@ def task_results(
     tasks: Sequence[PartitionTask], acker: Acker[RootKey], reports: Iterable[FetchReport]
 ) -> list[TaskResult]:
     """One `TaskResult` per task from the merged ledger of every root in the batch."""
-    by_partition: dict[int, list[tuple[int, RootState, str | None]]] = {}
-    for (partition, offset), state, error in acker.states():
-        entries = by_partition.get(partition)
-        if entries is None:
-            entries = by_partition[partition] = []
-        entries.append((offset, state, error))
+    return partition_results(tasks, by_partition(acker), reports)
+
+
+def by_partition(acker: Acker[RootKey]) -> dict[int, Acker[int]]:
+    """`acker` cut into one ledger per Kafka partition, keyed by offset."""
+    values = acker.values
+    parts: dict[int, Acker[int]] = {p: Acker() for p in {partition for partition, _ in values}}
+    if len(parts) == 1:  # a first-stage task's: all of its partition, at once
+        [part] = parts.values()
+        part.values.update(zip(map(_OFFSET, values), values.values(), strict=True))
+    else:
+        for (partition, offset), value in values.items():
+            parts[partition].values[offset] = value
+    for (partition, offset), mark, error in acker.marked():
+        parts[partition].mark(offset, mark, error)
+    return parts
+
+
+def partition_results(
+    tasks: Sequence[PartitionTask],
+    ledgers: Mapping[int, Acker[int]],
+    reports: Iterable[FetchReport],
+) -> list[TaskResult]:
+    """One `TaskResult` per task from its partition's merged ledger (offset -> ack value)."""
     missing: dict[int, list[tuple[int, int]]] = {}
     out_of_range: dict[int, tuple[int, int]] = {}
     reached: dict[int, int] = {}
@@ -347,17 +380,8 @@ def task_results(
             results.append(released(task, failed[task.partition]))
             continue
         log = OutcomeLog(task)
-        entries = by_partition.get(task.partition, [])
-        entries.sort(key=itemgetter(0))
-        complete, pending = RootState.COMPLETE, RootState.PENDING
-        infra_error = None
-        for offset, state, error in entries:
-            if state is complete:
-                log.ack(offset)
-            elif state is not pending:
-                log.add(offset, *_SETTLED[state], error)
-                if state is RootState.RELEASED and infra_error is None:
-                    infra_error = error or "a later stage failed"
+        ledger = ledgers.get(task.partition)
+        infra_error = None if ledger is None else _settle_roots(log, ledger)
         if task.partition in reached:
             log.outcomes.extend(cut_short(task, reached[task.partition]))
         results.append(
@@ -371,3 +395,18 @@ def task_results(
             )
         )
     return results
+
+
+def _settle_roots(log: OutcomeLog, ledger: Acker[int]) -> str | None:
+    """Write the outcome of each settled root of one partition to `log` (pending roots get
+    none); returns the error of the first RELEASED root, when a stage failed under some."""
+    complete, marked = ledger.settled()
+    for lo, hi in runs(sorted(complete)):
+        log.ack_run(lo, hi)
+    infra_error = None
+    for offset, state, error in sorted(marked, key=itemgetter(0)):
+        if state is not RootState.PENDING:
+            log.add(offset, *_SETTLED[state], error)
+            if state is RootState.RELEASED and infra_error is None:
+                infra_error = error or "a later stage failed"
+    return infra_error

@@ -4,13 +4,15 @@ Starts Kafka (mock cluster), ZooKeeper and Redis (or uses `kspout dev up`'s with
 produces a sentence stream with injected failures, and runs a Storm-style word count on Spark
 `local[2]` (split bolt, fields grouping by word, count bolt) while showing progress. It then
 prints the counts beside the true ones, what was acked, retried, timed out and dead-lettered,
-and the commit points ZooKeeper holds, and checks them against what was produced.
+and the commit points ZooKeeper holds, and checks them against what was produced; last, how
+long each job took (wall time and messages/s) and the demo as a whole.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+import time
 import uuid
 from collections import Counter
 from contextlib import ExitStack
@@ -64,6 +66,7 @@ def demo(config_path: str, messages: int, master: str, dev_stack: bool) -> None:
     out = Console()
     if not out.is_terminal:
         out.width = 120
+    started = time.perf_counter()
     with kspout_errors(), ExitStack() as stack:
         if dev_stack:
             use_dev_stack()
@@ -93,15 +96,19 @@ def demo(config_path: str, messages: int, master: str, dev_stack: bool) -> None:
         job = "demo-storm" + run
         storm = job_config(config, job)
         console.print(f"running {job}: split -> fields(word) -> count, at least once")
-        final = run_job(console, spark, storm, word_count_chain(storm, job, slow))
-        ok = report_word_count(out, storm, stream, final, read_counts(storm, f"{job}:counts"))
+        final, took = run_job(console, spark, storm, word_count_chain(storm, job, slow))
+        counts = read_counts(storm, f"{job}:counts")
+        ok = report_word_count(out, storm, stream, final, took, counts)
+        timings = [(job, took)]
 
         job = "demo-exactly-once" + run
         once = job_config(config, job)
         bolt = exactly_once_chain(once, job, slow)
         console.print(f"running {job}: the dedup bolt around a counting handler")
-        final = run_job(console, spark, once, bolt)
-        ok = report_exactly_once(out, once, stream, final, bolt.warnings) and ok
+        final, took = run_job(console, spark, once, bolt)
+        ok = report_exactly_once(out, once, stream, final, took, bolt.warnings) and ok
+        timings.append((job, took))
+        print_timings(out, stream.messages, timings, time.perf_counter() - started)
         if not ok:
             raise SystemExit(1)
 
@@ -113,14 +120,30 @@ def job_config(config: TopicConfig, job: str) -> TopicConfig:
 
 def run_job(
     console: Console, spark: SparkSession, config: TopicConfig, chain: ChainItem | list[ChainItem]
-) -> Progress:
-    """Run a job until caught up, with a live progress table."""
+) -> tuple[Progress, float]:
+    """Run a job until caught up, with a live progress table; returns its final progress and
+    its wall time in seconds (`KafkaSpout.run`, start to finish)."""
     with Live(console=console, transient=True, auto_refresh=False) as live:
 
         def show(progress: Progress) -> None:
             live.update(progress_table(progress, title=config.spout_id), refresh=True)
 
-        return KafkaSpout(config, spark).run(chain, until_caught_up=True, on_progress=show)
+        started = time.perf_counter()
+        final = KafkaSpout(config, spark).run(chain, until_caught_up=True, on_progress=show)
+        return final, time.perf_counter() - started
+
+
+def rate(messages: int, seconds: float) -> str:
+    """`seconds` and the messages per second they make for `messages`."""
+    return f"{seconds:.1f}s, {messages / seconds:,.0f} messages/s" if seconds > 0 else "0s"
+
+
+def print_timings(out: Console, messages: int, jobs: list[tuple[str, float]], total: float) -> None:
+    """How long the demo took: each job's wall time and throughput over the stream, and the
+    whole run (stack start-up, producing, Spark start-up and the checks included)."""
+    for job, seconds in jobs:
+        out.print(f"{job}: {messages} messages in {rate(messages, seconds)}")
+    out.print(f"the demo took {total:.1f}s in all")
 
 
 def print_checks(out: Console, checks: dict[str, bool]) -> bool:
@@ -130,8 +153,11 @@ def print_checks(out: Console, checks: dict[str, bool]) -> bool:
     return all(checks.values())
 
 
-def print_figures(out: Console, config: TopicConfig, final: Progress) -> dict[int, int]:
-    """The final table, the totals and the commit points; returns the commit points."""
+def print_figures(
+    out: Console, config: TopicConfig, stream: DemoStream, final: Progress, took: float
+) -> dict[int, int]:
+    """The final table, the totals, the job's wall time and the commit points; returns the
+    commit points."""
     out.print(progress_table(final, title=f"{config.spout_id}: final"))
     stored = stored_offsets(config)
     out.print(
@@ -139,7 +165,7 @@ def print_figures(out: Console, config: TopicConfig, final: Progress) -> dict[in
         f"failed and retried {final.total('retried')}, deferred {final.total('deferred')}, "
         f"timed out {final.total('timed_out')}, dead-lettered {final.total('dead_lettered')} "
         f"({final.total('invalid')} without an id), lost {final.total('lost')}, "
-        f"in {final.elapsed:.1f}s over {final.batches} batches"
+        f"over {final.batches} batches; wall time {rate(stream.messages, took)}"
     )
     out.print("committed offsets: " + ", ".join(f"p{p}={o}" for p, o in sorted(stored.items())))
     return stored
@@ -156,10 +182,15 @@ def timeout_check(config: TopicConfig, stream: DemoStream, final: Progress) -> d
 
 
 def report_word_count(
-    out: Console, config: TopicConfig, stream: DemoStream, final: Progress, counts: Counter[str]
+    out: Console,
+    config: TopicConfig,
+    stream: DemoStream,
+    final: Progress,
+    took: float,
+    counts: Counter[str],
 ) -> bool:
     """The at-least-once job's figures and checks; True when every check passed."""
-    stored = print_figures(out, config, final)
+    stored = print_figures(out, config, stream, final, took)
     table = Table(title="word counts (top 8)")
     for column in ("word", "counted", "true", "extra from replays"):
         table.add_column(column, justify="right" if column != "word" else "left")
@@ -188,10 +219,15 @@ def report_word_count(
 
 
 def report_exactly_once(
-    out: Console, config: TopicConfig, stream: DemoStream, final: Progress, warnings: list[str]
+    out: Console,
+    config: TopicConfig,
+    stream: DemoStream,
+    final: Progress,
+    took: float,
+    warnings: list[str],
 ) -> bool:
     """The exactly-once job's figures and checks; True when every check passed."""
-    stored = print_figures(out, config, final)
+    stored = print_figures(out, config, stream, final, took)
     for warning in warnings:
         out.print(f"[yellow]Redis durability warning:[/] {warning}")
     effects, ids = read_effects(config, config.spout_id)

@@ -13,22 +13,26 @@ again because its previous attempt died reports just that (`attempt_died`), so t
 isolate the record that kills workers instead of letting Spark replay it into the same crash.
 
 Between stages, items are `(target, payload)` pairs; `target` is the Spark partition the next
-stage reads them in. A payload is a `Tuple` for the next stage's bolts, or a `Ledger`: part of
-the batch's ack bookkeeping for one Kafka partition, merged at the end.
+stage reads them in. A payload is a `Chunk` of tuples for the next stage's bolts, or a
+`Ledger`: part of the batch's ack bookkeeping for one Kafka partition, merged at the end. A
+task sends one chunk per receiving task and one ledger per Kafka partition, each a few lists
+of plain values: Spark pickles a few large objects per task, not one per tuple.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from pyspark import TaskContext as SparkTaskContext
 
 from kspout.acker import Acker, Mark
-from kspout.bolts import RootKey, TaskContext, Tuple
+from kspout.bolts import Chunk, RootKey, TaskContext
 from kspout.channel.messages import TaskId
 from kspout.channel.reporter import ChannelAddress, TaskReporter
 from kspout.config import TopicConfig
+from kspout.gc_pause import cyclic_gc_paused_until_built
 from kspout.kafka import PartitionFetcher
 from kspout.outcomes import describe_error
 from kspout.tasks import PartitionTask, TaskResult, released, run_task
@@ -37,6 +41,8 @@ from kspout.topology import (
     StageFailed,
     StageRunner,
     Topology,
+    by_partition,
+    partition_results,
     root_tuples,
     run_guarded,
     run_later_stage,
@@ -57,13 +63,45 @@ def fetcher_for(config: TopicConfig) -> PartitionFetcher:
     return fetcher
 
 
+def close_fetchers() -> None:
+    """Close the fetchers `fetcher_for` made in this process (for tools that run task bodies
+    in process; a Spark worker keeps its fetcher until it exits)."""
+    while _fetchers:
+        _, fetcher = _fetchers.popitem()
+        fetcher.close()
+
+
 @dataclass(frozen=True, slots=True)
 class Ledger:
-    """Ack values and errors of some roots of one Kafka partition, plus what its fetch found."""
+    """Ack values and marks of some roots of one Kafka partition, plus what its fetch found.
+
+    Columns: `values[i]` is the ack value of the root at `offsets[i]` (arrays of machine
+    integers, which pickle as one block of bytes); `marks` lists the few marked roots.
+    """
 
     partition: int
-    entries: list[tuple[int, int, Mark, str | None]]  # (offset, ack value, mark, error)
+    offsets: array[int]
+    values: array[int]
+    marks: tuple[tuple[int, int, str | None], ...]  # (offset, mark, error)
     report: FetchReport | None = None
+
+    @classmethod
+    def of(cls, partition: int, ledger: Acker[int], report: FetchReport | None) -> Ledger:
+        """One partition's ledger (offset -> ack value) in columns."""
+        values = ledger.values
+        marks = tuple((offset, int(mark), error) for offset, mark, error in ledger.marked())
+        return cls(partition, array("q", values), array("Q", values.values()), marks, report)
+
+    def fold_into(self, ledger: Acker[int]) -> None:
+        """Add this part of the partition's bookkeeping to `ledger`."""
+        values = ledger.values
+        if values:
+            for offset, value in zip(self.offsets, self.values, strict=True):
+                values[offset] = values.get(offset, 0) ^ value
+        else:  # offsets are unique within a ledger
+            values.update(zip(self.offsets, self.values, strict=True))
+        for offset, mark, error in self.marks:
+            ledger.mark(offset, Mark(mark), error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +123,7 @@ class BatchSpec:
         return TaskReporter(self.channel, TaskId(self.batch, stage, index), partition)
 
 
-Item = tuple[int, Tuple | Ledger]
+Item = tuple[int, Chunk | Ledger]
 
 
 def _retried() -> bool:
@@ -140,9 +178,6 @@ def single_stage_tasks(
 
 def first_stage(spec: BatchSpec, index: int, tasks: Iterable[PartitionTask]) -> Iterator[Item]:
     """Stage 0 of a chain with groupings: fetch, run, route tuples onward, ship the ledger."""
-    grouping = spec.topology.stages[1].grouping
-    assert grouping is not None
-    width = len(spec.partitions)
     for task in tasks:
         if _retried():  # the merge step sees the report and settles the partition as died
             report = FetchReport(task.partition, (), None, attempt_died=True)
@@ -150,32 +185,35 @@ def first_stage(spec: BatchSpec, index: int, tasks: Iterable[PartitionTask]) -> 
             continue
         with spec.reporter(0, index, task.partition):
             acker, output, report = _stage_zero(spec, index, task, last=False)
-        for tuple_ in output:
-            yield grouping.route(tuple_, width), tuple_
+        yield from _routed(spec, 1, output)
         yield from _ledgers(spec, acker, {task.partition: report})
 
 
 def _stage_zero(
     spec: BatchSpec, index: int, task: PartitionTask, *, last: bool
-) -> tuple[Acker[RootKey], list[Tuple], FetchReport]:
+) -> tuple[Acker[RootKey], Chunk, FetchReport]:
     """Fetch a task's records and run the chain's first stage on them.
 
     A failure outside per-message code discards the task's ledger and output: its report
     carries the error and every root of the task is released.
     """
     acker: Acker[RootKey] = Acker()
-    try:
-        fetched = fetcher_for(spec.config).fetch(task.topic, task.partition, task.plan.ranges())
-    except Exception as exc:
-        return Acker(), [], FetchReport.failed(task.partition, exc)
+    nothing = Chunk(())
     context = TaskContext(spec.config.topic, 0, index, spec.batch)
     stage = spec.topology.stages[0]
-    roots = root_tuples(fetched, acker)
-    try:
-        runner = run_guarded(roots, lambda: StageRunner(stage, acker, context, last=last))
-    except StageFailed as failed:
-        return Acker(), [], FetchReport(task.partition, (), None, failed.error)
-    return acker, runner.output, FetchReport.of(task.partition, fetched)
+    with cyclic_gc_paused_until_built() as built:
+        try:
+            fetcher = fetcher_for(spec.config)
+            fetched = fetcher.fetch(task.topic, task.partition, task.plan.ranges())
+        except Exception as exc:
+            return Acker(), nothing, FetchReport.failed(task.partition, exc)
+        roots = root_tuples(fetched, acker)
+        built()
+        try:
+            runner = run_guarded(roots, lambda: StageRunner(stage, acker, context, last=last))
+        except StageFailed as failed:
+            return Acker(), nothing, FetchReport(task.partition, (), None, failed.error)
+    return acker, runner.chunk, FetchReport.of(task.partition, fetched)
 
 
 def later_stage(spec: BatchSpec, stage: int, index: int, items: Iterable[Item]) -> Iterator[Item]:
@@ -184,45 +222,48 @@ def later_stage(spec: BatchSpec, stage: int, index: int, items: Iterable[Item]) 
     context = TaskContext(spec.config.topic, stage, index, spec.batch)
     stages = spec.topology.stages
     last = stage == len(stages) - 1
-    width = len(spec.partitions)
     passing: list[Item] = []
-    tuples: list[Tuple] = []
-    for item in items:
-        if isinstance(item[1], Tuple):
-            tuples.append(item[1])
-        else:
-            passing.append(item)
-    with spec.reporter(stage, index):
-        output = run_later_stage(
-            tuples, lambda: StageRunner(stages[stage], acker, context, last=last)
-        )
+    tuples = Chunk(stages[stage - 1].bolts[-1].outputs)
+    with cyclic_gc_paused_until_built() as built:
+        for item in items:  # unpickling builds a few objects per tuple, all kept
+            if isinstance(item[1], Chunk):
+                tuples.rows.extend(item[1].rows)
+            else:
+                passing.append(item)
+        built()
+        with spec.reporter(stage, index):
+            output = run_later_stage(
+                tuples, lambda: StageRunner(stages[stage], acker, context, last=last)
+            )
     if not last:
-        grouping = stages[stage + 1].grouping
-        assert grouping is not None
-        for tuple_ in output:
-            yield grouping.route(tuple_, width), tuple_
+        yield from _routed(spec, stage + 1, output)
     yield from passing
     yield from _ledgers(spec, acker, {})
+
+
+def _routed(spec: BatchSpec, stage: int, output: Chunk) -> Iterator[Item]:
+    """A stage's output cut by the next stage's grouping: one chunk per receiving task."""
+    grouping = spec.topology.stages[stage].grouping
+    assert grouping is not None
+    for target, chunk in enumerate(grouping.split(output, len(spec.partitions))):
+        if chunk.rows:
+            yield target, chunk
 
 
 def combine(
     spec: BatchSpec, tasks: Sequence[PartitionTask], index: int, items: Iterable[Item]
 ) -> Iterator[TaskResult]:
     """Merge the ledgers routed here and settle their partitions' roots."""
-    acker: Acker[RootKey] = Acker()
+    ledgers: dict[int, Acker[int]] = {}
     reports: list[FetchReport] = []
-    partitions: set[int] = set()
     for _, ledger in items:
         assert isinstance(ledger, Ledger)
-        partitions.add(ledger.partition)
-        p = ledger.partition
-        for offset, value, mark, error in ledger.entries:
-            acker.add((p, offset), value, mark, error)
+        ledger.fold_into(ledgers.setdefault(ledger.partition, Acker()))
         if ledger.report is not None:
             reports.append(ledger.report)
-    mine = [task for task in tasks if task.partition in partitions]
+    mine = [task for task in tasks if task.partition in ledgers]
     with spec.reporter(len(spec.topology.stages), index) as reporter:
-        results = task_results(mine, acker, reports)
+        results = partition_results(mine, ledgers, reports)
         reporter.final(results)
     yield from results
 
@@ -231,8 +272,8 @@ def _ledgers(
     spec: BatchSpec, acker: Acker[RootKey], reports: dict[int, FetchReport]
 ) -> Iterator[Item]:
     """Split a task's ledger by Kafka partition, each headed for its merge target."""
-    split: dict[int, list[tuple[int, int, Mark, str | None]]] = {p: [] for p in reports}
-    for (partition, offset), value, mark, error in acker.entries():
-        split.setdefault(partition, []).append((offset, value, mark, error))
-    for partition, entries in split.items():
-        yield spec.target_of(partition), Ledger(partition, entries, reports.get(partition))
+    parts = by_partition(acker)
+    for partition in reports.keys() - parts.keys():
+        parts[partition] = Acker()
+    for partition, part in parts.items():
+        yield spec.target_of(partition), Ledger.of(partition, part, reports.get(partition))
