@@ -1,7 +1,7 @@
 """One hot partition on two workers: `ordering = key` with the partition split by key hash.
 
-    python -m bench.bench_hot_partition            # 200,000 messages (~3 min)
-    python -m bench.bench_hot_partition --quick    # 60,000
+    python -m bench.bench_hot_partition            # 100,000 messages (~3 min)
+    python -m bench.bench_hot_partition --quick    # 40,000
 
 Starts the embedded dev stack (mock Kafka, ZooKeeper) and a local Spark standalone cluster of
 two one-core workers from the pyspark wheel. All messages sit in one partition, with distinct
@@ -59,9 +59,9 @@ CASES: list[tuple[str, dict[str, Any]]] = [
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="60,000 messages")
+    parser.add_argument("--quick", action="store_true", help="40,000 messages")
     args = parser.parse_args(argv)
-    n = 60_000 if args.quick else 200_000
+    n = 40_000 if args.quick else 100_000
     print(
         f"Hot partition: {n:,} messages in one partition; 2 Spark standalone workers of 1 core; "
         f"Python {platform.python_version()}, {os.cpu_count()} cores; {load_note()}"
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, extra in CASES:
                 config = setup.config(topic, BATCH_SIZE, **extra)
                 run = sample(lambda c=config: spout_run(c, spark, busy, n)[0])
-                rows.append((name, n / run.seconds, run.cpu * 1e6 / n))
+                rows.append((name, n / run.seconds, run.total_cpu * 1e6 / n))
                 print(f"  {name}: {n / run.seconds:,.0f}/s")
         finally:
             spark.stop()

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                     for p in PARTITION_COUNTS:
                         config = setup.config(topics[p], BATCH_SIZE)
                         run = sample(lambda c=config, s=spark: spout_run(c, s, trivial, n)[0])
-                        rows[(workers, p)] = (n / run.seconds, run.cpu * 1e6 / n)
+                        rows[(workers, p)] = (n / run.seconds, run.total_cpu * 1e6 / n)
                         print(f"  {workers} worker(s), {p} partition(s): {n / run.seconds:,.0f}/s")
                 finally:
                     spark.stop()
