@@ -1,7 +1,7 @@
 """The driver's per-partition I/O, batched, beside the one-partition-at-a-time way, in one run.
 
-    python -m bench.bench_commit            # 1,000 partitions, best of 5 rounds (~30 s)
-    python -m bench.bench_commit --quick    # 1,000 partitions, best of 2 rounds (~15 s)
+    python -m bench.bench_commit            # 1,000 partitions, best of 5 rounds (~40 s)
+    python -m bench.bench_commit --quick    # 1,000 partitions, best of 2 rounds (~20 s)
 
 Starts ZooKeeper from the embedded dev stack, and librdkafka's mock cluster (three brokers) in
 its own process through `tests.chaos.faults.MockCluster`: the dev stack's mock can only
@@ -12,14 +12,19 @@ for those 1,000 partitions, it times:
 * the watermark query: `KafkaMetadata.watermarks_of` (one batched query: two ListOffsets
   requests per broker) against the loop the driver, `kspout status` and the streaming planner
   used before, `KafkaMetadata.watermarks` once per partition (a round trip each);
-* a commit of every partition: `ZkOffsetStore.commit_all` (each partition's fenced
-  compare-and-set transaction, all sent before any answer is awaited) against `commit` once per
-  partition, each waiting for its answer. Both write the same records: storm-kafka's JSON with
-  kspout's fields (finished runs, emitted, history), fenced by a claim on every partition.
+* a commit of every partition, three ways: `commit` once per partition, each waiting for its
+  answer; `ZkOffsetStore.commit_all` with `chunk_writes=1` (each partition's fenced
+  compare-and-set transaction, all sent before any answer is awaited); and `commit_all` as the
+  driver calls it (chunks of up to 100 partitions in one transaction each, pipelined). All
+  write the same records: storm-kafka's JSON with kspout's fields (finished runs, emitted,
+  history), fenced by a claim on every partition;
+* a read of every record (what `kspout status`, `lag` and `offsets show` do): the listing then
+  `read` once per partition, against `read_all` (every read sent before any answer is awaited).
 
-Each figure is the best of the rounds, after one round not timed. Both servers run on
-loopback, where a round trip costs far less than on a network: there the ratios grow. This is
-a benchmark, not a test: it always exits 0.
+Each figure is the best of the rounds, after one round not timed, with its speed-up over the
+one-at-a-time way of the same run. Both servers run on loopback, where a round trip costs far
+less than on a network: there the ratios grow. This is a benchmark, not a test: it always
+exits 0.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from bench.report import table
 from kspout.config import TopicConfig, parse_config
 from kspout.devstack import DevStack
 from kspout.kafka import KafkaMetadata
-from kspout.offsets import OffsetWrite, ZkOffsetStore, encode_done
+from kspout.offsets import CHUNK_WRITES, OffsetWrite, StoredOffset, ZkOffsetStore, encode_done
 from kspout.ownership.tree import SpoutTree
 from tests.chaos.faults import MockCluster
 
@@ -110,21 +115,50 @@ class Records:
                 p, w.offset, version=w.version, broker=w.broker, extra=w.extra, fence=w.fence
             )
 
-    def batched(self, offset: int) -> None:
+    def batched(self, offset: int, chunk_writes: int = CHUNK_WRITES) -> None:
         """Commit every partition at `offset` in one `commit_all`."""
-        outcomes = self.store.commit_all([self.write(p, offset) for p in range(PARTITIONS)])
+        writes = [self.write(p, offset) for p in range(PARTITIONS)]
+        outcomes = self.store.commit_all(writes, chunk_writes=chunk_writes)
         for p, outcome in outcomes.items():
             assert isinstance(outcome, int), outcome
             self.versions[p] = outcome
 
+    def read_one_by_one(self) -> dict[int, StoredOffset]:
+        """Every record as `read_all` read them before: the listing, then one read each."""
+        found = (self.store.read(int(name[len("partition_") :])) for name in self.listing())
+        return {s.partition: s for s in found if s is not None}
 
-def time_commits(config: TopicConfig, rounds: int) -> tuple[float, float]:
-    """Seconds for a commit of every partition: one at a time, batched."""
+    def listing(self) -> list[str]:
+        """The record nodes under the spout path."""
+        return [n for n in self.store.children_of(self.store.path) if n.startswith("partition_")]
+
+
+def time_zookeeper(config: TopicConfig, rounds: int) -> dict[str, float]:
+    """Seconds for a commit of every partition, and a read of every record, each way."""
     with ZkOffsetStore(config) as store:
         records = Records(store)
-        loop = best(rounds, lambda n: records.one_by_one(1000 * n))
-        batched = best(rounds, lambda n: records.batched(1000 * n + 500))
-    return loop, batched
+        figures = {
+            "commit: one at a time": best(rounds, lambda n: records.one_by_one(3000 * n)),
+            "commit: pipelined, a transaction per partition": best(
+                rounds, lambda n: records.batched(3000 * n + 1000, chunk_writes=1)
+            ),
+            f"commit: pipelined, {CHUNK_WRITES} partitions per transaction": best(
+                rounds, lambda n: records.batched(3000 * n + 2000)
+            ),
+        }
+        assert records.read_one_by_one() == store.read_all(), "the reads differ"
+        figures["read records: one at a time"] = best(rounds, lambda _: records.read_one_by_one())
+        figures["read records: pipelined (read_all)"] = best(rounds, lambda _: store.read_all())
+    return figures
+
+
+def report(figures: dict[str, float]) -> str:
+    """The table: each figure, and its speed-up over the one-at-a-time way of its kind."""
+    rows = []
+    for name, seconds in figures.items():
+        baseline = figures[name.split(":")[0] + ": one at a time"]
+        rows.append([name, f"{seconds * 1000:.1f} ms", f"{baseline / seconds:.1f}x"])
+    return table([f"{PARTITIONS:,} partitions", "time", "vs one at a time"], rows, "<>>")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,28 +187,13 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
             make_topic(cluster, config.topic)
-            figures = {
-                "watermark query": time_watermarks(config, rounds),
-                "commit (fenced, per partition)": time_commits(config, rounds),
-            }
+            loop, batched = time_watermarks(config, rounds)
+            figures = {"watermarks: one at a time": loop, "watermarks: batched": batched}
+            figures.update(time_zookeeper(config, rounds))
     finally:
         cluster.close()
     print()
-    print(
-        table(
-            [f"{PARTITIONS:,} partitions", "one at a time", "batched", "ratio"],
-            [
-                [
-                    name,
-                    f"{loop * 1000:.1f} ms",
-                    f"{batched * 1000:.1f} ms",
-                    f"{loop / batched:.1f}x",
-                ]
-                for name, (loop, batched) in figures.items()
-            ],
-            "<>>>",
-        )
-    )
+    print(report(figures))
     print(f"\n{load_note()} at the end")
     return 0
 

@@ -45,8 +45,12 @@ Anything malformed in these fields is ignored with a warning: the offset is what
 Writes are fenced: a commit names the znode version it read, so a driver that lost ownership of
 a partition gets `OffsetConflict` instead of overwriting a newer commit. Transient ZooKeeper
 errors are retried here (bounded, exponential backoff); fencing errors never are. Many records
-are written at once by `commit_all`: every partition's write is its own fenced transaction, and
-all of them are sent before any answer is awaited, so a commit round costs one round trip.
+are written at once by `commit_all`: chunks of partitions (at most `CHUNK_WRITES` records and
+`CHUNK_BYTES` bytes each) go in one transaction each, every write after the check of its own
+claim, and all chunks are sent before any answer is awaited, so a commit round costs one round
+trip and few requests. A chunk that is refused (a claim gone, a version stale) is sent again
+one partition per transaction, so only the partitions that lost their fence are refused. Many
+records are read at once the same way (`read_many`, `read_all`): every read sent, then awaited.
 
 Live spout instances register an ephemeral node under `<zk_root>/<spout_id>/instances/`, so
 operators (and `kspout offsets set`) can see that a spout is running.
@@ -63,7 +67,8 @@ import re
 import socket
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -77,6 +82,7 @@ from kazoo.exceptions import (
     NoNodeError,
     OperationTimeoutError,
     RolledBackError,
+    RuntimeInconsistency,
     SessionExpiredError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
@@ -116,6 +122,11 @@ PARTITION_NODE = re.compile(r"^partition_(\d+)$")
 INSTANCES_NODE = "instances"
 STOPPED_KEY = "stopped"  # under "kspout": why `out_of_range = "fail"` stopped the partition
 MOVE_ATTEMPTS = 50  # an operator move that loses this many races in a row gives up
+# A commit round's chunks (`commit_all`): records in one transaction at most, and their bytes at
+# most, half of ZooKeeper's default request limit (jute.maxbuffer, 1 MB), which also has to hold
+# the paths, the claim checks and the headers. A larger record goes alone.
+CHUNK_WRITES = 100
+CHUNK_BYTES = 512 * 1024
 
 # Worth retrying: the request may not have reached ZooKeeper, or the session is being rebuilt.
 # ConnectionClosedError (a SessionExpiredError) means we closed the client ourselves: not retried.
@@ -384,27 +395,33 @@ class ZkOffsetStore(Lifecycle):
         Raises `TopicMismatch` when the record belongs to another topic (two spouts share one
         spout id) and `OffsetRecordInvalid` when it is not an offset record at all.
         """
-        path = self.partition_path(partition)
-        found = self.call(f"read {path}", path, lambda zk: self._get(zk, path))
-        if found is None:
-            return None
-        raw, version = found
-        return self.decode(partition, path, raw, version)
+        return self.read_many([partition]).get(partition)
+
+    def read_many(self, partitions: Iterable[int]) -> dict[int, StoredOffset]:
+        """The records of `partitions` that exist, by partition (ascending); errors as `read`.
+
+        Every read is sent before any answer is awaited: kazoo pipelines them on the session's
+        one connection, so a thousand records cost one round trip, not a thousand.
+        """
+        wanted = sorted(set(partitions))
+        paths = [self.partition_path(p) for p in wanted]
+        where = paths[0] if len(paths) == 1 else self.path
+        action = f"read {where}" if len(paths) == 1 else f"read {len(paths)} records under {where}"
+        found = self.call(action, where, lambda zk: self._get_all(zk, paths))
+        return {
+            p: self.decode(p, path, *node)
+            for p, path, node in zip(wanted, paths, found, strict=True)
+            if node is not None
+        }
 
     def read_all(self) -> dict[int, StoredOffset]:
-        """Every `partition_<n>` record under the spout path, by partition."""
+        """Every `partition_<n>` record under the spout path, by partition (`read_many`)."""
         children = self.call(
             f"list {self.path}", self.path, lambda zk: self._children(zk, self.path)
         )
-        stored: dict[int, StoredOffset] = {}
-        for child in children:
-            match = PARTITION_NODE.match(child)
-            if match is None:
-                continue
-            record = self.read(int(match.group(1)))
-            if record is not None:  # None: deleted between the listing and the read
-                stored[record.partition] = record
-        return dict(sorted(stored.items()))
+        matches = (PARTITION_NODE.match(child) for child in children)
+        # A record deleted between the listing and the read is left out.
+        return self.read_many(int(m.group(1)) for m in matches if m is not None)
 
     def commit(
         self,
@@ -434,55 +451,36 @@ class ZkOffsetStore(Lifecycle):
             raise outcome
         return outcome
 
-    def commit_all(self, writes: Sequence[OffsetWrite]) -> dict[int, int | OffsetConflict]:
+    def commit_all(
+        self,
+        writes: Sequence[OffsetWrite],
+        *,
+        chunk_writes: int = CHUNK_WRITES,
+        chunk_bytes: int = CHUNK_BYTES,
+    ) -> dict[int, int | OffsetConflict]:
         """`commit` of many partitions at once: per partition, its record's new version, or
         the `OffsetConflict` that refused it.
 
-        Each write keeps its own fenced compare-and-set transaction, so a partition whose claim
-        was lost is refused alone: one ZooKeeper `multi` for all would be all-or-nothing (and
-        bounded by the server's 1 MB request limit). All are sent before any answer is
-        awaited; kazoo pipelines them on the session's one connection, so the round costs one
-        round trip, not one per partition. After a lost connection, the writes that got no
-        answer are sent again (`call`).
+        The writes go in chunks of at most `chunk_writes` records and `chunk_bytes` bytes of
+        records, one ZooKeeper transaction each (every write after the check of its own claim):
+        a request costs kazoo far more than an operation, and ZooKeeper refuses a request over
+        1 MB. All chunks are sent before any answer is awaited; kazoo pipelines them on the
+        session's one connection, so the round costs one round trip. A transaction is
+        all-or-nothing, so a refused chunk is sent again one partition per transaction: each
+        partition gets its own fence outcome, and only those that lost it are refused.
+        `chunk_writes=1` sends every partition in its own transaction from the start. After a
+        lost connection, the writes that got no answer are sent again (`call`).
         """
         payloads = {w.partition: self._payload(w) for w in writes}
         if len(payloads) != len(writes):
             raise ValueError("commit_all takes at most one write per partition")
         if not writes:
             return {}
-        answers: dict[int, int | Exception] = {}
-        sends = dict.fromkeys(payloads, 0)
-
-        def send_unanswered(zk: Any) -> None:
-            pending = [w for w in writes if w.partition not in answers]
-            requests = []
-            for w in pending:
-                sends[w.partition] += 1
-                path = self.partition_path(w.partition)
-                requests.append(self._send(zk, path, payloads[w.partition], w.version, w.fence))
-            lost: Exception | None = None
-            for w, request in zip(pending, requests, strict=True):
-                path = self.partition_path(w.partition)
-                try:
-                    answers[w.partition] = self._written(
-                        self.wait(request), path, w.version, w.fence
-                    )
-                except (*FENCING_ERRORS, OwnershipLost) as exc:
-                    answers[w.partition] = exc
-                except Exception as exc:
-                    if not _is_transient(exc):
-                        raise
-                    lost = exc  # sent again, with the others that got no answer
-            if lost is not None:
-                raise lost
-
+        chunks = _chunks(writes, payloads, chunk_writes, chunk_bytes)
+        commit = _CommitRound(self, payloads, chunks)
         where = self.partition_path(writes[0].partition) if len(writes) == 1 else self.path
-        self.call(f"commit {len(writes)} record(s) under {where}", where, send_unanswered)
-        outcomes: dict[int, int | OffsetConflict] = {}
-        for w in writes:
-            p = w.partition
-            outcomes[p] = self._outcome(w, payloads[p], answers[p], resent=sends[p] > 1)
-        return outcomes
+        self.call(f"commit {len(writes)} record(s) under {where}", where, commit.send_unanswered)
+        return {w.partition: commit.outcome(w) for w in writes}
 
     def _payload(self, write: OffsetWrite) -> bytes:
         """The record `write` puts in its partition's node (checks the stop mark first)."""
@@ -746,15 +744,13 @@ class ZkOffsetStore(Lifecycle):
         found = self.call(f"read {path}", path, lambda zk: self._get(zk, path))
         return found[1] if found is not None and found[0] == payload else None
 
-    def _send(
-        self, zk: Any, path: str, payload: bytes, version: int | None, fence: str | None
-    ) -> Any:
+    def _send(self, zk: Any, write: OffsetWrite, payload: bytes) -> Any:
         """Send one record write without waiting for its answer (kazoo's async result, read
-        by `_written`); with `fence`, in one transaction with a check that the claim node
-        `fence` still exists."""
-        if fence is None:
-            return self._write(zk, path, payload, version)
-        return self._fenced_write(zk, path, payload, version, fence)
+        by `_written`); with a fence, in one transaction with a check that the claim node
+        still exists."""
+        if write.fence is None:
+            return self._write(zk, self.partition_path(write.partition), payload, write.version)
+        return self._transaction(zk, [(write, payload)])
 
     def _write(self, zk: Any, path: str, payload: bytes, version: int | None) -> Any:
         """Send a create (`version` None) or a compare-and-set of the node (async result)."""
@@ -762,16 +758,18 @@ class ZkOffsetStore(Lifecycle):
             return zk.create_async(path, payload, makepath=True)
         return zk.set_async(path, payload, version=version)
 
-    def _fenced_write(
-        self, zk: Any, path: str, payload: bytes, version: int | None, fence: str
-    ) -> Any:
-        """`_write` in one transaction with a check that the claim node `fence` exists."""
+    def _transaction(self, zk: Any, writes: Sequence[tuple[OffsetWrite, bytes]]) -> Any:
+        """Send the writes as one transaction (async result: one answer per operation), each
+        write a create or compare-and-set after the check that its claim node exists."""
         t = zk.transaction()
-        t.check(fence, 0)
-        if version is None:
-            t.create(path, payload)
-        else:
-            t.set_data(path, payload, version=version)
+        for write, payload in writes:
+            path = self.partition_path(write.partition)
+            if write.fence is not None:
+                t.check(write.fence, 0)
+            if write.version is None:
+                t.create(path, payload)
+            else:
+                t.set_data(path, payload, version=write.version)
         return t.commit_async()
 
     def _written(
@@ -788,8 +786,18 @@ class ZkOffsetStore(Lifecycle):
         return 0 if version is None else int(answer.version)
 
     def _get(self, zk: Any, path: str) -> tuple[bytes, int] | None:
+        """A node's bytes and version; None when it does not exist."""
+        return self._got(zk.get_async(path))
+
+    def _get_all(self, zk: Any, paths: Sequence[str]) -> list[tuple[bytes, int] | None]:
+        """`_get` of every path, all sent before the first answer is awaited."""
+        requests = [zk.get_async(path) for path in paths]
+        return [self._got(request) for request in requests]
+
+    def _got(self, request: Any) -> tuple[bytes, int] | None:
+        """The answer to a `get_async`: the node's bytes and version, or None (no node)."""
         try:
-            raw, stat = self.wait(zk.get_async(path))
+            raw, stat = self.wait(request)
         except NoNodeError:
             return None
         return raw, int(stat.version)
@@ -849,6 +857,131 @@ class ZkOffsetStore(Lifecycle):
             log.warning("ZooKeeper session expired; registered instance %s again", self._registered)
         except Exception:  # a background thread: log, never raise into kazoo
             log.exception("could not register instance %s again", self.instance_id)
+
+
+Chunk = tuple[OffsetWrite, ...]  # the writes `commit_all` sends in one request
+
+
+def _chunks(
+    writes: Sequence[OffsetWrite], payloads: Mapping[int, bytes], most: int, most_bytes: int
+) -> list[Chunk]:
+    """`writes` in order, cut into chunks of at most `most` writes and `most_bytes` bytes of
+    records (a larger record goes alone)."""
+    chunks: list[Chunk] = []
+    chunk: list[OffsetWrite] = []
+    size = 0
+    for write in writes:
+        length = len(payloads[write.partition])
+        if chunk and (len(chunk) >= most or size + length > most_bytes):
+            chunks.append(tuple(chunk))
+            chunk, size = [], 0
+        chunk.append(write)
+        size += length
+    chunks.append(tuple(chunk))
+    return chunks
+
+
+class _CommitRound:
+    """One `commit_all` call: its chunks still to send, the answers so far, and how often each
+    partition's write went out (after a lost answer, it may have been applied)."""
+
+    def __init__(
+        self, store: ZkOffsetStore, payloads: Mapping[int, bytes], chunks: list[Chunk]
+    ) -> None:
+        self.store = store
+        self.payloads = payloads
+        self.chunks = chunks  # a refused chunk is replaced by chunks of one write each
+        self.answers: dict[int, int | Exception] = {}
+        self.sends: Counter[int] = Counter()
+        self.refusals: Counter[int] = Counter()  # sends refused whole: certainly not applied
+
+    def send_unanswered(self, zk: Any) -> None:
+        """Send every chunk without an answer, all before awaiting any, and read the answers;
+        a refused chunk's writes are sent again, one per transaction. Raises the transient
+        error of a chunk that got no answer once all are read (`call` sends it again)."""
+        sent = deque(
+            (chunk, self._send(zk, chunk))
+            for chunk in self.chunks
+            if chunk[0].partition not in self.answers
+        )
+        lost: Exception | None = None
+        while sent:
+            chunk, request = sent.popleft()
+            try:
+                refused = self._settle(chunk, request)
+            except Exception as exc:
+                if not _is_transient(exc):
+                    raise
+                lost = exc  # sent again, with the others that got no answer
+                continue
+            if refused:
+                sent.extend((alone, self._send(zk, alone)) for alone in self._split(chunk))
+        if lost is not None:
+            raise lost
+
+    def outcome(self, write: OffsetWrite) -> int | OffsetConflict:
+        """The write's new version, or the conflict that refused it (`ZkOffsetStore._outcome`);
+        "resent" when a send of it got no answer, so it may have been applied."""
+        p = write.partition
+        resent = self.sends[p] - self.refusals[p] > 1
+        return self.store._outcome(write, self.payloads[p], self.answers[p], resent)
+
+    def _send(self, zk: Any, chunk: Chunk) -> Any:
+        """Send the chunk without awaiting its answer (kazoo's async result)."""
+        self.sends.update(w.partition for w in chunk)
+        if len(chunk) == 1:
+            return self.store._send(zk, chunk[0], self.payloads[chunk[0].partition])
+        if any(w.version is None for w in chunk):  # a create in a transaction: no makepath
+            self.store._ensure_parent(zk, self.store.partition_path(chunk[0].partition))
+        return self.store._transaction(zk, [(w, self.payloads[w.partition]) for w in chunk])
+
+    def _settle(self, chunk: Chunk, request: Any) -> bool:
+        """Await a sent chunk's answer and record it; True when a chunk of several was refused
+        (its writes then need an answer each). Raises a transient error (no answer)."""
+        if len(chunk) == 1:
+            write = chunk[0]
+            path = self.store.partition_path(write.partition)
+            try:
+                self.answers[write.partition] = self.store._written(
+                    self.store.wait(request), path, write.version, write.fence
+                )
+            except (*FENCING_ERRORS, OwnershipLost) as exc:
+                self.answers[write.partition] = exc
+            return False
+        answer = self.store.wait(request)
+        if any(isinstance(result, Exception) for result in answer):
+            log.debug("%s; sending its writes one per transaction", _refusal(chunk, answer))
+            return True
+        written = iter(answer)
+        for write in chunk:
+            if write.fence is not None:
+                next(written)  # the claim check's answer
+            stat = next(written)
+            self.answers[write.partition] = 0 if write.version is None else int(stat.version)
+        return False
+
+    def _split(self, chunk: Chunk) -> list[Chunk]:
+        """Replace a refused chunk by one chunk per write; none of its writes was applied."""
+        alone: list[Chunk] = [(write,) for write in chunk]
+        at = self.chunks.index(chunk)
+        self.chunks[at : at + 1] = alone
+        self.refusals.update(w.partition for w in chunk)
+        return alone
+
+
+def _refusal(chunk: Chunk, results: Sequence[Any]) -> str:
+    """Which operation refused a chunk's transaction: ZooKeeper answers the failed one with
+    its error, those before it with RolledBackError and those after with RuntimeInconsistency."""
+    partitions = [w.partition for w in chunk for _ in range(1 if w.fence is None else 2)]
+    for partition, result in zip(partitions, results, strict=True):
+        if isinstance(result, Exception) and not isinstance(
+            result, RolledBackError | RuntimeInconsistency
+        ):
+            return (
+                f"a commit of {len(chunk)} partitions refused at partition {partition} "
+                f"({type(result).__name__})"
+            )
+    return f"a commit of {len(chunk)} partitions refused"
 
 
 def describe_replay(stored: StoredOffset, ranges: Sequence[Range], now: int) -> str:

@@ -358,8 +358,8 @@ class Driver(Lifecycle):
 
     def _others_finished(self) -> bool:
         """The partitions this instance does not run are committed up to their high marks
-        (asked at most every `OTHERS_EVERY` seconds: a ZooKeeper read each, and one batched
-        Kafka query for all of them)."""
+        (asked at most every `OTHERS_EVERY` seconds: one pipelined ZooKeeper read of their
+        records and one batched Kafka query, each a round trip for all of them)."""
         now = self._clock()
         if now - self._others_asked_at < OTHERS_EVERY:
             return False
@@ -372,8 +372,9 @@ class Driver(Lifecycle):
         others -= self._pms.keys()
         if self._watermarks.ask(others):  # some have no answer: not known to be finished
             return False
+        records = self._store.read_many(others)
         for p in others:
-            record = self._store.read(p)
+            record = records.get(p)
             if record is None or (
                 record.stopped is None and record.offset < self._watermarks.known(p)[1]
             ):

@@ -1,7 +1,8 @@
 """The driver's per-partition costs, batched: watermarks of many partitions in one query, a
-commit round's records pipelined (each fenced on its own), and the instance report written
-only when it changed or as a heartbeat. Real processes: librdkafka's mock cluster (the
-stack's, or a `MockCluster` for many partitions over two brokers) and the stack's ZooKeeper.
+commit round's records in chunked transactions, pipelined (each partition fenced on its own),
+records read pipelined, and the instance report written only when it changed or as a
+heartbeat. Real processes: librdkafka's mock cluster (the stack's, or a `MockCluster` for many
+partitions over two brokers) and the stack's ZooKeeper.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from kazoo.client import KazooClient
 
 from kspout.config import TopicConfig
 from kspout.driver import Driver
-from kspout.errors import KafkaRequestFailed
+from kspout.errors import KafkaRequestFailed, OffsetConflict
 from kspout.kafka import KafkaMetadata, Record
 from kspout.local_executor import LocalExecutor
-from kspout.offsets import ZkOffsetStore
+from kspout.offsets import CHUNK_BYTES, OffsetWrite, ZkOffsetStore
 from kspout.ownership.tree import SpoutTree
 from tests.chaos.faults import MockCluster
 from tests.integration.helpers import PARTITIONS, highs, produce, stored
@@ -170,3 +171,110 @@ def test_the_instance_report_is_written_when_it_changed_or_as_a_heartbeat(
         skew += 2 * config.commit_interval  # REPORT_EVERY intervals on: a heartbeat is due
         driver.commit()
         assert writes() == written + 2
+
+
+def claim_all(store: ZkOffsetStore, count: int) -> tuple[dict[int, str], dict[int, int]]:
+    """Partitions 0 to `count` - 1 claimed by `store`: their claim nodes and record versions."""
+    tree = SpoutTree(store.path)
+    fences = {p: tree.claim(p) for p in range(count)}
+    versions = {}
+    for p, fence in fences.items():
+        claimed = store.claim(p, fence, b'{"instance": "mine"}', lambda: 0)
+        assert claimed is not None
+        versions[p] = claimed.version
+    return fences, versions
+
+
+def spy_transactions(monkeypatch: pytest.MonkeyPatch, store: ZkOffsetStore) -> list[Any]:
+    """The transactions `store` makes from now on (kazoo's, with their `operations`)."""
+    made: list[Any] = []
+    real = store.client.transaction
+
+    def transaction() -> Any:
+        made.append(real())
+        return made[-1]
+
+    monkeypatch.setattr(store.client, "transaction", transaction)
+    return made
+
+
+def test_a_chunked_commit_refuses_only_the_partition_whose_claim_was_taken(
+    make_config: Callable[..., TopicConfig], zk: KazooClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = make_config()
+    with (
+        ZkOffsetStore(config, instance_id="mine") as store,
+        ZkOffsetStore(config, instance_id="another") as another,
+    ):
+        fences, versions = claim_all(store, 10)
+        # Partition 3's claim is gone (as after a session expiry) and another instance holds it.
+        zk.delete(fences[3])
+        assert another.claim(3, fences[3], b'{"instance": "another"}', lambda: 0) is not None
+        made = spy_transactions(monkeypatch, store)
+        writes = [OffsetWrite(p, 100 + p, versions[p], fence=fences[p]) for p in range(10)]
+        outcomes = store.commit_all(writes, chunk_writes=5)
+        records = store.read_all()
+    assert isinstance(outcomes.pop(3), OffsetConflict)
+    assert outcomes == {p: versions[p] + 1 for p in range(10) if p != 3}
+    assert {p: r.offset for p, r in records.items()} == {
+        p: 0 if p == 3 else 100 + p for p in range(10)
+    }
+    # Two chunks of five (a claim check and a write each); the refused one, which held
+    # partition 3, sent again one partition per transaction.
+    assert [len(t.operations) for t in made] == [10, 10] + [2] * 5
+
+
+def test_a_commit_larger_than_a_chunks_bytes_is_split_and_every_record_lands(
+    make_config: Callable[..., TopicConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 60 records of 20 KB: 1.2 MB, over ZooKeeper's 1 MB request limit (in one transaction,
+    # the server would drop the connection and the commit would never get through).
+    pad = {"pad": "x" * 20_000}
+    with ZkOffsetStore(make_config(), retry_timeout=5.0) as store:
+        fences, versions = claim_all(store, 60)
+        made = spy_transactions(monkeypatch, store)
+        writes = [OffsetWrite(p, 7, versions[p], extra=pad, fence=fences[p]) for p in range(60)]
+        outcomes = store.commit_all(writes)
+        records = store.read_all()
+    assert outcomes == {p: versions[p] + 1 for p in range(60)}
+    assert {p: r.offset for p, r in records.items()} == dict.fromkeys(range(60), 7)
+    sizes = [sum(len(getattr(op, "data", b"")) for op in t.operations) for t in made]
+    assert len(made) == 3 and all(size <= CHUNK_BYTES for size in sizes), sizes
+
+
+def test_read_all_sends_every_read_first_and_equals_each_records_own_read(
+    make_config: Callable[..., TopicConfig], zk: KazooClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with ZkOffsetStore(make_config()) as store:
+        for p in range(0, 60, 2):  # some partitions have no record
+            store.commit(p, 10 * p, version=None, extra={"emitted": 10 * p + 3})
+        store.register_instance()  # a child of the spout path that is not a record
+        events: list[str] = []
+        real_get_async = store.client.get_async
+
+        class Answer:
+            """A kazoo async result that notes when it is awaited."""
+
+            def __init__(self, result: Any) -> None:
+                self.result = result
+
+            def get(self, *args: Any, **kwargs: Any) -> Any:
+                events.append("wait")
+                return self.result.get(*args, **kwargs)
+
+        def get_async(path: str, *args: Any) -> Answer:
+            events.append("send")
+            return Answer(real_get_async(path, *args))
+
+        monkeypatch.setattr(store.client, "get_async", get_async)
+        every = store.read_all()
+        assert events == ["send"] * 30 + ["wait"] * 30, "one round trip for all the records"
+        some = store.read_many([1, 2, 3, 4])
+        one_by_one = {}
+        for p in range(60):
+            path = store.partition_path(p)
+            if zk.exists(path):
+                raw, stat = zk.get(path)
+                one_by_one[p] = store.decode(p, path, raw, stat.version)
+    assert every == one_by_one and list(every) == sorted(every)
+    assert some == {2: one_by_one[2], 4: one_by_one[4]}
