@@ -1,8 +1,9 @@
 """Redis idempotency bolt: exactly-once effects across replays, crashes and timeouts.
 
 `IdempotencyBolt` (bolt.py) wraps the handler that applies a message's effects; message ids
-come from ids.py; the Redis layer is `IdempotencyStore` over Lua scripts in `dedup/lua/`; the
-fencing tokens' epochs live in ZooKeeper (`ZkEpoch`). Effects in PostgreSQL go through the
+come from ids.py; the Redis layer is `IdempotencyStore` over Lua scripts in `dedup/lua/`, on
+one Redis server or a Redis Cluster (records sharded per Kafka partition); the fencing tokens'
+epochs live in ZooKeeper (`ZkEpoch`). Effects in PostgreSQL go through the
 fenced SQL sink, `dedup.postgres.PostgresSink` (not imported here: it needs the `sql` extra,
 psycopg 3). See ../shared/design.md, "dedup".
 """
@@ -12,6 +13,7 @@ from dedup.epoch import EpochCorrupt, ZkEpoch
 from dedup.store import (
     ALLOWED_EFFECTS,
     Claim,
+    ClaimRun,
     ClaimStatus,
     DedupError,
     Effect,
@@ -32,6 +34,7 @@ from dedup.store import (
 __all__ = [
     "ALLOWED_EFFECTS",
     "Claim",
+    "ClaimRun",
     "ClaimStatus",
     "DedupError",
     "Effect",

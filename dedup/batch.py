@@ -196,7 +196,9 @@ def apply_rows(
     total = Applied()
     it = iter(rows)
     while chunk := list(islice(it, CHUNK)):
-        claimed = _claim(store, [id_of(row) for row in chunk], owner, patience, sleep, clock)
+        ids = [id_of(row) for row in chunk]
+        partitions = [row["partition"] for row in chunk]
+        claimed = _claim(store, ids, partitions, owner, patience, sleep, clock)
         total += _run(store, chunk, claimed, handler)
     return total
 
@@ -204,27 +206,37 @@ def apply_rows(
 def _claim(
     store: IdempotencyStore,
     ids: list[str],
+    partitions: list[int],
     owner: str,
     patience: float,
     sleep: Callable[[float], None],
     clock: Callable[[], float],
 ) -> list[tuple[str, Claim | None]]:
-    """Each id with its claim, None for a repeat of an id earlier in `ids` (a duplicate);
-    claims held by a live owner elsewhere are waited for, at most `patience` seconds."""
-    firsts = list(dict.fromkeys(ids))  # one claim per id: a repeat would defer against itself
-    claims = dict(zip(firsts, store.claim(firsts, owner), strict=True))
+    """Each id with its claim, None for a repeat of an id earlier in `ids` with the same record
+    (a duplicate); claims held by a live owner elsewhere are waited for, at most `patience`
+    seconds."""
+    records = [(store.key(id_, p), id_, p) for id_, p in zip(ids, partitions, strict=True)]
+    firsts = list(dict.fromkeys(records))  # one claim per record: a repeat would defer itself
+    claims = dict(zip(firsts, _claim_each(store, firsts, owner), strict=True))
     deadline = clock() + patience
-    while waiting := [i for i, c in claims.items() if c.status is ClaimStatus.DEFERRED]:
+    while waiting := [r for r, c in claims.items() if c.status is ClaimStatus.DEFERRED]:
         if clock() >= deadline:
-            raise InFlightElsewhere(waiting[0], patience)
-        sleep(min(POLL, max(claims[i].retry_after_ms for i in waiting) / 1000))
-        claims.update(zip(waiting, store.claim(waiting, owner), strict=True))
-    seen: set[str] = set()
+            raise InFlightElsewhere(waiting[0][1], patience)
+        sleep(min(POLL, max(claims[r].retry_after_ms for r in waiting) / 1000))
+        claims.update(zip(waiting, _claim_each(store, waiting, owner), strict=True))
+    seen: set[tuple[str, str, int]] = set()
     out: list[tuple[str, Claim | None]] = []
-    for id_ in ids:
-        out.append((id_, None if id_ in seen else claims[id_]))
-        seen.add(id_)
+    for record in records:
+        out.append((record[1], None if record in seen else claims[record]))
+        seen.add(record)
     return out
+
+
+def _claim_each(
+    store: IdempotencyStore, records: Sequence[tuple[str, str, int]], owner: str
+) -> list[Claim]:
+    """The claims of `(key, id, partition)` records, in order."""
+    return store.claim([r[1] for r in records], owner, [r[2] for r in records])
 
 
 def _run(
@@ -246,17 +258,19 @@ def _run(
         if claim.status is ClaimStatus.REJECTED:
             refused.append((row, id_, f"Redis rejected the claim: {claim.error}"))
             continue
-        effects = Effects(store, id_, claim.token, claim.attempts)
+        token, attempts = claim.token, claim.attempts
+        effects = Effects(store, id_, token, attempts, row["partition"])
         try:
             handler(row, effects)
         except Exception as exc:
             failures.append((row, id_, describe_error(exc)))
-            settlements.append(Settlement(id_, claim.token, False, describe_error(exc)))
+            settlements.append(Settlement(id_, token, False, describe_error(exc), (), attempts))
         else:
-            settlements.append(Settlement(id_, claim.token, True, None, effects.commands))
+            settlements.append(Settlement(id_, token, True, None, effects.commands, attempts))
         ran.append(row)
     applied = 0
-    for row, item, (status, error) in zip(ran, settlements, store.settle(settlements), strict=True):
+    results = store.settle(settlements, [row["partition"] for row in ran])
+    for row, item, (status, error) in zip(ran, settlements, results, strict=True):
         if status is SettleStatus.SETTLED:
             applied += item.done
         elif status is SettleStatus.STALE:

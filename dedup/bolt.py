@@ -39,11 +39,13 @@ from functools import cache
 
 import redis
 from kazoo.client import KazooClient
+from redis.cluster import RedisCluster
 
 from dedup.epoch import ZkEpoch
 from dedup.ids import IdReader, id_reader
 from dedup.store import (
     ClaimStatus,
+    Client,
     Effect,
     IdempotencyStore,
     NotDurable,
@@ -66,23 +68,33 @@ class Effects:
     """One claimed message's side effects, applied atomically with marking it DONE.
 
     Add Redis writes (`hincrby`, `incrby`, `sadd`, `set`, `hset`); they happen only if the
-    handler returns and this claim still holds the message. For effects in PostgreSQL, pass this
-    object to `dedup.postgres.PostgresSink.write`, which commits them with the `token` fenced in
-    the same transaction; `still_owner()` is no fence.
+    handler returns and this claim still holds the message. On a Redis Cluster every key must
+    carry the message's hash tag, `{<namespace>:p<partition>}`, to be in its record's slot:
+    name keys with `key(name)`, which works on one server too. For effects in PostgreSQL, pass
+    this object to `dedup.postgres.PostgresSink.write`, which commits them with the `token`
+    fenced in the same transaction; `still_owner()` is no fence.
     """
 
-    __slots__ = ("_store", "attempt", "commands", "id", "token")
+    __slots__ = ("_store", "attempt", "commands", "id", "partition", "token")
 
-    def __init__(self, store: IdempotencyStore, id: str, token: int, attempt: int) -> None:
+    def __init__(
+        self, store: IdempotencyStore, id: str, token: int, attempt: int, partition: int = 0
+    ) -> None:
         self._store = store
         self.id = id
         self.token = token  # the fencing token: strictly increasing per claim
         self.attempt = attempt  # 1 for the first claim of this id
+        self.partition = partition  # the message's Kafka partition: its record's shard
         self.commands: list[Effect] = []
+
+    def key(self, name: str) -> str:
+        """`name` under this message's hash tag (`{<namespace>}:<name>` on one server,
+        `{<namespace>:p<partition>}:<name>` on a cluster): a key effects may write."""
+        return self._store.effect_key(name, self.partition)
 
     def add(self, *command: str | bytes | int | float) -> None:
         """Any allowed write, e.g. `add("HINCRBY", key, field, 1)`; checked at once."""
-        check_effect(self.id, command)
+        check_effect(self.id, command, self._store.effect_tag(self.partition))
         self.commands.append(command)
 
     def hincrby(self, key: str, field: str, amount: int = 1) -> None:
@@ -107,15 +119,31 @@ class Effects:
         the answer, so a write that follows a True can still land as a zombie's. Effects outside
         Redis need a sink that checks the token in the same transaction as the write
         (`dedup.postgres.PostgresSink`)."""
-        return self._store.fence_ok(self.id, self.token)
+        return self._store.fence_ok(self.id, self.token, self.partition)
 
 
 EffectHandler = Callable[[Record, Effects], object]
 
 
 @cache
-def _redis(args: tuple[tuple[str, object], ...]) -> redis.Redis:
+def _redis(args: tuple[tuple[str, object], ...], cluster: bool) -> Client:
+    """This worker's client for `[redis]` (`cluster = true`: a Redis Cluster's)."""
+    if cluster:
+        return RedisCluster.from_url(**dict(args))  # type: ignore[arg-type]
     return redis.Redis.from_url(**dict(args))  # type: ignore[arg-type]
+
+
+def redis_client(config: TopicConfig) -> Client:
+    """The shared client of the topic's `[redis]` settings in this process."""
+    return _redis(tuple(sorted(config.redis_args().items())), config.redis.cluster)
+
+
+def primaries(client: Client) -> list[redis.Redis]:
+    """A client per server that takes writes: the cluster's masters, or the one server."""
+    if isinstance(client, RedisCluster):
+        nodes = client.get_primaries()  # type: ignore[no-untyped-call]
+        return [client.get_redis_connection(node) for node in nodes]
+    return [client]
 
 
 _zookeepers: dict[str, KazooClient] = {}
@@ -151,7 +179,7 @@ def worker_store(config: TopicConfig, namespace: str) -> IdempotencyStore:
     if store is None:
         path = f"{config.zk_root}/dedup/{namespace}/epoch"
         store = _stores[key] = IdempotencyStore(
-            _redis(redis_args),
+            redis_client(config),
             namespace=namespace,
             lease_ms=int(config.dedup.lease * 1000),
             done_ttl_ms=int(config.dedup.ttl * 1000),
@@ -187,13 +215,14 @@ class IdempotencyBolt(Bolt):
         return self.config.dedup.ttl
 
     def start(self) -> None:
-        """On the driver: warn when the Redis server could lose acknowledged records; refuse
-        `wait_aof` on a server without WAITAOF."""
-        client = _redis(tuple(sorted(self.config.redis_args().items())))
-        if self.config.dedup.wait_aof:
-            require_wait_aof(client)
-        self.warnings = server_durability_warnings(client)
-        for warning in self.warnings:
+        """On the driver: warn when a Redis server (each master of a cluster) could lose
+        acknowledged records; refuse `wait_aof` on a server without WAITAOF."""
+        self.warnings = []
+        for server in primaries(redis_client(self.config)):
+            if self.config.dedup.wait_aof:
+                require_wait_aof(server)
+            self.warnings += server_durability_warnings(server)
+        for warning in dict.fromkeys(self.warnings):
             log.warning("dedup Redis %s: %s", self.config.redis.url, warning)
 
     def prepare(self, context: TaskContext) -> None:
@@ -216,21 +245,28 @@ class IdempotencyBolt(Bolt):
             else:
                 ids.append(id_)
                 known.append(tuple_)
+        partitions = [tuple_.record.partition for tuple_ in known]
         settlements: list[Settlement] = []
         ran: list[Tuple] = []
-        for tuple_, id_, claim in zip(known, ids, store.claim(ids, self._owner), strict=True):
-            if claim.status is ClaimStatus.DUPLICATE:
-                collector.duplicate(tuple_)
-            elif claim.status is ClaimStatus.DEFERRED:
-                collector.defer(tuple_)
-            elif claim.status is ClaimStatus.REJECTED:
-                collector.fail(tuple_, f"Redis rejected the claim of {id_!r}: {claim.error}")
+        for run in store.claim_runs(ids, self._owner, partitions):
+            end = run.start + run.length
+            answered = zip(known[run.start : end], ids[run.start : end], strict=True)
+            if run.status is ClaimStatus.DUPLICATE:
+                for tuple_, _ in answered:
+                    collector.duplicate(tuple_)
+            elif run.status is ClaimStatus.DEFERRED:
+                for tuple_, _ in answered:
+                    collector.defer(tuple_)
+            elif run.status is ClaimStatus.REJECTED:
+                for (tuple_, id_), why in zip(answered, run.errors, strict=True):
+                    collector.fail(tuple_, f"Redis rejected the claim of {id_!r}: {why}")
             else:
-                settlements.append(self._run(tuple_.record, id_, claim.token, claim.attempts))
-                ran.append(tuple_)
+                for k, (tuple_, id_) in enumerate(answered):
+                    settlements.append(self._run(tuple_.record, id_, run.token + k, run.attempts))
+                    ran.append(tuple_)
         BEACON.current = None  # the settle below is Redis's time, not the last message's
         try:
-            results = store.settle(settlements)
+            results = store.settle(settlements, [t.record.partition for t in ran])
         except NotDurable as exc:
             for tuple_ in ran:
                 collector.release(tuple_, str(exc))
@@ -249,13 +285,14 @@ class IdempotencyBolt(Bolt):
                 collector.fail(tuple_, f"Redis rejected the settlement of {item.id!r}: {error}")
 
     def _run(self, record: Record, id_: str, token: int, attempt: int) -> Settlement:
-        effects = Effects(self._store, id_, token, attempt)
+        """Run the handler on one claimed message: how it ended, to settle."""
+        effects = Effects(self._store, id_, token, attempt, record.partition)
         BEACON.current = record
         try:
             self.handler(record, effects)
         except Exception as exc:
-            return Settlement(id_, token, False, describe_error(exc))
-        return Settlement(id_, token, True, None, effects.commands)
+            return Settlement(id_, token, False, describe_error(exc), (), attempt)
+        return Settlement(id_, token, True, None, effects.commands, attempt)
 
     def __getstate__(self) -> dict[str, object]:
         """Only the settings travel to executors; clients are made there."""

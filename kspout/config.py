@@ -107,10 +107,12 @@ class RedisSettings(_Section):
     the URL, which is logged. TLS is on with `ssl = true` or a `rediss://` URL: the server's
     certificate is checked against `ssl_ca_certs` (absent: the system's CAs), and
     `ssl_certfile`/`ssl_keyfile` are the client certificate a server with `tls-auth-clients`
-    asks for.
+    asks for. `cluster = true`: `url` names one node of a Redis Cluster (the client finds the
+    others), and the dedup records are sharded per Kafka partition (`dedup.store`).
     """
 
     url: str = "redis://127.0.0.1:6379/0"  # redis://, rediss:// (TLS) or unix://
+    cluster: bool = False  # url is a node of a Redis Cluster
     username: str | None = None
     password: SecretStr | None = None
     ssl: bool = False
@@ -122,6 +124,18 @@ class RedisSettings(_Section):
     @classmethod
     def _password(cls, data: Any) -> Any:
         return secrets.resolve(data, "password")
+
+    @field_validator("cluster")
+    @classmethod
+    def _cluster_url(cls, cluster: bool, info: ValidationInfo) -> bool:
+        url = urlsplit(info.data.get("url", ""))
+        if cluster and (url.scheme == "unix" or url.path.strip("/") not in ("", "0")):
+            raise ValueError(
+                "true or false; true needs a redis:// or rediss:// url naming one node of the "
+                "cluster, with database 0 (a Redis Cluster has no other), e.g. "
+                "redis://10.0.0.1:7000/0"
+            )
+        return cluster
 
     @model_validator(mode="after")
     def _url_and_tls(self) -> RedisSettings:

@@ -1,8 +1,9 @@
--- claim.lua: claim a batch of message ids for one owner, in one call.
+-- claim.lua: claim a batch of message ids of one shard for one owner, in one call.
 --
--- KEYS[1]     the namespace's fence hash `{ns}:fence`, fields `epoch` (the epoch the counter
+-- KEYS[1]     the shard's fence hash `{tag}:fence`, fields `epoch` (the epoch the counter
 --             belongs to) and `seq` (the counter, last value handed out)
--- KEYS[2..]   one record key `{ns}:r:<id>` per id, in the caller's order
+-- KEYS[2..]   one record key `{tag}:r:<id>` per id, in the caller's order (one hash tag: one
+--             Redis Cluster slot)
 -- ARGV[1]     the caller's epoch (decimal); claims proceed only if it equals the fence's epoch
 -- ARGV[2]     owner (any string)
 -- ARGV[3]     lease length, ms
@@ -24,13 +25,15 @@
 -- call then answers from reads alone if every id is DONE, and fails with Redis's error if not,
 -- having written nothing.
 --
--- Returns {status, base, codes, reasons}:
+-- Returns {status, base, runs, reasons}:
 --   status 0  claimed as below
---   status 1  the fence is missing: Redis lost data (or the namespace is new); nothing changed
+--   status 1  the fence is missing: Redis lost data (or the shard is new); nothing changed
 --   status 2  the fence holds another epoch, returned as `base`; nothing changed
 --   status 3  the counter would pass 2^40: a new epoch is needed; nothing changed
---   codes     one comma-separated code per id: n > 0 CLAIMED at attempt n, 0 DUPLICATE (DONE),
---             -m DEFERRED (a live lease held by another owner ends in m ms), r REJECTED
+--   runs      the answers as counted runs of consecutive ids, `<code>:<count>` joined by ',':
+--             code n > 0 CLAIMED at attempt n, 0 DUPLICATE (DONE), -m DEFERRED (a live lease
+--             held by another owner; m: the longest wait in the run, ms), r REJECTED; a batch
+--             of new ids answers `1:<n>`
 --   reasons   an array of one error text per REJECTED id, in order
 --   a fifth element, 1, if nothing was written (the reservation was refused): a WAIT after this
 --   call then proves nothing about the DONE records it read
@@ -74,19 +77,18 @@ local function parse(record)
 end
 
 local NOT_A_RECORD = 'the key holds a string that is not an idempotency record'
+local DEFER = 'd' -- a DEFERRED id's code while its run is counted (the run then answers -wait)
 
 local reserved = redis.pcall('HINCRBY', KEYS[1], 'seq', n)
 if type(reserved) == 'table' then
   -- refused (at maxmemory Redis refuses a script's first write): answer DONE ids from reads
-  local codes = {}
   for i = 2, #KEYS do
     local record = redis.pcall('GET', KEYS[i])
     if type(record) ~= 'string' or parse(record) ~= 'D' then
       return reserved
     end
-    codes[i - 1] = '0'
   end
-  return {0, base, table.concat(codes, ','), {}, 1}
+  return {0, base, '0:' .. n, {}, 1}
 end
 
 local time = redis.call('TIME')
@@ -98,7 +100,8 @@ local tail = ':' .. string.format('%d', now + lease) .. ':' .. owner
 local epoch_hex = string.format('%x', tonumber(ARGV[1]))
 local head = 'I:' .. epoch_hex -- a claim's record: head, counter (%010x), ':', attempts, tail
 local fresh_tail = ':1' .. tail -- a new id's: attempt 1
-local codes = {}
+local runs = {}
+local run_code, run_count, run_wait = nil, 0, 0
 local reasons = {}
 -- an absent id (the common case) takes one command, SET NX GET: it writes the claim and answers
 -- false, or answers the present record and writes nothing; a present one takes a GET, cheaper.
@@ -119,6 +122,7 @@ for i = 2, #KEYS do
   end
   expect_absent = not record
   local code = '1'
+  local wait = 0
   if type(record) == 'table' then -- WRONGTYPE: the key is not ours; nothing was written
     code = 'r'
     reasons[#reasons + 1] = key .. ': ' .. record.err
@@ -130,14 +134,14 @@ for i = 2, #KEYS do
     elseif state == 'F' then
       attempts = tonumber(held) + 1
     elseif state == 'I' then
-      local left = deadline - now
-      if left <= 0 then
+      wait = deadline - now
+      if wait <= 0 then
         attempts = tonumber(held) + 1
       elseif holder ~= owner then
-        code = '-' .. left
+        code = DEFER
       elseif string.sub(token, 1, -11) == epoch_hex
           and tonumber(string.sub(token, -10), 16) > base then
-        code = '-' .. left -- claimed earlier in this very call
+        code = DEFER -- claimed earlier in this very call
       else
         attempts = held
       end
@@ -150,7 +154,18 @@ for i = 2, #KEYS do
       redis.call('SET', key, head .. counter .. ':' .. code .. tail, 'PX', keep)
     end
   end
-  codes[i - 1] = code
+  if code == run_code then
+    run_count = run_count + 1
+  else
+    if run_count > 0 then
+      runs[#runs + 1] = (run_code == DEFER and '-' .. run_wait or run_code) .. ':' .. run_count
+    end
+    run_code, run_count, run_wait = code, 1, 0
+  end
+  if code == DEFER and wait > run_wait then
+    run_wait = wait
+  end
 end
+runs[#runs + 1] = (run_code == DEFER and '-' .. run_wait or run_code) .. ':' .. run_count
 
-return {0, base, table.concat(codes, ','), reasons}
+return {0, base, table.concat(runs, ','), reasons}

@@ -1,54 +1,271 @@
--- settle.lua: mark a batch of claimed ids DONE or FAILED, each only with its current token.
+-- settle.lua: mark a batch of claimed ids of one shard DONE or FAILED, each only with its
+-- current token, and apply each DONE item's side effects with it.
 --
--- KEYS[1..n]  record keys `{ns}:r:<id>` (record layout: see claim.lua)
--- ARGV[1]     how long DONE and FAILED records are kept, ms
--- ARGV[2]     the n tokens (hex) the caller's claims got, space-separated, in KEYS order
--- ARGV[3]     n characters, one per item: 'D' for DONE, 'F' for FAILED
--- ARGV[4..]   the error text of each FAILED item, in order
+-- KEYS[1..n]   record keys `{tag}:r:<id>` (record layout: see claim.lua)
+-- KEYS[n+1..]  the effects' keys (the caller's own keys), in order; on a Redis Cluster they
+--              carry the records' hash tag, so the call touches one slot
+-- ARGV[1]      how long DONE and FAILED records are kept at least, ms
+-- ARGV[2]      per item, in KEYS order, `<token hex>:<attempts>` as the caller's claim answered
+--              them (attempts 0: unknown), space-separated
+-- ARGV[3]      n characters, one per item: 'D' for DONE, 'F' for FAILED
+-- ARGV[4]      the effects' shapes, '' if no item has any: per item, one letter and an
+--              argument count per effect, then ','; e.g. 'H2,,A2S1,' is HINCRBY (field, n) for
+--              item 1, nothing for item 2, SADD with two members and SET for item 3. Letters:
+--              S SET, I INCRBY, H HINCRBY, A SADD, T HSET; any other character is an error
+--              reply before anything is written
+-- ARGV[5..]    per item in order: the error text of a FAILED item, the effects' arguments
+--              (after the key) of a DONE item
 --
 -- An item settles only if its record is IN_FLIGHT with exactly that token (a lease that ran out
 -- still settles if nobody claimed the id since: the work is done and no newer token exists).
--- DONE and FAILED keep the attempt count. A refused item changes nothing. Reads run under pcall
--- and SET replaces a string whatever it holds, so no command fails after the first write: an
--- item whose key holds another type is REJECTED, untouched, and the others settle.
--- Returns {digits, reasons}: one digit per item, 0 settled, 1 STALE (another token holds the
--- record, or it is already settled), 2 LOST (no record: it expired or Redis lost it),
--- 3 REJECTED; reasons, an array of one error text per REJECTED item, in order.
+-- DONE and FAILED keep the attempt count and expire ARGV[1] ms from now. An item costs one
+-- command when the caller's attempt count is right: `SET key <settled> PX ttl GET` writes the
+-- settled record and answers the one it replaced. If that was not the expected IN_FLIGHT
+-- record, the old value goes back: an IN_FLIGHT record with its expiry (its lease deadline +
+-- ttl, as the claim set it); a record already settled (a retried or a zombie's settle), or a
+-- string that is no record, expiring ttl from now (a settled record's window restarts, never
+-- shorter); no record: the key is deleted. A script runs alone, so nobody sees a write that is
+-- undone.
+--
+-- All or nothing: an item with an effect Redis would refuse applies none of them and becomes
+-- FAILED with the reason (REJECTED). Before an item writes an effect, each of its effects is
+-- checked against the data as the item's earlier effects leave it: the key's type, a value
+-- Redis parses as an integer, a sum that stays within 64 bits. Reads run under pcall and the
+-- checks are exact, so no command fails after the first write (at maxmemory Redis refuses only
+-- a script's first write: the call then fails with Redis's error, having written nothing): a
+-- batch never stops half applied, and the items after a rejected one settle. An item whose
+-- record key holds another type is REJECTED, untouched.
+-- Returns {digits, reasons}: digits '' if every item settled, else one digit per item, 0
+-- settled, 1 STALE (another token holds the record, or it is already settled), 2 LOST (no
+-- record: it expired or Redis lost it), 3 REJECTED; reasons, an array of one error text per
+-- REJECTED item, in order.
+
+local COMMANDS = {S = 'SET', I = 'INCRBY', H = 'HINCRBY', A = 'SADD', T = 'HSET'}
+local KINDS = {SET = 'string', INCRBY = 'string', HINCRBY = 'hash', SADD = 'set', HSET = 'hash'}
+-- an O(1) read per command that fails with WRONGTYPE if the key holds another type (SET
+-- replaces any value, so it needs none); INCRBY's and HINCRBY's also read the value
+local PROBES = {INCRBY = 'GET', HINCRBY = 'HGET', SADD = 'SCARD', HSET = 'HLEN'}
+local WRONGTYPE = 'WRONGTYPE Operation against a key holding the wrong kind of value'
+local MAX_ARGS = 1000 -- per effect; store.MAX_EFFECT_ARGS (unpack fails at about 8000)
+
+local shapes = ARGV[4]
+local bad = string.match(shapes, '[^,%dSIHAT]')
+if bad then
+  return redis.error_reply('effect command code ' .. bad .. ' is not allowed')
+end
+
+-- the effect at shapes[p]: the position after it, its argument count, its command
+local function effect_at(p)
+  local _, last, code, count = string.find(shapes, '^(%a)(%d+)', p)
+  return last + 1, tonumber(count), COMMANDS[code]
+end
+
+-- 64-bit integers as two exact doubles: value = hi * LIMB + lo, 0 <= lo < LIMB (Lua's numbers
+-- are exact only up to 2^53)
+local LIMB = 1e10
+local MAX_HI, MAX_LO = 922337203, 6854775807 -- 2^63 - 1
+local MIN_HI, MIN_LO = -922337204, 3145224192 -- -2^63
+
+local function in_range(hi, lo)
+  if (hi > MIN_HI or (hi == MIN_HI and lo >= MIN_LO))
+      and (hi < MAX_HI or (hi == MAX_HI and lo <= MAX_LO)) then
+    return {hi, lo}
+  end
+  return nil
+end
+
+-- `value` as Redis reads an integer (no '+', no leading zeros, 64 bits; absent is 0), or nil
+local function int64(value)
+  if value == false or value == '0' then
+    return {0, 0}
+  elseif type(value) == 'table' then -- a sum computed earlier in this item
+    return value
+  end
+  local minus, digits = string.match(value, '^(%-?)([1-9]%d*)$')
+  if not digits or #digits > 19 then
+    return nil
+  end
+  local hi, lo = tonumber(string.sub(digits, 1, -11)) or 0, tonumber(string.sub(digits, -10))
+  if minus == '-' then
+    hi, lo = -hi, -lo
+    if lo < 0 then
+      hi, lo = hi - 1, lo + LIMB
+    end
+  end
+  return in_range(hi, lo)
+end
+
+-- `value` + the increment `text`, or nil and why Redis would refuse it
+local function add(command, value, text)
+  local by = int64(text)
+  if not by then
+    return nil, 'the increment is not a 64-bit integer'
+  end
+  local old = int64(value)
+  if not old then
+    return nil, command == 'HINCRBY' and 'hash value is not an integer'
+      or 'value is not an integer or out of range'
+  end
+  local lo = old[2] + by[2]
+  local hi = old[1] + by[1]
+  if lo >= LIMB then
+    hi, lo = hi + 1, lo - LIMB
+  end
+  local sum = in_range(hi, lo)
+  if not sum then
+    return nil, 'increment or decrement would overflow'
+  end
+  return sum
+end
+
+-- nil if `command` (arguments ARGV[a .. a + count - 1]) can run on `key` as the item's earlier
+-- effects leave it, which `view` (key -> what those effects put there) then records; else why
+-- not. Keys the item has not touched yet are read from Redis.
+local function problem(view, command, key, a, count)
+  local kind = KINDS[command]
+  local seen = view[key]
+  if count > MAX_ARGS then
+    return 'more than ' .. MAX_ARGS .. ' arguments'
+  end
+  if command == 'SET' then
+    view[key] = {kind = kind, value = ARGV[a]}
+    return nil
+  end
+  if seen and seen.kind ~= kind then
+    return WRONGTYPE
+  end
+  if not seen then
+    local probe
+    if command == 'HINCRBY' then
+      probe = redis.pcall('HGET', key, ARGV[a])
+    else
+      probe = redis.pcall(PROBES[command], key)
+    end
+    if type(probe) == 'table' then
+      return probe.err
+    end
+    seen = {kind = kind, value = probe, fields = {}}
+    if command == 'HINCRBY' then
+      seen.fields[ARGV[a]] = probe
+    end
+    view[key] = seen
+  end
+  if command == 'INCRBY' then
+    local sum, why = add(command, seen.value, ARGV[a])
+    seen.value = sum
+    return why
+  elseif command == 'HINCRBY' then
+    local field = ARGV[a]
+    local value = seen.fields[field]
+    if value == nil then
+      value = redis.call('HGET', key, field) -- the key is a hash or absent: checked above
+    end
+    local sum, why = add(command, value, ARGV[a + 1])
+    seen.fields[field] = sum
+    return why
+  elseif command == 'HSET' then
+    for f = a, a + count - 1, 2 do
+      seen.fields[ARGV[f]] = ARGV[f + 1]
+    end
+  end
+  return nil
+end
+
 
 local ttl = ARGV[1]
 local outcomes = ARGV[3]
-local errors = 3 -- ARGV index of the last error text used
-local out = {}
+local pos = 1 -- next character of shapes
+local at = 5 -- next ARGV of the stream
+local key_at = #outcomes + 1 -- next effect key
+local out = {} -- the digit of each item not settled
+local refused = false
 local reasons = {}
 local i = 0
-for token in string.gmatch(ARGV[2], '%x+') do
+for claim in string.gmatch(ARGV[2], '%S+') do
   i = i + 1
+  local key = KEYS[i]
   local done = string.byte(outcomes, i) == 68 -- 'D'
-  if not done then
-    errors = errors + 1
+  local from, to = pos, pos -- this item's effects are shapes[from, to)
+  if shapes ~= '' then
+    to = string.find(shapes, ',', pos, true)
+    pos = to + 1
   end
-  local record = redis.pcall('GET', KEYS[i])
-  if type(record) == 'table' then
-    out[i] = '3'
-    reasons[#reasons + 1] = KEYS[i] .. ': ' .. record.err
-  elseif not record then
-    out[i] = '2'
+  local first_arg, first_key = at, key_at
+  local settled
+  if done then
+    settled = 'D:' .. claim
+    local p, count = from, 0
+    while p < to do
+      p, count = effect_at(p)
+      at, key_at = at + count, key_at + 1
+    end
   else
-    local prefix = 'I:' .. token .. ':'
-    local attempts = string.sub(record, 1, #prefix) == prefix
-      and string.match(record, '^(%d+):', #prefix + 1)
-    if not attempts then
-      out[i] = '1'
-    else
-      local settled
-      if done then
-        settled = 'D:' .. token .. ':' .. attempts
+    settled = 'F:' .. claim .. ':' .. ARGV[at]
+    at = at + 1
+  end
+
+  local old = redis.pcall('SET', key, settled, 'PX', ttl, 'GET')
+  local digit = nil
+  if type(old) == 'table' then
+    if string.sub(old.err, 1, 3) == 'OOM' then
+      return old -- only a script's first write is refused: nothing was written
+    end
+    digit = '3'
+    reasons[#reasons + 1] = key .. ': ' .. old.err
+  elseif not old then
+    redis.call('DEL', key) -- the SET made it
+    digit = '2'
+  elseif string.find(old, 'I:' .. claim .. ':', 1, true) ~= 1 then
+    local token = string.match(claim, '^%x+')
+    local held, attempts, deadline = string.match(old, '^I:(%x+):(%d+):(%d+):')
+    if held == token then -- this claim's record, but not the caller's attempt count: the record's
+      claim = token .. ':' .. attempts
+      settled = done and 'D:' .. claim or 'F:' .. claim .. ':' .. ARGV[first_arg]
+      redis.call('SET', key, settled, 'PX', ttl)
+    else -- another claim's record, or one already settled: put it back
+      if deadline then
+        redis.call('SET', key, old, 'PXAT', string.format('%d', tonumber(deadline) + ttl))
       else
-        settled = 'F:' .. token .. ':' .. attempts .. ':' .. ARGV[errors]
+        redis.call('SET', key, old, 'PX', ttl)
       end
-      redis.call('SET', KEYS[i], settled, 'PX', ttl)
-      out[i] = '0'
+      digit = '1'
     end
   end
+
+  if not digit then
+    local reason = nil
+    local view = from < to and {} -- the item's effects, if any (DONE items only)
+    local p, a, k, command, count = from, first_arg, first_key, nil, 0
+    while p < to and not reason do
+      p, count, command = effect_at(p)
+      reason = problem(view, command, KEYS[k], a, count)
+      if reason then
+        reason = command .. ' on ' .. KEYS[k] .. ': ' .. reason
+      end
+      a, k = a + count, k + 1
+    end
+    if reason then
+      redis.call('SET', key, 'F:' .. claim .. ':rejected effect: ' .. reason, 'KEEPTTL')
+      digit = '3'
+      reasons[#reasons + 1] = reason
+    else
+      p, a, k = from, first_arg, first_key
+      while p < to do
+        p, count, command = effect_at(p)
+        redis.call(command, KEYS[k], unpack(ARGV, a, a + count - 1))
+        a, k = a + count, k + 1
+      end
+    end
+  end
+  if digit then
+    out[i] = digit
+    refused = true
+  end
+end
+if not refused then
+  return {'', reasons}
+end
+for j = 1, i do
+  out[j] = out[j] or '0'
 end
 return {table.concat(out), reasons}

@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -204,7 +205,12 @@ class ZooKeeperServer(Component):
 
 
 class RedisServer(Component):
-    """`redis-server` on a loopback port, append-only file on by default (for durability)."""
+    """`redis-server` on a loopback port, append-only file on by default (for durability).
+
+    With `cluster_enabled`, a Redis Cluster node (its cluster bus on a port of its own, its
+    cluster state in `nodes.conf` beside its data); `RedisClusterServers` makes a cluster of
+    such nodes.
+    """
 
     name = "redis"
 
@@ -216,10 +222,13 @@ class RedisServer(Component):
         start_timeout: float = START_TIMEOUT,
         appendonly: bool = True,
         appendfsync: Literal["always", "everysec", "no"] = "everysec",
+        cluster_enabled: bool = False,
     ) -> None:
         super().__init__(workdir, path=path, start_timeout=start_timeout)
         self.appendonly = appendonly
         self.appendfsync = appendfsync  # "always" survives SIGKILL without losing a write
+        self.cluster_enabled = cluster_enabled
+        self._bus_port: int | None = None
 
     @property
     def url(self) -> str:
@@ -243,6 +252,30 @@ class RedisServer(Component):
             self.appendfsync,
             "--dir",
             str(self.home),
+            *self._cluster_options(),
+        ]
+
+    @property
+    def bus_port(self) -> int | None:
+        """A cluster node's cluster bus port (None for a plain server, or before its start)."""
+        return self._bus_port
+
+    def _cluster_options(self) -> list[str]:
+        """The options of a cluster node (none otherwise). The bus gets a port of its own: the
+        default, the port + 10000, may be taken or past 65535."""
+        if not self.cluster_enabled:
+            return []
+        if self._bus_port is None:
+            self._bus_port = free_port()
+        return [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-port",
+            str(self._bus_port),
+            "--cluster-config-file",
+            str(self.home / "nodes.conf"),
+            "--cluster-node-timeout",
+            "2000",
         ]
 
     def _ready(self) -> bool:
@@ -253,6 +286,88 @@ class RedisServer(Component):
             return False
         finally:
             client.close()
+
+
+class RedisClusterServers:
+    """A Redis Cluster of `masters` local `redis-server --cluster-enabled yes` nodes, no replicas.
+
+    `start()` starts the nodes (each in `<workdir>/node<i>/redis/`) and, the first time, gives
+    each an equal range of the 16384 slots (CLUSTER ADDSLOTSRANGE) and introduces them to each
+    other (CLUSTER MEET), then waits until every node reports `cluster_state:ok` and knows them
+    all. A node's `nodes.conf` keeps its slots, so a node stopped and started again rejoins with
+    them. Done by hand rather than with `redis-cli --cluster create`, which wants 3 masters.
+    """
+
+    SLOTS = 16384
+
+    def __init__(
+        self, workdir: Path, masters: int, *, path: str | None = None, appendonly: bool = True
+    ) -> None:
+        if masters < 1:
+            raise ValueError(f"a cluster needs at least one master, got {masters}")
+        self.nodes = [
+            RedisServer(
+                workdir / f"node{i}", path=path, appendonly=appendonly, cluster_enabled=True
+            )
+            for i in range(masters)
+        ]
+        self._formed = False
+
+    @property
+    def url(self) -> str:
+        """A `redis://` URL of one node, enough for a cluster client to find the others."""
+        return f"redis://{self.nodes[0].address}/0"
+
+    def start(self, timeout: float = START_TIMEOUT) -> None:
+        """Start the nodes (a no-op for those running); return once the cluster serves."""
+        for node in self.nodes:
+            node.start()
+        if not self._formed:
+            self._form()
+            self._formed = True
+        self._wait_ok(timeout)
+
+    def stop(self) -> None:
+        """Stop every node (SIGTERM, then SIGKILL after the grace period)."""
+        for node in self.nodes:
+            node.stop()
+
+    def _form(self) -> None:
+        """Give each node its slot range and make them meet."""
+        first = self.nodes[0]
+        share = -(-self.SLOTS // len(self.nodes))  # slots per node, rounded up
+        for i, node in enumerate(self.nodes):
+            with redis.Redis(host=LOOPBACK, port=node.port) as client:
+                low, high = i * share, min(self.SLOTS, (i + 1) * share) - 1
+                client.execute_command("CLUSTER", "ADDSLOTSRANGE", low, high)
+                if node is not first:
+                    client.execute_command("CLUSTER", "MEET", LOOPBACK, first.port, first.bus_port)
+
+    def _wait_ok(self, timeout: float) -> None:
+        """Wait until every node sees the whole cluster, all slots served."""
+        deadline = time.monotonic() + timeout
+        while not all(self._node_ok(node) for node in self.nodes):
+            if time.monotonic() > deadline:
+                raise StackError(
+                    f"the Redis Cluster of {len(self.nodes)} nodes was not ok after {timeout:g} "
+                    f"s; logs in {self.nodes[0].home.parent.parent}"
+                )
+            time.sleep(0.1)
+
+    def _node_ok(self, node: RedisServer) -> bool:
+        """True if `node` reports the cluster ok and knows every node."""
+        try:
+            with redis.Redis(host=LOOPBACK, port=node.port, socket_timeout=1.0) as client:
+                info = client.execute_command("CLUSTER", "INFO")
+        except redis.RedisError:
+            return False
+        text = info.decode() if isinstance(info, bytes) else str(info)
+        fields = dict(line.split(":", 1) for line in text.split() if ":" in line)
+        return (
+            fields.get("cluster_state") == "ok"
+            and fields.get("cluster_known_nodes") == str(len(self.nodes))
+            and fields.get("cluster_slots_ok") == str(self.SLOTS)
+        )
 
 
 POSTGRES_USER = "postgres"  # the unprivileged user Debian's package creates; used when root

@@ -25,6 +25,7 @@ from dedup import (
     EffectNotAllowed,
     EpochConflict,
     IdempotencyStore,
+    Record,
     RecordState,
     Settlement,
     SettleResult,
@@ -32,7 +33,7 @@ from dedup import (
     ZkEpoch,
     server_durability_warnings,
 )
-from dedup.store import ADVANCE_EPOCH_LUA, COUNTER_BITS, SETTLE_EFFECTS_LUA
+from dedup.store import ADVANCE_EPOCH, COUNTER_BITS, SETTLE
 from kspout.devstack import DevStack, RedisServer
 
 pytestmark = pytest.mark.integration
@@ -128,7 +129,7 @@ def test_done_id_is_duplicate_until_its_record_expires(store_factory: StoreFacto
     store = store_factory(done_ttl_ms=300)
     [claim] = store.claim(["m"], "w1")
 
-    assert store.settle([Settlement("m", claim.token, True)]) == [SETTLED]
+    assert store.settle([Settlement("m", claim.token, True, attempts=1)]) == [SETTLED]
     record = store.record("m")
     assert record is not None and record.state is RecordState.DONE
     assert 0 < store._client.pttl(store.key("m")) <= 300
@@ -239,11 +240,12 @@ def test_refused_settlements_change_nothing(store: IdempotencyStore) -> None:
     assert store.settle([Settlement("a", a.token, True)]) == [SETTLED]
     done = store.record("a")
     in_flight = store.record("b")
+    in_flight_ttl = store._client.pttl(store.key("b"))
 
     statuses = store.settle(
         [
             Settlement("a", a.token, False, "late failure"),  # already DONE
-            Settlement("b", b.token + 1, True),  # a token this record never had
+            Settlement("b", b.token + 1, True, None, (), b.attempts),  # a token it never had
             Settlement("b", b.token - 1, False, "zombie"),
             Settlement("never-claimed", a.token, True),
         ]
@@ -252,6 +254,8 @@ def test_refused_settlements_change_nothing(store: IdempotencyStore) -> None:
     assert statuses == [STALE, STALE, STALE, LOST]
     assert store.record("a") == done
     assert store.record("b") == in_flight
+    # the settle wrote and undid: the lease's record keeps its expiry (a settled one's restarts)
+    assert in_flight_ttl - 1000 < store._client.pttl(store.key("b")) <= in_flight_ttl
     assert store.record("never-claimed") is None
 
 
@@ -272,11 +276,14 @@ def test_a_failed_item_between_refused_ones_keeps_its_own_error(store: Idempoten
 def test_late_settle_after_the_lease_ran_out_succeeds_if_nobody_claimed_since(
     store_factory: StoreFactory,
 ) -> None:
-    store = store_factory(lease_ms=SHORT_LEASE_MS)
+    store = store_factory(lease_ms=SHORT_LEASE_MS, done_ttl_ms=300)
     [claim] = store.claim(["m"], "w1")
     time.sleep(LEASE_EXPIRED)
     assert store.settle([Settlement("m", claim.token, True)]) == [SETTLED]
     assert store.claim(["m"], "w2")[0].status is DUPLICATE
+    # a whole dedup window from the late settle, not what was left of the claim's expiry
+    left_of_the_claim = SHORT_LEASE_MS + 300 - LEASE_EXPIRED * 1000
+    assert 300 >= store._client.pttl(store.key("m")) > 300 - 50 > left_of_the_claim
 
 
 def test_a_client_decoding_responses_works_too(
@@ -421,13 +428,13 @@ def test_the_effects_script_refuses_an_unknown_command_before_writing(
 ) -> None:
     a, b = store.claim(["a", "b"], "w1")
     before = [store.record("a"), store.record("b")]
-    script = redis_client.register_script(SETTLE_EFFECTS_LUA)
+    script = redis_client.register_script(SETTLE.text)
     user = f"user-{uuid.uuid4().hex}"
 
     with pytest.raises(redis.ResponseError, match="code X is not allowed"):
         script(
             keys=[store.key("a"), store.key("b"), f"{user}:1", f"{user}:2"],
-            args=[60_000, f"{a.token:x} {b.token:x}", "DD", "S1,X0,", "v"],
+            args=[60_000, f"{a.token:x}:1 {b.token:x}:1", "DD", "S1,X0,", "v"],
         )
 
     assert [store.record("a"), store.record("b")] == before
@@ -480,7 +487,7 @@ def test_a_record_key_holding_something_else_rejects_that_id_alone_and_tokens_ne
         assert record is not None and record.token == claim.token
 
 
-@pytest.mark.parametrize("with_effects", [False, True])  # settle.lua / settle_effects.lua
+@pytest.mark.parametrize("with_effects", [False, True])
 def test_a_record_key_overwritten_with_another_type_rejects_that_item_alone(
     store: IdempotencyStore, redis_client: redis.Redis, with_effects: bool
 ) -> None:
@@ -685,6 +692,38 @@ def test_claim_and_settle_are_one_round_trip_per_batch(
     assert redis_client.get(f"{store.namespace}:n") == b"100"
 
 
+def redis_commands(client: redis.Redis, work: Callable[[], object]) -> dict[str, int]:
+    """How many times each command ran on the server, scripts' commands included, in `work()`."""
+    client.config_resetstat()
+    work()
+    stats = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): stat["calls"] for name, stat in stats.items()}
+
+
+def test_claiming_new_ids_and_settling_them_costs_one_redis_command_per_id_each(
+    store_factory: StoreFactory, own_client: redis.Redis
+) -> None:
+    store = store_factory(client=own_client)
+    ids = [f"m{i}" for i in range(50)]
+    store.claim(["warm"], "w1")  # fence made, scripts loaded
+    claims: list[Claim] = []
+
+    claimed = redis_commands(own_client, lambda: claims.extend(store.claim(ids, "w1")))
+    items = [
+        Settlement(i, c.token, True, None, (), c.attempts) for i, c in zip(ids, claims, strict=True)
+    ]
+    settled = redis_commands(own_client, lambda: store.settle(items))
+
+    assert claimed["set"] == 50 and "get" not in claimed
+    assert settled["set"] == 50 and "get" not in settled and "pexpire" not in settled
+    assert {store.record(i) for i in ids} == {Record(RecordState.DONE, c.token, 1) for c in claims}
+    # without the claims' attempts (0: unknown) an item costs a second SET, and settles alike
+    more = store.claim(["x", "y"], "w1")
+    unknown = [Settlement(i, c.token, True) for i, c in zip(["x", "y"], more, strict=True)]
+    assert redis_commands(own_client, lambda: store.settle(unknown))["set"] == 4
+    assert store.record("y") == Record(RecordState.DONE, more[1].token, 1)
+
+
 # -- fencing tokens across stores, threads and data loss ---------------------------------------
 
 
@@ -805,7 +844,7 @@ def test_a_fence_at_a_lower_epoch_is_moved_to_a_fresh_one(
     store = store_factory(client=own_client)
     [first] = store.claim(["a"], "w1")
     ZkEpoch(zk, epoch_path).bump(0)  # epoch 2 taken by a client that has not installed it yet
-    advance = own_client.register_script(ADVANCE_EPOCH_LUA)
+    advance = own_client.register_script(ADVANCE_EPOCH.text)
     fence = f"{{{store.namespace}}}:fence"
     assert advance(keys=[fence], args=[1]) == 1  # never moves down
     own_client.hset(fence, mapping={"epoch": 0, "seq": 0})  # a fence older than this store

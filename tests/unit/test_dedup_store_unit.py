@@ -7,7 +7,7 @@ import pytest
 import redis
 
 from dedup import Claim, ClaimStatus, EffectNotAllowed, IdempotencyStore, Record, RecordState
-from dedup.store import check_effect
+from dedup.store import ClaimRun, _claim_runs, _remap, check_effect, expand, hash_tag
 
 
 class FixedEpoch:
@@ -65,38 +65,85 @@ def test_the_constructor_refuses_bad_settings(
 FIRST = (3 << 40) + 7  # the counter before a claim call's first token
 
 
-@pytest.mark.parametrize("codes", [b"1", b"1,1,1", "1,1,1"])
-def test_claim_codes_of_all_new_ids_decode_to_consecutive_tokens(codes: bytes | str) -> None:
-    n = (len(codes) + 1) // 2
-    claims = IdempotencyStore._claims(FIRST, codes, [], n)
+@pytest.mark.parametrize("runs", [b"1:1", b"1:3", "1:1000"])
+def test_a_batch_of_new_ids_is_one_run_of_consecutive_tokens(runs: bytes | str) -> None:
+    n = int(runs[2:])
+    [run] = _claim_runs(FIRST, runs, [])
 
-    expected = [Claim(ClaimStatus.CLAIMED, FIRST + k, 1, 0) for k in range(1, n + 1)]
-    assert claims == expected
+    assert run == ClaimRun(ClaimStatus.CLAIMED, 0, n, FIRST + 1, 1, 0)
+    claims = expand([run])
+    assert claims == [Claim(ClaimStatus.CLAIMED, FIRST + k, 1, 0) for k in range(1, n + 1)]
     assert all(type(claim) is Claim for claim in claims)
-    assert claims[0].status is ClaimStatus.CLAIMED and claims[-1].token == FIRST + n
 
 
 @pytest.mark.parametrize(
-    ("codes", "n"),
-    [(b"1,11,0,-250,1", 5), (b"11", 1), (b"1,0", 2), (b"0,1,1", 3), (b"r,1,0,r,2", 5)],
+    "runs",
+    [b"1:1,11:1,0:1,-250:1,1:1", b"11:1", b"1:1,0:1", b"0:1,1:2", b"r:1,1:1,0:1,r:1,2:1", b"0:5"],
 )
-def test_claim_codes_decode_by_code_when_not_all_new(codes: bytes, n: int) -> None:
+def test_claim_runs_decode_to_one_claim_per_id_in_order(runs: bytes) -> None:
     reasons: list[bytes | str] = [b"why 1", "why 2"]
-    claims = IdempotencyStore._claims(FIRST, codes, reasons[: codes.count(b"r")], n)
+    claims = expand(_claim_runs(FIRST, runs, reasons[: runs.count(b"r")]))
 
     expected: list[Claim] = []
     errors = iter(["why 1", "why 2"])
-    for position, code in enumerate(codes.split(b","), start=1):
-        if code == b"r":
-            expected.append(Claim(ClaimStatus.REJECTED, 0, 0, 0, next(errors)))
-        elif int(code) > 0:  # the token is the id's position, whatever the others got
-            expected.append(Claim(ClaimStatus.CLAIMED, FIRST + position, int(code), 0))
-        elif int(code) == 0:
-            expected.append(Claim(ClaimStatus.DUPLICATE, 0, 0, 0))
-        else:
-            expected.append(Claim(ClaimStatus.DEFERRED, 0, 0, -int(code)))
+    for part in runs.split(b","):
+        code, count = part.split(b":")
+        for _ in range(int(count)):
+            position = len(expected) + 1  # the token is the id's position, whatever others got
+            if code == b"r":
+                expected.append(Claim(ClaimStatus.REJECTED, 0, 0, 0, next(errors)))
+            elif int(code) > 0:
+                expected.append(Claim(ClaimStatus.CLAIMED, FIRST + position, int(code), 0))
+            elif int(code) == 0:
+                expected.append(Claim(ClaimStatus.DUPLICATE, 0, 0, 0))
+            else:
+                expected.append(Claim(ClaimStatus.DEFERRED, 0, 0, -int(code)))
     assert claims == expected
     assert all(type(claim) is Claim and len(claim) == len(Claim._fields) for claim in claims)
+
+
+def test_duplicates_and_deferred_ids_come_back_as_counted_runs() -> None:
+    runs = _claim_runs(FIRST, b"0:700,-90:200,1:99,r:1", [b"WRONGTYPE"])
+
+    assert [(r.status, r.start, r.length) for r in runs] == [
+        (ClaimStatus.DUPLICATE, 0, 700),
+        (ClaimStatus.DEFERRED, 700, 200),
+        (ClaimStatus.CLAIMED, 900, 99),
+        (ClaimStatus.REJECTED, 999, 1),
+    ]
+    assert runs[1].retry_after_ms == 90 and runs[2].token == FIRST + 901
+    assert runs[3].errors == ("WRONGTYPE",)
+
+
+def test_runs_of_one_shard_map_back_to_the_positions_of_its_ids_in_the_call() -> None:
+    # the shard's 5 ids were at positions 0, 1, 4, 5, 6 of the call; 2 and 3 were elsewhere
+    runs = _claim_runs(FIRST, b"1:3,r:2", [b"a", b"b"])
+
+    mapped = _remap(runs, [0, 1, 4, 5, 6])
+
+    assert mapped == [
+        ClaimRun(ClaimStatus.CLAIMED, 0, 2, FIRST + 1, 1, 0),
+        ClaimRun(ClaimStatus.CLAIMED, 4, 1, FIRST + 3, 1, 0),
+        ClaimRun(ClaimStatus.REJECTED, 5, 2, 0, 0, 0, ("a", "b")),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("key", "tag"),
+    [("{ns:p3}:revenue", b"ns:p3"), (b"x{ns:p3}y{z}", b"ns:p3"), ("{}ns", None), ("plain", None)],
+)
+def test_hash_tags_are_read_as_redis_cluster_reads_them(
+    key: str | bytes, tag: bytes | None
+) -> None:
+    assert hash_tag(key) == tag
+
+
+def test_on_a_cluster_an_effect_key_without_its_records_hash_tag_is_refused() -> None:
+    assert check_effect("m", ("INCRBY", "{ns:p3}:n", 1), "ns:p3") == ("I", "{ns:p3}:n", [1])
+    assert check_effect("m", ("INCRBY", "n", 1)) == ("I", "n", [1])  # one server: any key
+    for key in ("n", "{ns:p4}:n", "{ns}:n"):
+        with pytest.raises(EffectNotAllowed, match=r"must carry its record's hash tag \{ns:p3\}"):
+            check_effect("m", ("INCRBY", key, 1), "ns:p3")
 
 
 @pytest.mark.parametrize(
