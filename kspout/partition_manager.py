@@ -8,7 +8,8 @@ Every offset in `[commit_point, emitted_to)` is in exactly one state, kept in a 
 (memory grows with gaps, not offsets):
 
     IN_FLIGHT(attempt, deadline)   handed out by `plan`; waits for its outcome
-    WAITING(attempt, due, reason)  failed or deferred; offered again by `plan` once due
+    WAITING(attempt, reason)       failed or deferred; offered again by `plan` once due (its
+                                   due time is kept by the ready schedule, see below)
     DEAD_LETTER                    given up; waits for the driver to write it to the DLQ
     UNPLANNED                      not handed out yet: an unfinished gap between finished
                                    spans restored from the stored record
@@ -43,21 +44,31 @@ Transitions and why:
 An in-flight offset is never given up while it runs: its deadline turns it into a TIMEOUT
 failure first, and the policies apply to failures. So nothing is orphaned: every unfinished
 offset either has a deadline, a due time, or a dead-letter write pending.
+
+The driver asks every partition what to do at every step, so no question it asks walks the
+spans: the map counts offsets per state (`SpanMap.count`), and three schedules (`Schedule`)
+find what comes due: in-flight spans by deadline (`expire`), waiting spans by due time and
+unplanned gaps at once (`plan`), dead letters not handed out yet (`take_dead_letters`).
+Whatever assigns one of those states registers it in its schedule. A `Waiting` value holds no
+due time, so alike failures share one value (and neighbours merge) whenever they fail.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Final, TypeAlias
+from itertools import islice
+from operator import lt
+from typing import Final, NamedTuple, TypeAlias
 
 from kspout.errors import PartitionStopped
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
 from kspout.policy import BehindPolicy, ExhaustedPolicy, PartitionPolicy, PositionKind
-from kspout.spans import SpanMap, runs
+from kspout.spans import Due, Schedule, SpanMap, runs
 
 log = logging.getLogger(__name__)
 
@@ -80,24 +91,25 @@ DONE: Final = _Done()
 UNPLANNED: Final = _Unplanned()
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class InFlight:
+# The states with data are immutable named tuples: one value is shared by every span it covers
+# (the map merges neighbours by identity), and a tuple is made several times faster than a
+# frozen dataclass, which matters on the single-`fail` path.
+
+
+class InFlight(NamedTuple):
     attempt: int  # 1 for the first attempt; +1 every time the offset is planned again
     deferrals: int  # attempts that ended DEFERRED or RELEASED (not charged to the budget)
     deadline: float  # clock value after which the attempt fails with TIMEOUT
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class Waiting:
+class Waiting(NamedTuple):
     attempt: int  # the attempt that ended
     deferrals: int
-    due: float  # clock value from which `plan` offers it again
     reason: FailReason | None  # None: deferred, not failed
     error: str | None
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class DeadLetterPending:
+class DeadLetterPending(NamedTuple):
     attempts: int
     reason: FailReason | None
     error: str | None
@@ -106,6 +118,8 @@ class DeadLetterPending:
 
 
 State: TypeAlias = _Done | _Unplanned | InFlight | Waiting | DeadLetterPending
+# A `fail` call not applied yet: offset, reason, error, attempt, the clock at the call.
+_Failure: TypeAlias = tuple[int, FailReason, str | None, int | None, float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,9 +193,14 @@ class OutOfRangeReset:
         return sum(hi - lo for lo, hi in self.lost)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Stats:
-    """Counts for one partition: states now (in_flight, failed, ...) and totals since start."""
+    """Counts for one partition: states now (in_flight, failed, ...) and totals since start.
+
+    A value to read, not to change. Not frozen: a frozen dataclass sets each of these fields
+    through `object.__setattr__` (several microseconds per snapshot), and the driver takes one
+    per partition for every progress snapshot.
+    """
 
     commit_point: int
     emitted_to: int
@@ -235,6 +254,13 @@ class PartitionManager:
     are not replayed; the gaps between them are. `epoch` is the first epoch: a driver that
     takes a partition again starts above every epoch it planned before, so outcomes of those
     plans are ignored. `clock` returns seconds (monotonic); tests pass a fake.
+
+    The driver asks every partition what to do at every step, so those questions must not
+    walk the spans: per-state offset counts are kept by the map (`SpanMap.count`), and three
+    schedules (`Schedule`) find what comes due without a walk: in-flight spans by deadline
+    (`expire`), waiting and unplanned spans by due time (`plan`), and dead letters not handed
+    out yet (`take_dead_letters`). Every assignment of such a state registers it in its
+    schedule; an idle partition then answers each question in O(1).
     """
 
     def __init__(
@@ -255,6 +281,11 @@ class PartitionManager:
         self.partition = partition
         self._clock = clock
         self._map: SpanMap[State] = SpanMap(start_offset)
+        self._deadlines = Schedule(self._map, _expires_at)
+        self._ready = Schedule(self._map, _is_ready)
+        self._letters = Schedule(self._map, _is_letter)
+        self._last_waiting: Waiting | None = None  # shared by alike failures (`_waiting`)
+        self._failing: list[_Failure] = []  # `fail` calls not applied yet (`_settle`)
         self._epoch = epoch
         self._c = _Counters()
         self._restore(finished)
@@ -262,6 +293,8 @@ class PartitionManager:
         self._max_behind = (
             None if policy.behind_policy is BehindPolicy.RETRY else policy.max_offset_behind
         )
+        # The most attempts the budget allows (`policy.exhausted` beyond), as a plain number.
+        self._max_spent = math.inf if policy.max_retries is None else policy.max_retries
         # Precomputed backoff before retry n for the first retries (a budget may be huge).
         budget = 64 if policy.max_retries is None else min(policy.max_retries, 64)
         self._delays = [policy.backoff.delay(n) for n in range(budget + 1)]
@@ -273,21 +306,32 @@ class PartitionManager:
         for lo, hi in finished:
             if not m.end <= lo < hi:
                 raise ValueError(f"finished ranges must ascend above {m.end}, got [{lo}, {hi})")
+            if m.end < lo:
+                self._ready.add(_NOW, m.end, lo)
             m.extend(lo, UNPLANNED)
             m.extend(hi, DONE)
             self._c.restored += hi - lo
         m.drop_front(DONE)
+
+    def _reset(self, offset: int) -> None:
+        """Forget every offset: the partition starts over, empty, at `offset` (a new epoch)."""
+        self._map.reset(offset)
+        for schedule in (self._deadlines, self._ready, self._letters):
+            schedule.clear()
+        self._epoch += 1
 
     # -- reading -----------------------------------------------------------------------------
 
     @property
     def commit_point(self) -> int:
         """The smallest unfinished offset, or `emitted_to`: everything below it is finished."""
+        self._settle()
         return self._map.first
 
     @property
     def emitted_to(self) -> int:
         """Every offset below this was handed out at least once."""
+        self._settle()
         return self._map.end
 
     @property
@@ -297,6 +341,7 @@ class PartitionManager:
 
     def state_of(self, offset: int) -> State | None:
         """The state of an unfinished offset; DONE below the commit point; None if not emitted."""
+        self._settle()
         if offset < self.commit_point:
             return DONE
         return self._map.get(offset)
@@ -306,6 +351,7 @@ class PartitionManager:
         where the first run left out starts (None: none is). What the stored record keeps, so
         a restart need not replay them; costs O(limit), not O(spans).
         """
+        self._settle()
         m = self._map
         out: list[tuple[int, int]] = []
         i = 0
@@ -323,29 +369,27 @@ class PartitionManager:
     def finished_total(self) -> int:
         """Offsets finished since the start, however: it changes whenever the finished runs
         above the commit point may have (a cheap test before `finished_spans`)."""
+        self._settle()
         c = self._c
         return c.acked + c.duplicates + c.skipped + c.dead_lettered + c.lost + c.gaps
 
+    def spans(self) -> Iterator[tuple[int, int, State]]:
+        """Every span from the commit point to `emitted_to`, ascending, with its state: a walk
+        over all of them (for tools and tests; the driver's questions never need one)."""
+        self._settle()
+        return self._map.spans()
+
     def stats(self) -> Stats:
-        """Current state counts and totals (costs one pass over the spans)."""
-        in_flight = failed = dead = unplanned = 0
-        for lo, hi, value in self._map.spans():
-            if isinstance(value, InFlight):
-                in_flight += hi - lo
-            elif isinstance(value, Waiting):
-                failed += hi - lo
-            elif isinstance(value, DeadLetterPending):
-                dead += hi - lo
-            elif value is UNPLANNED:
-                unplanned += hi - lo
-        c = self._c
+        """Current state counts and totals, in O(1) (the map keeps the counts)."""
+        self._settle()
+        m, c = self._map, self._c
         return Stats(
-            commit_point=self.commit_point,
-            emitted_to=self.emitted_to,
-            in_flight=in_flight,
-            failed=failed,
-            dead_letter_pending=dead,
-            unplanned=unplanned,
+            commit_point=m.first,
+            emitted_to=m.end,
+            in_flight=m.count(InFlight),
+            failed=m.count(Waiting),
+            dead_letter_pending=m.count(DeadLetterPending),
+            unplanned=m.count(_Unplanned),
             acked=c.acked,
             duplicates=c.duplicates,
             retried=c.retried,
@@ -373,36 +417,56 @@ class PartitionManager:
         most `max_new` of them, lowest first) beside new work, and plans no new offsets while
         more than `max_uncommitted` are uncommitted (backpressure; retries still go out).
         """
+        self._settle()
         now = self._clock()
-        self.expire(now)
+        self._expire(now)
+        m = self._map
+        new = min(max_new, high_watermark - m.end)
+        if new <= 0 and not self._ready.due(now):  # the idle partition's step: nothing to do
+            return Plan((), self._epoch)
         deadline = now + self.policy.message_timeout
-        spans: list[Span] = []
-        budget = max_new
-        for lo, hi, value in self._map.spans():
-            if budget <= 0:
-                break
-            if isinstance(value, Waiting) and value.due <= now:
-                hi = min(hi, lo + budget)
-                attempt = value.attempt + 1
-                self._map.assign(lo, hi, InFlight(attempt, value.deferrals, deadline))
-                spans.append(Span(lo, hi, attempt))
-                budget -= hi - lo
-                if value.reason is not None:
-                    self._c.retried += hi - lo
-            elif value is UNPLANNED:
-                hi = min(hi, lo + budget)
-                self._map.assign(lo, hi, InFlight(1, 0, deadline))
-                spans.append(Span(lo, hi, 1))
-                budget -= hi - lo
-        new = min(max_new, high_watermark - self.emitted_to)
+        spans = self._plan_ready(now, deadline, max_new) if max_new > 0 else []
         if self.policy.max_uncommitted is not None:
-            new = min(new, self.policy.max_uncommitted - (self.emitted_to - self.commit_point))
+            new = min(new, self.policy.max_uncommitted - (m.end - m.first))
         if new > 0:
-            start = self.emitted_to
-            self._map.extend(start + new, InFlight(1, 0, deadline))
+            start = m.end
+            m.extend(start + new, InFlight(1, 0, deadline))
+            self._deadlines.add(deadline, start, start + new)
             spans.append(Span(start, start + new, 1))
             self._enforce_behind()
         return Plan(tuple(self._join(spans)), self._epoch)
+
+    def _plan_ready(self, now: float, deadline: float, budget: int) -> list[Span]:
+        """Put in flight the lowest `budget` offsets that are due retries or UNPLANNED gaps;
+        what is due beyond the budget stays scheduled for the next plan."""
+        spans: list[Span] = []
+        ready = self._ready.pop_due(now)
+        in_flight = InFlight(1, 0, deadline)  # shared by alike neighbours, which then merge
+        for k, (lo, hi, value, at) in enumerate(ready):
+            if budget <= 0:
+                self._reschedule(self._ready, ready[k:])
+                break
+            end = min(hi, lo + budget)
+            if end < hi:
+                self._ready.add(at, end, hi)
+            attempt, deferrals = 1, 0
+            if isinstance(value, Waiting):
+                attempt, deferrals = value.attempt + 1, value.deferrals
+                if value.reason is not None:
+                    self._c.retried += end - lo
+            if (in_flight.attempt, in_flight.deferrals) != (attempt, deferrals):
+                in_flight = InFlight(attempt, deferrals, deadline)
+            self._map.assign(lo, end, in_flight)
+            self._deadlines.add(deadline, lo, end)
+            spans.append(Span(lo, end, in_flight.attempt))
+            budget -= end - lo
+        return spans
+
+    @staticmethod
+    def _reschedule(schedule: Schedule[State], pieces: Iterable[Due[State]]) -> None:
+        """Due pieces left for later (a budget, a limit) go back in their schedule."""
+        for lo, hi, _, at in pieces:
+            schedule.add(at, lo, hi)
 
     @staticmethod
     def _join(spans: list[Span]) -> list[Span]:
@@ -416,11 +480,18 @@ class PartitionManager:
 
     def expire(self, now: float | None = None) -> int:
         """Fail every in-flight attempt past its deadline with TIMEOUT; returns how many."""
-        now = self._clock() if now is None else now
+        self._settle()
+        return self._expire(self._clock() if now is None else now)
+
+    def _expire(self, now: float) -> int:
+        """`expire` at `now`, the failure log settled."""
+        due = self._deadlines.pop_due(now)
+        if not due:
+            return 0
         expired = 0
-        for lo, hi, value in self._map.spans():
-            if isinstance(value, InFlight) and value.deadline <= now:
-                error = f"not completed within message_timeout={self.policy.message_timeout}s"
+        error = f"not completed within message_timeout={self.policy.message_timeout}s"
+        for lo, hi, value, _ in due:
+            if isinstance(value, InFlight):
                 self._fail_span(lo, hi, value, FailReason.TIMEOUT, error, now)
                 expired += hi - lo
         return expired
@@ -432,9 +503,11 @@ class PartitionManager:
         other records, or waiting for a later stage): a message times out for its own
         slowness, not for the records before it. Offsets at another attempt are left alone.
         """
+        self._settle()
         for a, b, value in self._map.spans(lo, hi):
             if isinstance(value, InFlight) and value.attempt == attempt and value.deadline < until:
                 self._map.assign(a, b, InFlight(value.attempt, value.deferrals, until))
+                self._deadlines.add(until, a, b)
 
     def release(self, lo: int, hi: int, attempt: int | None, error: str | None = None) -> int:
         """Hand `[lo, hi)` back without spending an attempt: infrastructure failed under it.
@@ -443,10 +516,12 @@ class PartitionManager:
         once (the partition's circuit breaker decides when it is planned again). Returns how
         many were released.
         """
-        return self._wait_range(lo, hi, attempt, 0.0, error, deferred=False)
+        self._settle()
+        return self._wait_range(lo, hi, attempt, self._clock(), error, deferred=False)
 
     def unsettled(self, lo: int, hi: int, attempt: int) -> list[tuple[int, int]]:
         """The runs of `[lo, hi)` still in flight at `attempt` (what a lost task left open)."""
+        self._settle()
         out: list[tuple[int, int]] = []
         for a, b, value in self._map.spans(lo, hi):
             if isinstance(value, InFlight) and value.attempt == attempt:
@@ -459,11 +534,11 @@ class PartitionManager:
     def restart_at(self, offset: int) -> list[tuple[int, int]]:
         """Start over at `offset` (an operator moved the partition); returns the unfinished
         ranges given up. Outcomes of earlier plans no longer apply (a new epoch)."""
+        self._settle()
         if offset < 0:
             raise ValueError(f"offset must be >= 0, got {offset}")
         abandoned = self._unfinished(self.commit_point, self.emitted_to)
-        self._map.reset(offset)
-        self._epoch += 1
+        self._reset(offset)
         return abandoned
 
     # -- outcomes ----------------------------------------------------------------------------
@@ -474,6 +549,7 @@ class PartitionManager:
         A late ACK from an attempt that timed out still means the work is done (a retry in
         flight will find it DUPLICATE in the dedup bolt), so ACKs need no attempt number.
         """
+        self._settle()
         if epoch is not None and epoch != self._epoch:
             self._c.stale += 1
             return
@@ -483,14 +559,8 @@ class PartitionManager:
             self._c.stale += 1
             return
         # Fast path: in-order ack of the lowest in-flight offset just moves the commit point.
-        if offset == starts[0] and isinstance(m.values[0], InFlight):
-            nxt = starts[1] if len(starts) > 1 else m.end
-            if offset + 1 < nxt:
-                starts[0] = offset + 1
-            else:
-                del starts[0]
-                del m.values[0]
-                m.drop_front(DONE)
+        if offset == starts[0] and type(m.values[0]) is InFlight:
+            m.drop_first(DONE)
             self._c.acked += 1
             return
         i = m.index(offset)
@@ -504,6 +574,7 @@ class PartitionManager:
 
     def duplicate(self, offset: int) -> None:
         """The dedup bolt found the offset already done elsewhere: counts as an ack."""
+        self._settle()
         self._ack_range(offset, offset + 1, duplicate=True)
 
     def fail(
@@ -515,29 +586,31 @@ class PartitionManager:
         *,
         epoch: int | None = None,
     ) -> None:
-        """The attempt failed. Ignored unless the offset is in flight at that attempt."""
-        m = self._map
-        if (epoch is not None and epoch != self._epoch) or not m.first <= offset < m.end:
+        """The attempt failed. Ignored unless the offset is in flight at that attempt.
+
+        Logged, and applied by the next call that reads or changes the partition, in call
+        order and at this call's clock reading (`_settle`): single calls come in floods (one
+        per message of a failed batch), which are then applied in one go.
+        """
+        if epoch is not None and epoch != self._epoch:
             self._c.stale += 1
-            return
-        i = m.index(offset)
-        value = m.values[i]
-        if not isinstance(value, InFlight) or (attempt is not None and attempt != value.attempt):
-            self._c.stale += 1
-            return
-        self._fail_span(offset, offset + 1, value, reason, error, self._clock(), index=i)
+        else:
+            self._failing.append((offset, reason, error, attempt, self._clock()))
 
     def defer(self, offset: int, attempt: int | None = None) -> None:
         """In flight elsewhere (a live dedup lease): offer it again later, no attempt spent."""
-        self._defer_range(offset, offset + 1, attempt)
+        self._settle()
+        self._defer_range(offset, offset + 1, attempt, self._clock())
 
     def gone(self, offset: int) -> None:
         """Kafka has no record at the offset (a transaction marker, compacted away): it is
         finished as a gap, not lost (nothing was there to process)."""
+        self._settle()
         self._lose(offset, offset + 1)
 
     def ack_range(self, lo: int, hi: int) -> None:
         """Ack every offset in `[lo, hi)`: one step however many offsets it holds."""
+        self._settle()
         self._ack_range(lo, hi, duplicate=False)
 
     def fail_range(
@@ -549,10 +622,12 @@ class PartitionManager:
         attempt: int | None = None,
     ) -> None:
         """Fail every in-flight offset in `[lo, hi)` (at `attempt`, when given)."""
-        self._fail_range(lo, hi, reason, error, attempt)
+        self._settle()
+        self._fail_range(lo, hi, reason, error, attempt, self._clock())
 
     def ack_many(self, offsets: Iterable[int]) -> None:
         """Ack a batch of offsets; contiguous runs are applied as ranges."""
+        self._settle()
         for lo, hi in runs(offsets):
             self._ack_range(lo, hi, duplicate=False)
 
@@ -560,77 +635,89 @@ class PartitionManager:
         self, offsets: Iterable[int], reason: FailReason, error: str | None = None
     ) -> None:
         """Fail a batch of offsets (at their current attempts); runs are applied as ranges."""
+        self._settle()
+        now = self._clock()
         for lo, hi in runs(offsets):
-            self._fail_range(lo, hi, reason, error, None)
+            self._fail_range(lo, hi, reason, error, None, now)
 
     def apply(self, outcomes: Sequence[Outcome], *, epoch: int) -> None:
         """Apply one batch's outcomes; contiguous alike outcomes are applied as one range.
 
         `epoch` is the epoch of the plan the outcomes answer (required, so no caller can
-        forget it): outcomes planned before an out-of-range reset are ignored.
+        forget it): outcomes planned before an out-of-range reset are ignored. The batch is
+        applied at one clock reading, so its failures share their retry state.
         """
+        self._settle()
         if epoch != self._epoch:
             self._c.stale += sum(o.count for o in outcomes)
             return
-        i, n = 0, len(outcomes)
-        while i < n:
-            first = outcomes[i]
-            hi = first.offset + first.count
-            j = i + 1
-            while j < n:
-                o = outcomes[j]
-                if (
-                    o.offset != hi
-                    or o.kind is not first.kind
-                    or o.attempt != first.attempt
-                    or o.reason is not first.reason
-                    or o.error != first.error
-                ):
-                    break
+        now = self._clock()
+        first: Outcome | None = None
+        hi = -1  # end of the run `first` starts (no offset matches -1)
+        kind = attempt = reason = error = None
+        for o in outcomes:
+            if (
+                o.offset == hi
+                and o.kind is kind
+                and o.attempt == attempt
+                and o.reason is reason
+                and o.error == error
+            ):
                 hi += o.count
-                j += 1
-            self._apply_run(first, hi)
-            i = j
+                continue
+            if first is not None:
+                self._apply_run(first, hi, now)
+            first, hi = o, o.offset + o.count
+            kind, attempt, reason, error = o.kind, o.attempt, o.reason, o.error
+        if first is not None:
+            self._apply_run(first, hi, now)
 
-    def _apply_run(self, o: Outcome, hi: int) -> None:
+    def _apply_run(self, o: Outcome, hi: int, now: float) -> None:
+        """Apply `o`'s outcome to `[o.offset, hi)` (a run of alike outcomes)."""
         kind = o.kind
         if kind is OutcomeKind.ACK:
             self._ack_range(o.offset, hi, duplicate=False)
         elif kind is OutcomeKind.FAIL:
             assert o.reason is not None
-            self._fail_range(o.offset, hi, o.reason, o.error, o.attempt)
+            self._fail_range(o.offset, hi, o.reason, o.error, o.attempt, now)
         elif kind is OutcomeKind.DUPLICATE:
             self._ack_range(o.offset, hi, duplicate=True)
         elif kind is OutcomeKind.DEFERRED:
-            self._defer_range(o.offset, hi, o.attempt)
+            self._defer_range(o.offset, hi, o.attempt, now)
         elif kind is OutcomeKind.RELEASED:
-            self.release(o.offset, hi, o.attempt, o.error)
+            self._wait_range(o.offset, hi, o.attempt, now, o.error, deferred=False)
         else:
             self._lose(o.offset, hi)
 
     # -- dead letters ------------------------------------------------------------------------
 
     def take_dead_letters(self, limit: int | None = None) -> list[DeadLetterTicket]:
-        """Offsets to write to the dead-letter topic now; confirm with `dead_lettered`."""
+        """Offsets to write to the dead-letter topic now, lowest first; confirm with
+        `dead_lettered`. O(1) when there are none."""
+        self._settle()
         out: list[DeadLetterTicket] = []
-        for lo, hi, value in self._map.spans():
+        if not self._letters:
+            return out
+        pieces = self._letters.pop_due(math.inf)
+        for k, (lo, hi, value, at) in enumerate(pieces):
             if limit is not None and len(out) >= limit:
+                self._reschedule(self._letters, pieces[k:])
                 break
-            if isinstance(value, DeadLetterPending) and not value.handed:
-                if limit is not None:
-                    hi = min(hi, lo + limit - len(out))
-                handed = DeadLetterPending(
-                    value.attempts, value.reason, value.error, value.cause, True
-                )
-                self._map.assign(lo, hi, handed)
-                out.extend(
-                    DeadLetterTicket(o, value.attempts, value.reason, value.error, value.cause)
-                    for o in range(lo, hi)
-                )
+            if not isinstance(value, DeadLetterPending):
+                continue
+            if limit is not None and lo + limit - len(out) < hi:
+                self._letters.add(at, lo + limit - len(out), hi)
+                hi = lo + limit - len(out)
+            self._map.assign(lo, hi, value._replace(handed=True))
+            out.extend(
+                DeadLetterTicket(o, value.attempts, value.reason, value.error, value.cause)
+                for o in range(lo, hi)
+            )
         return out
 
     def dead_lettered(self, offsets: Iterable[int]) -> None:
         """The dead-letter records for these offsets are durable: they are finished."""
+        self._settle()
         for lo, hi in runs(offsets):
             for a, b, value in self._map.spans(lo, hi):
                 if isinstance(value, DeadLetterPending):
@@ -640,19 +727,19 @@ class PartitionManager:
 
     def dead_letter_failed(self, offsets: Iterable[int]) -> None:
         """Writing these dead letters failed: hand them out again later."""
+        self._settle()
         for lo, hi in runs(offsets):
             for a, b, value in self._map.spans(lo, hi):
                 if isinstance(value, DeadLetterPending) and value.handed:
-                    again = DeadLetterPending(
-                        value.attempts, value.reason, value.error, value.cause, False
-                    )
-                    self._map.assign(a, b, again)
+                    self._map.assign(a, b, value._replace(handed=False))
+                    self._letters.add(_NOW, a, b)
 
     # -- out of range ------------------------------------------------------------------------
 
     def out_of_range(self, low: int, high: int) -> bool:
         """True when the partition's next offsets are outside Kafka's `[low, high)`."""
-        return self.commit_point < low or self.emitted_to > high
+        self._settle()
+        return self._map.first < low or self._map.end > high
 
     def on_out_of_range(
         self, low: int, high: int, *, timestamp_offset: int | None = None
@@ -665,6 +752,7 @@ class PartitionManager:
         `latest`). Every unfinished offset below the new start is counted and logged as lost
         with its exact range; `fail` raises `PartitionStopped` and changes nothing.
         """
+        self._settle()
         if not self.out_of_range(low, high):
             return None
         cp, emitted = self.commit_point, self.emitted_to
@@ -690,8 +778,7 @@ class PartitionManager:
             lost = _clip_lost(self._unfinished(cp, emitted), target, high)
             if target > emitted:
                 lost.append((emitted, target))
-            self._map.reset(target)
-            self._epoch += 1
+            self._reset(target)
         count = sum(b - a for a, b in lost)
         self._c.lost += count
         reset = OutOfRangeReset(low, high, cp, emitted, target, tuple(lost))
@@ -716,6 +803,7 @@ class PartitionManager:
     def unfinished_below(self, hi: int) -> list[tuple[int, int]]:
         """The runs not finished between the commit point and `hi` (what holds back a key
         under `ordering = key`)."""
+        self._settle()
         return self._unfinished(self.commit_point, hi)
 
     def _unfinished(self, lo: int, hi: int) -> list[tuple[int, int]]:
@@ -730,18 +818,28 @@ class PartitionManager:
         return out
 
     def _ack_range(self, lo: int, hi: int, *, duplicate: bool) -> None:
+        """Finish every unfinished offset of `[lo, hi)`; the rest of it is stale news."""
         m = self._map
         lo_c, hi_c = max(lo, m.first), min(hi, m.end)
         stale = (hi - lo) - max(0, hi_c - lo_c)
         done = 0
         if lo_c < hi_c:
-            for a, b, value in m.spans(lo_c, hi_c):
-                if value is DONE:
-                    stale += b - a
+            i = m.index(lo_c)
+            if hi_c <= m.span_end(i):  # inside one span: the common case, no walk
+                if m.values[i] is DONE:
+                    stale += hi_c - lo_c
                 else:
-                    done += b - a
+                    done = hi_c - lo_c
+                    m.assign_within(i, lo_c, hi_c, DONE)
+            else:
+                for a, b, value in m.spans(lo_c, hi_c):
+                    if value is DONE:
+                        stale += b - a
+                    else:
+                        done += b - a
+                if done:
+                    m.assign(lo_c, hi_c, DONE)
             if done:
-                m.assign(lo_c, hi_c, DONE)
                 m.drop_front(DONE)
         if duplicate:
             self._c.duplicates += done
@@ -750,15 +848,44 @@ class PartitionManager:
         self._c.stale += stale
 
     def _fail_range(
-        self, lo: int, hi: int, reason: FailReason, error: str | None, attempt: int | None
+        self,
+        lo: int,
+        hi: int,
+        reason: FailReason,
+        error: str | None,
+        attempt: int | None,
+        now: float,
     ) -> None:
-        now = self._clock()
+        """Fail the offsets of `[lo, hi)` in flight (at `attempt`, when given)."""
+        if hi == lo + 1:  # one offset: no walk
+            if not self._fail_one(lo, reason, error, attempt, now):
+                self._c.stale += 1
+            return
         handled = 0
         for a, b, value in self._map.spans(lo, hi):
             if isinstance(value, InFlight) and (attempt is None or attempt == value.attempt):
                 self._fail_span(a, b, value, reason, error, now)
                 handled += b - a
         self._c.stale += (hi - lo) - handled
+
+    def _fail_one(
+        self, offset: int, reason: FailReason, error: str | None, attempt: int | None, now: float
+    ) -> bool:
+        """Fail `offset` if it is in flight (at `attempt`, when given); False if it is not.
+
+        The hot path of single `fail` calls and of batches with scattered failures: one bisect
+        finds the span, which `_fail_span` then edits in place.
+        """
+        m = self._map
+        starts = m.starts
+        if not starts or offset < starts[0] or offset >= m.end:
+            return False
+        i = bisect_right(starts, offset) - 1
+        value = m.values[i]
+        if type(value) is not InFlight or (attempt is not None and attempt != value.attempt):
+            return False
+        self._fail_span(offset, offset + 1, value, reason, error, now, i)
+        return True
 
     def _fail_span(
         self,
@@ -772,56 +899,133 @@ class PartitionManager:
     ) -> None:
         """Schedule a retry of `[lo, hi)`, or give up once the budget is spent.
 
-        `index`, when the caller already found the span holding `[lo, hi)`, saves a lookup:
-        single `fail` calls are a hot path.
+        `index`, when the caller already found the span holding `[lo, hi)`, saves a lookup.
         """
-        if reason is FailReason.EXCEPTION:
-            self._c.exceptions += hi - lo
-        elif reason is FailReason.TIMEOUT:
-            self._c.timed_out += hi - lo
-        elif reason is FailReason.CRASH:
-            self._c.crashed += hi - lo
-        elif reason is FailReason.INVALID:  # retrying cannot help: straight to the dead letters
-            self._c.invalid += hi - lo
+        self._count_failed(reason, hi - lo)
+        if reason is FailReason.INVALID:  # retrying cannot help: straight to the dead letters
             self._give_up(
                 lo, hi, ExhaustedPolicy.DEAD_LETTER, value.attempt, reason, error, "not retried"
             )
             return
         spent = value.attempt - value.deferrals  # attempts that count against the budget
-        if self.policy.exhausted(spent):
+        if spent > self._max_spent:
             self._give_up(
                 lo, hi, self.policy.on_exhausted, value.attempt, reason, error, "retries exhausted"
             )
             return
-        waiting = Waiting(value.attempt, value.deferrals, now + self._delay(spent), reason, error)
+        due = now + self._delay(spent)
+        waiting = self._waiting(value.attempt, value.deferrals, reason, error)
         if index is None:
             self._map.assign(lo, hi, waiting)
         else:
             self._map.assign_within(index, lo, hi, waiting)
+        self._ready.add(due, lo, hi)
         if self._max_behind is not None and lo < self.emitted_to - self._max_behind:
             self._enforce_behind()
 
-    def _defer_range(self, lo: int, hi: int, attempt: int | None) -> None:
-        self._wait_range(lo, hi, attempt, self.policy.defer_delay, None, deferred=True)
+    def _count_failed(self, reason: FailReason, n: int) -> None:
+        """Count `n` offsets failed for `reason`."""
+        c = self._c
+        if reason is FailReason.EXCEPTION:
+            c.exceptions += n
+        elif reason is FailReason.TIMEOUT:
+            c.timed_out += n
+        elif reason is FailReason.CRASH:
+            c.crashed += n
+        else:
+            c.invalid += n
+
+    def _delay(self, spent: int) -> float:
+        """The backoff before the retry after `spent` charged attempts."""
+        delays = self._delays
+        return delays[spent] if spent < len(delays) else self.policy.backoff.delay(spent)
+
+    def _settle(self) -> None:
+        """Apply the failures `fail` logged, in order, each at its own clock reading: every
+        other public method and property calls this first, so none sees the log."""
+        failing = self._failing
+        if not failing:
+            return
+        self._failing = []
+        if not self._fail_flood(failing):
+            for offset, reason, error, attempt, now in failing:
+                if not self._fail_one(offset, reason, error, attempt, now):
+                    self._c.stale += 1
+
+    def _fail_flood(self, failing: list[_Failure]) -> bool:
+        """Apply `failing` in one go when it is a flood: ascending offsets inside one in-flight
+        span, one reason (not INVALID) and error, all at that span's attempt, within the
+        budget, none behind `max_offset_behind`. The same result as one by one, with one
+        `Waiting` value, one splice of the map and one extension of the ready schedule;
+        False, with nothing done, for anything else (applied one by one then)."""
+        offsets, reasons, errors, attempts, nows = zip(*failing, strict=True)
+        n, first, last = len(offsets), offsets[0], offsets[-1]
+        m = self._map
+        if n < 2 or not m.first <= first < m.end:
+            return False
+        i = m.index(first)
+        value, reason, error = m.values[i], reasons[0], errors[0]
+        if (
+            type(value) is not InFlight
+            or last >= m.span_end(i)
+            or reason is FailReason.INVALID
+            or value.attempt - value.deferrals > self._max_spent
+            or (self._max_behind is not None and first < self.emitted_to - self._max_behind)
+            or reasons.count(reason) != n
+            or errors.count(error) != n
+            or attempts.count(None) + attempts.count(value.attempt) != n
+            or not all(map(lt, offsets, islice(offsets, 1, None)))
+        ):
+            return False
+        self._count_failed(reason, n)
+        waiting = self._waiting(value.attempt, value.deferrals, reason, error)
+        if last - first == n - 1:  # contiguous: one run
+            m.assign_within(i, first, last + 1, waiting)
+        else:
+            los, his = zip(*runs(offsets), strict=True)
+            m.assign_runs(i, los, his, waiting)
+        delay = self._delay(value.attempt - value.deferrals)
+        self._ready.add_singles(list(nows), delay, list(offsets))
+        return True
+
+    def _waiting(
+        self, attempt: int, deferrals: int, reason: FailReason | None, error: str | None
+    ) -> Waiting:
+        """A `Waiting` value: the last one made when it is alike, else a new one, so alike
+        failures share one object (their spans merge where they touch) and a flood of them
+        allocates none."""
+        w = self._last_waiting
+        if (
+            w is None
+            or w.attempt != attempt
+            or w.deferrals != deferrals
+            or w.reason is not reason
+            or w.error != error
+        ):
+            w = self._last_waiting = Waiting(attempt, deferrals, reason, error)
+        return w
+
+    def _defer_range(self, lo: int, hi: int, attempt: int | None, now: float) -> None:
+        self._wait_range(lo, hi, attempt, now + self.policy.defer_delay, None, deferred=True)
 
     def _wait_range(
         self,
         lo: int,
         hi: int,
         attempt: int | None,
-        delay: float,
+        due: float,
         error: str | None,
         *,
         deferred: bool,
     ) -> int:
-        """In-flight offsets of `[lo, hi)` wait `delay` for another attempt that is not
+        """In-flight offsets of `[lo, hi)` wait until `due` for another attempt that is not
         charged to them (a deferral or a release); returns how many."""
-        due = self._clock() + delay
         handled = 0
         for a, b, value in self._map.spans(lo, hi):
             if isinstance(value, InFlight) and (attempt is None or attempt == value.attempt):
-                waiting = Waiting(value.attempt, value.deferrals + 1, due, None, error)
+                waiting = self._waiting(value.attempt, value.deferrals + 1, None, error)
                 self._map.assign(a, b, waiting)
+                self._ready.add(due, a, b)
                 handled += b - a
         if deferred:
             self._c.deferred += handled
@@ -847,10 +1051,6 @@ class PartitionManager:
                 b,
             )
         self._map.drop_front(DONE)
-
-    def _delay(self, spent: int) -> float:
-        delays = self._delays
-        return delays[spent] if spent < len(delays) else self.policy.backoff.delay(spent)
 
     def _enforce_behind(self) -> None:
         """Apply `behind_policy` to every waiting offset below `emitted_to - max_offset_behind`."""
@@ -896,6 +1096,27 @@ class PartitionManager:
             )
         else:
             self._map.assign(lo, hi, DeadLetterPending(attempts, reason, error, cause, False))
+            self._letters.add(_NOW, lo, hi)
+
+
+# Whether a span still holds what a schedule entry of time `at` was made for (entries are not
+# updated when spans change). An in-flight span is expired by the entry of its own deadline
+# (a hold leaves the entry of the old one behind); a waiting span or an unplanned gap has one
+# entry (its due time, -inf for a gap), since it can only leave the state by being planned,
+# which pops the entry, or by finishing; a dead letter is due at once until it is handed out.
+_NOW: Final = -math.inf  # due from the start, whatever the clock says
+
+
+def _expires_at(value: State, at: float) -> bool:
+    return type(value) is InFlight and value.deadline == at
+
+
+def _is_ready(value: State, at: float) -> bool:
+    return type(value) is Waiting or value is UNPLANNED
+
+
+def _is_letter(value: State, at: float) -> bool:
+    return type(value) is DeadLetterPending and not value.handed
 
 
 def _clip_lost(ranges: list[tuple[int, int]], target: int, high: int) -> list[tuple[int, int]]:
