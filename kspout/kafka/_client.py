@@ -7,7 +7,7 @@ librdkafka's silent reset, so the partition's `out_of_range` policy can decide.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import tenacity
@@ -143,8 +143,12 @@ def all_watermarks(
     *,
     timeout: float = REQUEST_TIMEOUT,
     attempts: int = RETRY_ATTEMPTS,
+    lows: Mapping[int, int] | None = None,
 ) -> dict[int, tuple[int, int]]:
     """Fresh `(low, high)` of every partition in `partitions`, in one batched query.
+
+    `lows` gives the low marks the caller knows recently enough: those partitions are asked
+    their high only, and when every one is given the query is one request per broker.
 
     `offsets_for_times` with ListOffsets' special timestamps asks each partition leader once
     for the earliest offsets of all the partitions it leads, then once for the latest: two
@@ -160,10 +164,13 @@ def all_watermarks(
     if not asked:
         return {}
 
+    known = {} if lows is None else lows
+    missing = [p for p in asked if p not in known]
+
     def query() -> dict[int, tuple[int, int]]:
-        lows = _offsets_at(consumer, topic, asked, OFFSET_BEGINNING, timeout)
+        found = _offsets_at(consumer, topic, missing, OFFSET_BEGINNING, timeout) if missing else {}
         highs = _offsets_at(consumer, topic, asked, OFFSET_END, timeout)
-        return {p: (lows[p], highs[p]) for p in asked}
+        return {p: (found[p] if p in found else known[p], highs[p]) for p in asked}
 
     where = asked[0] if len(asked) == 1 else None
     return call_kafka("watermark query", topic, where, query, attempts=attempts)

@@ -8,7 +8,7 @@ one batched query (`watermarks_of`, `watermarks_now`): a request per leader, not
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -111,11 +111,11 @@ class KafkaMetadata(Lifecycle):
         return all_watermarks(self._client(), topic, partitions)
 
     def watermarks_now(
-        self, topic: str, partitions: Iterable[int]
+        self, topic: str, partitions: Iterable[int], lows: Mapping[int, int] | None = None
     ) -> tuple[Bounds, dict[int, KafkaRequestFailed]]:
         """`watermarks_of` asked once, for at most `QUICK_TIMEOUT`, for a loop whose
         per-partition breakers decide when to ask again: the answers, and for each partition
-        without one, why.
+        without one, why. Partitions in `lows` are asked their high only (`all_watermarks`).
 
         A batched query fails whole when one leader does not answer, so then each leader's
         partitions are asked apart: a broker that is down holds back only what it leads.
@@ -123,7 +123,9 @@ class KafkaMetadata(Lifecycle):
         consumer, asked = self._client(), sorted(set(partitions))
 
         def ask(group: list[int]) -> Bounds:
-            return all_watermarks(consumer, topic, group, timeout=QUICK_TIMEOUT, attempts=1)
+            return all_watermarks(
+                consumer, topic, group, timeout=QUICK_TIMEOUT, attempts=1, lows=lows
+            )
 
         try:
             return ask(asked), {}

@@ -18,6 +18,7 @@ from kazoo.client import KazooClient
 
 from kspout.config import TopicConfig
 from kspout.driver import Driver
+from kspout.driver.watermarks import MAX_AGE, WatermarkCache
 from kspout.errors import KafkaRequestFailed, OffsetConflict
 from kspout.kafka import KafkaMetadata, Record
 from kspout.local_executor import LocalExecutor
@@ -82,6 +83,38 @@ def test_watermarks_of_many_partitions_are_one_query_and_match_each_partitions_o
     assert batched == one_by_one == {p: (0, p % 7) for p in partitions}
     # Two calls (the earliest offsets, then the latest), whatever the number of partitions.
     assert calls == {"offsets_for_times": 2}
+
+
+def test_caught_up_partitions_are_asked_their_high_only_until_their_low_is_old(
+    many: TopicConfig, cluster: MockCluster
+) -> None:
+    """A caught-up partition is asked every step; its low mark, which moves only when
+    retention deletes records, is asked again once it is `MAX_AGE` old: one request per broker
+    instead of two on the steps between."""
+    partitions = list(range(MANY))
+    now = [100.0]
+    with KafkaMetadata(many) as metadata:
+        counting = CountingConsumer(metadata._client())
+        metadata._consumer = counting  # type: ignore[assignment]
+        cache = WatermarkCache(metadata, many.topic, lambda: now[0])
+        caught_up = {p: p % 7 for p in partitions}  # every partition planned to its high
+        assert cache.refresh(caught_up) == {}
+        assert counting.calls["offsets_for_times"] == 2, "the first query asks both ends"
+        producer = Producer({"bootstrap.servers": cluster.brokers, "log_level": 0})
+        produce(producer, many.topic, {3: range(5)})
+        now[0] += MAX_AGE / 2
+        assert cache.refresh(caught_up) == {}
+        assert counting.calls["offsets_for_times"] == 3, "a young low: the high only"
+        assert cache.known(3) == (0, 3 + 5), "the new records are seen"
+        assert all(cache.known(p) == (0, p % 7) for p in partitions if p != 3)
+        now[0] += MAX_AGE
+        assert cache.refresh({p: cache.known(p)[1] for p in partitions}) == {}
+        assert counting.calls["offsets_for_times"] == 5, "an old low: both ends again"
+        # With the lows given, the batched query asks only the partitions' highs.
+        lows = {p: 0 for p in partitions}
+        found, failed = metadata.watermarks_now(many.topic, partitions, lows)
+    assert failed == {} and found == {p: cache.known(p) for p in partitions}
+    assert counting.calls["offsets_for_times"] == 6
 
 
 def test_a_broker_down_holds_back_only_the_partitions_it_leads(
