@@ -35,9 +35,9 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import FIRST_COMPLETED, wait
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 
 from kspout.channel.listener import OutcomeChannel
 from kspout.config import TopicConfig
@@ -328,14 +328,16 @@ class Driver(Lifecycle):
             submitted = self._submit()
             self._collect()  # an in-process batch is already done
         self._write_dead_letters()
+        snapshot = None  # one progress snapshot per step, shared by whoever wants one
         if self._clock() - self._last_commit >= self.config.commit_interval:
-            self.commit()
+            snapshot = self.commit()
         now = self._clock()
         if self._on_progress is not None and now - self._last_progress >= self._progress_interval:
             self._last_progress = now
-            self._on_progress(self.progress())
+            snapshot = self.progress() if snapshot is None else snapshot
+            self._on_progress(snapshot)
         if self._metrics.due(now):
-            self._metrics.publish(self.progress())
+            self._metrics.publish(self.progress() if snapshot is None else snapshot)
         return submitted
 
     def caught_up(self) -> bool:
@@ -381,8 +383,9 @@ class Driver(Lifecycle):
                 return False
         return True
 
-    def commit(self) -> None:
-        """Resume stopped partitions an operator moved; write every commit point that moved."""
+    def commit(self) -> Progress:
+        """Resume stopped partitions an operator moved; write every commit point that moved.
+        Returns the progress snapshot it reported (the step shares it)."""
         self._last_commit = self._clock()
         stopped = self._out_of_range.stopped
         for p, offset in self._committer.moved(stopped).items():
@@ -405,6 +408,7 @@ class Driver(Lifecycle):
         self._reporter.report(progress)  # when it changed, or as a heartbeat
         self._metrics.publish(progress)
         self._group_mirror.mirror(self._committer.committed_points())
+        return progress
 
     # -- ownership ---------------------------------------------------------------------------
 
@@ -514,18 +518,23 @@ class Driver(Lifecycle):
             abandoned,
         )
 
+    @property
+    def partition_managers(self) -> Mapping[int, PartitionManager]:
+        """The partitions this driver runs, read-only (for tools and benchmarks)."""
+        return MappingProxyType(self._pms)
+
     def progress(self) -> Progress:
         """A snapshot of every partition's counts, watermarks, breakers and commits."""
         views = []
         for p, pm in self._pms.items():
-            breaker = self._breakers[p].view()
+            breaker = self._breakers[p]
             views.append(
                 PartitionView(
                     p,
                     pm.stats(),
                     *self._watermarks.known(p),
                     self._committer.committed(p),
-                    None if breaker.state is BreakerState.CLOSED else breaker,
+                    None if breaker.state is BreakerState.CLOSED else breaker.view(),
                     self._out_of_range.stopped.get(p),
                     self._stalls.stalls.get(p, 0),
                     self._stalls.stuck_for(p, pm),
