@@ -166,28 +166,34 @@ def storm_ack_each(order: Callable[[int], list[int]]) -> Prepare:
     return prepare
 
 
-def pm_fail_each(n: int) -> Work:
-    pm, offsets = planned_pm(n), list(range(n))
+def pm_fail_each(order: Callable[[int], list[int]]) -> Prepare:
+    def prepare(n: int) -> Work:
+        pm, offsets = planned_pm(n), order(n)
 
-    def work() -> None:
-        fail = pm.fail
-        for o in offsets:
-            fail(o, EXC, None, 1)
-        assert pm.stats().failed == n
+        def work() -> None:
+            fail = pm.fail
+            for o in offsets:
+                fail(o, EXC, None, 1)
+            assert pm.stats().failed == n
 
-    return work
+        return work
+
+    return prepare
 
 
-def storm_fail_each(n: int) -> Work:
-    storm, offsets = emitted_storm(n), list(range(n))
+def storm_fail_each(order: Callable[[int], list[int]]) -> Prepare:
+    def prepare(n: int) -> Work:
+        storm, offsets = emitted_storm(n), order(n)
 
-    def work() -> None:
-        fail = storm.fail
-        for o in offsets:
-            fail(o)
-        assert len(storm.failed) == n
+        def work() -> None:
+            fail = storm.fail
+            for o in offsets:
+                fail(o)
+            assert len(storm.failed) == n
 
-    return work
+        return work
+
+    return prepare
 
 
 def pm_ack_many(n: int) -> Work:
@@ -245,7 +251,18 @@ def cases() -> list[Case]:
             pm_ack_each(windowed_order),
             storm_ack_each(windowed_order),
         ),
-        Case("fail, single calls, in order", "single", pm_fail_each, storm_fail_each),
+        Case(
+            "fail, single calls, in order",
+            "single",
+            pm_fail_each(_in_order),
+            storm_fail_each(_in_order),
+        ),
+        Case(
+            f"fail, single calls, shuffled per {WINDOW}",
+            "single",
+            pm_fail_each(windowed_order),
+            storm_fail_each(windowed_order),
+        ),
         Case("ack_many, one batch", "batch", pm_ack_many, storm_ack_many),
         Case(f"apply, one batch, 1/{FAIL_EVERY} FAIL", "batch", pm_apply, storm_apply),
     ]

@@ -58,12 +58,12 @@ from __future__ import annotations
 import logging
 import math
 import time
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import islice
-from operator import lt
-from typing import Final, NamedTuple, TypeAlias
+from itertools import chain, islice
+from operator import itemgetter, lt
+from typing import Final, NamedTuple, TypeAlias, TypeVar
 
 from kspout.errors import PartitionStopped
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
@@ -71,6 +71,7 @@ from kspout.policy import BehindPolicy, ExhaustedPolicy, PartitionPolicy, Positi
 from kspout.spans import Due, Schedule, SpanMap, runs
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class _Done:
@@ -118,8 +119,53 @@ class DeadLetterPending(NamedTuple):
 
 
 State: TypeAlias = _Done | _Unplanned | InFlight | Waiting | DeadLetterPending
-# A `fail` call not applied yet: offset, reason, error, attempt, the clock at the call.
-_Failure: TypeAlias = tuple[int, FailReason, str | None, int | None, float]
+
+
+class _FailLog:
+    """`fail` calls not applied yet, as columns: call k failed `offsets[k]` for `reasons[k]`
+    (`errors[k]`) at `attempts[k]`, the clock reading `times[k]`. No object per call, so a
+    flood of them costs the cyclic garbage collector nothing."""
+
+    __slots__ = ("attempts", "errors", "offsets", "reasons", "times")
+
+    def __init__(self) -> None:
+        self.offsets: list[int] = []
+        self.reasons: list[FailReason] = []
+        self.errors: list[str | None] = []
+        self.attempts: list[int | None] = []
+        self.times: list[float] = []
+
+    def pick(self, calls: Sequence[int]) -> _FailLog:
+        """The calls at `calls`, in that order."""
+        picked = _FailLog()
+        for name in _FailLog.__slots__:
+            setattr(picked, name, _take(getattr(self, name), calls))
+        return picked
+
+    def alike(self) -> tuple[FailReason, str | None, int | None] | None:
+        """The reason, error and attempt every call shares; None if they differ."""
+        n, reason, error, attempt = (
+            len(self.offsets),
+            self.reasons[0],
+            self.errors[0],
+            self.attempts[0],
+        )
+        if (
+            self.reasons.count(reason) == n
+            and self.errors.count(error) == n
+            and self.attempts.count(attempt) == n
+        ):
+            return reason, error, attempt
+        return None
+
+
+def _take(column: list[_T], calls: Sequence[int]) -> list[_T]:
+    """`column`'s items at `calls`, in that order (a slice when they are a range)."""
+    if isinstance(calls, range):
+        return column[calls.start : calls.stop]
+    if len(calls) == 1:
+        return [column[calls[0]]]
+    return list(itemgetter(*calls)(column))
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,10 +328,14 @@ class PartitionManager:
         self._clock = clock
         self._map: SpanMap[State] = SpanMap(start_offset)
         self._deadlines = Schedule(self._map, _expires_at)
-        self._ready = Schedule(self._map, _is_ready)
-        self._letters = Schedule(self._map, _is_letter)
+        # A waiting span or gap has one live entry, so live entries are at most its offsets.
+        m = self._map
+        self._ready = Schedule(
+            m, _is_ready, live_bound=lambda: m.count(Waiting) + m.count(_Unplanned)
+        )
+        self._letters = Schedule(m, _is_letter, live_bound=lambda: m.count(DeadLetterPending))
         self._last_waiting: Waiting | None = None  # shared by alike failures (`_waiting`)
-        self._failing: list[_Failure] = []  # `fail` calls not applied yet (`_settle`)
+        self._failing = _FailLog()  # `fail` calls not applied yet (`_settle`)
         self._epoch = epoch
         self._c = _Counters()
         self._restore(finished)
@@ -595,7 +645,12 @@ class PartitionManager:
         if epoch is not None and epoch != self._epoch:
             self._c.stale += 1
         else:
-            self._failing.append((offset, reason, error, attempt, self._clock()))
+            log = self._failing
+            log.offsets.append(offset)
+            log.reasons.append(reason)
+            log.errors.append(error)
+            log.attempts.append(attempt)
+            log.times.append(self._clock())
 
     def defer(self, offset: int, attempt: int | None = None) -> None:
         """In flight elsewhere (a live dedup lease): offer it again later, no attempt spent."""
@@ -941,42 +996,97 @@ class PartitionManager:
         return delays[spent] if spent < len(delays) else self.policy.backoff.delay(spent)
 
     def _settle(self) -> None:
-        """Apply the failures `fail` logged, in order, each at its own clock reading: every
-        other public method and property calls this first, so none sees the log."""
+        """Apply the failures `fail` logged, each at its own clock reading: every other public
+        method and property calls this first, so none sees the log."""
         failing = self._failing
-        if not failing:
+        if not failing.offsets:
             return
-        self._failing = []
-        if not self._fail_flood(failing):
-            for offset, reason, error, attempt, now in failing:
-                if not self._fail_one(offset, reason, error, attempt, now):
-                    self._c.stale += 1
+        self._failing = _FailLog()
+        if len(failing.offsets) == 1:
+            self._fail_logged(failing, 0)
+        else:
+            self._fail_log(failing)
 
-    def _fail_flood(self, failing: list[_Failure]) -> bool:
-        """Apply `failing` in one go when it is a flood: ascending offsets inside one in-flight
-        span, one reason (not INVALID) and error, all at that span's attempt, within the
-        budget, none behind `max_offset_behind`. The same result as one by one, with one
-        `Waiting` value, one splice of the map and one extension of the ready schedule;
-        False, with nothing done, for anything else (applied one by one then)."""
-        offsets, reasons, errors, attempts, nows = zip(*failing, strict=True)
-        n, first, last = len(offsets), offsets[0], offsets[-1]
+    def _fail_logged(self, log: _FailLog, k: int) -> None:
+        """Apply logged call `k` on its own."""
+        if not self._fail_one(
+            log.offsets[k], log.reasons[k], log.errors[k], log.attempts[k], log.times[k]
+        ):
+            self._c.stale += 1
+
+    def _fail_log(self, log: _FailLog) -> None:
+        """Apply many logged failures by span, with the result of applying them in call order.
+
+        Failures of distinct offsets do not depend on one another, so they are taken by
+        offset: the alike failures inside one in-flight span (`_fail_alike`) become one splice
+        of the map, the others are applied one by one. Spans go from the highest down, so an
+        edit never moves a span still to come. An offset failed twice in the log (its calls
+        depend on each other) sends the whole log one by one, in call order.
+        """
+        offsets = log.offsets
+        n = len(offsets)
+        order: Sequence[int] = range(n)
+        ascending = offsets
+        if not all(map(lt, offsets, islice(offsets, 1, None))):
+            order = sorted(order, key=offsets.__getitem__)
+            ascending = _take(offsets, order)
+            if not all(map(lt, ascending, islice(ascending, 1, None))):
+                for k in range(n):
+                    self._fail_logged(log, k)
+                return
         m = self._map
-        if n < 2 or not m.first <= first < m.end:
-            return False
-        i = m.index(first)
-        value, reason, error = m.values[i], reasons[0], errors[0]
+        groups: list[tuple[int, int]] = []  # `ascending[a:b]` lie in one span each
+        pos = 0
+        while pos < n:
+            i = bisect_right(m.starts, ascending[pos]) - 1
+            end = m.span_end(i) if i >= 0 else m.first
+            stop = max(pos + 1, bisect_left(ascending, end, pos + 1))
+            groups.append((pos, stop))
+            pos = stop
+        shared = log.alike()  # a flood's calls mostly share them: no check per group then
+        batched: dict[float, list[Sequence[int]]] = {}  # backoff delay -> calls that wait it
+        for a, b in reversed(groups):
+            calls = order[a:b]
+            alike = shared if shared is not None or b - a < 2 else log.pick(calls).alike()
+            delay = None
+            if b - a >= 2 and alike is not None:
+                delay = self._fail_alike(ascending[a:b], *alike)
+            if delay is None:
+                for k in calls:
+                    self._fail_logged(log, k)
+            else:
+                batched.setdefault(delay, []).append(calls)
+        for delay, done in batched.items():  # their due times, as runs in call order
+            if not isinstance(order, range):  # not logged in offset order: back to call order
+                calls = sorted(chain.from_iterable(done))
+            elif len(done) == 1:
+                calls = done[0]
+            else:
+                calls = list(chain.from_iterable(reversed(done)))
+            self._ready.add_singles(_take(log.times, calls), delay, _take(offsets, calls))
+
+    def _fail_alike(
+        self, offsets: Sequence[int], reason: FailReason, error: str | None, attempt: int | None
+    ) -> float | None:
+        """Fail `offsets` (ascending, two or more, inside one span) in one splice when they
+        are in flight (at `attempt`, when given), `reason` is not INVALID, the budget is not
+        spent and none is behind `max_offset_behind`. Returns their backoff delay (their due
+        times are left to the caller); None, with nothing done, otherwise."""
+        m = self._map
+        n, first, last = len(offsets), offsets[0], offsets[-1]
+        if not m.first <= first < m.end:
+            return None
+        i = bisect_right(m.starts, first) - 1
+        value = m.values[i]
         if (
             type(value) is not InFlight
             or last >= m.span_end(i)
+            or (attempt is not None and attempt != value.attempt)
             or reason is FailReason.INVALID
             or value.attempt - value.deferrals > self._max_spent
-            or (self._max_behind is not None and first < self.emitted_to - self._max_behind)
-            or reasons.count(reason) != n
-            or errors.count(error) != n
-            or attempts.count(None) + attempts.count(value.attempt) != n
-            or not all(map(lt, offsets, islice(offsets, 1, None)))
+            or (self._max_behind is not None and first < m.end - self._max_behind)
         ):
-            return False
+            return None
         self._count_failed(reason, n)
         waiting = self._waiting(value.attempt, value.deferrals, reason, error)
         if last - first == n - 1:  # contiguous: one run
@@ -984,9 +1094,7 @@ class PartitionManager:
         else:
             los, his = zip(*runs(offsets), strict=True)
             m.assign_runs(i, los, his, waiting)
-        delay = self._delay(value.attempt - value.deferrals)
-        self._ready.add_singles(list(nows), delay, list(offsets))
-        return True
+        return self._delay(value.attempt - value.deferrals)
 
     def _waiting(
         self, attempt: int, deferrals: int, reason: FailReason | None, error: str | None

@@ -300,21 +300,39 @@ class Schedule(Generic[V]):
     is still the one the entry was made for. So an entry costs nothing until its time comes;
     stale ones go then, or when the ranges held outnumber twice the live ones and the spans
     (plus `slack`): every entry is then filtered against the map, so stale entries stay a
-    bounded share of the memory.
+    bounded share of the memory. `live_bound`, when given, says how many entries at most can
+    be live (for instance the offsets in the scheduled states, when live entries never
+    overlap): no filtering while the ranges held are within twice that, since it could not
+    drop half of them (a flood of failures, each its own entry, is all live).
 
     Times mostly arrive in order (now + a fixed delay, with a monotonic `now`), so entries are
     kept in runs of ascending times, one after the other (`_Run`; adds append to the last
     one), and only adds earlier than the last run's end go to a heap.
     """
 
-    __slots__ = ("_heap", "_holds", "_limit", "_map", "_ranges", "_runs", "_seq", "_slack")
+    __slots__ = (
+        "_heap",
+        "_holds",
+        "_limit",
+        "_live_bound",
+        "_map",
+        "_ranges",
+        "_runs",
+        "_seq",
+        "_slack",
+    )
 
     def __init__(
-        self, spans: SpanMap[V], holds: Callable[[V, float], bool], slack: int = 64
+        self,
+        spans: SpanMap[V],
+        holds: Callable[[V, float], bool],
+        slack: int = 64,
+        live_bound: Callable[[], int] | None = None,
     ) -> None:
         self._map = spans
         self._holds = holds
         self._slack = slack
+        self._live_bound = live_bound
         self._runs: deque[_Run] = deque()  # in time order, each and one after the other
         self._heap: list[tuple[float, int, int, int]] = []  # (at, seq, lo, hi)
         self._seq = 0  # heap tie-breaker
@@ -345,7 +363,7 @@ class Schedule(Generic[V]):
             self._seq += 1
             heappush(self._heap, (at, self._seq, lo, hi))
         self._ranges += 1
-        if self._ranges > self._limit:
+        if self._ranges > self._limit and self._worth_filtering():
             self._compact()
 
     def add_singles(self, bases: list[float], delay: float, los: list[int]) -> None:
@@ -421,6 +439,11 @@ class Schedule(Generic[V]):
                     continue
             out.append(piece)
         return out
+
+    def _worth_filtering(self) -> bool:
+        """Whether more than half the ranges held may be stale (see `live_bound`)."""
+        bound = self._live_bound
+        return bound is None or self._ranges > 2 * bound() + self._slack
 
     def _compact(self) -> None:
         """Drop the stale entries: filter every entry against the map. The next filtering
