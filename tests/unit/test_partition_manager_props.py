@@ -19,7 +19,7 @@ from hypothesis.stateful import (
 )
 
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
-from kspout.partition_manager import PartitionManager
+from kspout.partition_manager import InFlight, PartitionManager
 from kspout.policy import (
     Backoff,
     BehindPolicy,
@@ -61,6 +61,39 @@ def finished_spans(draw: st.DrawFn, start: int) -> list[tuple[int, int]]:
         spans.append((lo, hi))
         at = hi
     return spans
+
+
+# How `fail_many_singles` picks its offsets (see `_fail_offsets`).
+fail_shapes = st.sampled_from(["run", "scatter", "spoilt", "across", "any"])
+
+
+def _run_inside(span: tuple[int, int]) -> st.SearchStrategy[list[int]]:
+    """2-8 contiguous offsets inside `[a, b)` (at least 2 wide)."""
+    a, b = span
+    return st.integers(2, min(8, b - a)).flatmap(
+        lambda n: st.integers(a, b - n).map(lambda lo: list(range(lo, lo + n)))
+    )
+
+
+def _scatter_inside(span: tuple[int, int]) -> st.SearchStrategy[list[int]]:
+    """2-8 ascending offsets inside `[a, b)`, gaps likely."""
+    a, b = span
+    return st.lists(st.integers(a, b - 1), min_size=2, max_size=min(8, b - a), unique=True).map(
+        sorted
+    )
+
+
+def _spoil(drawn: tuple[list[int], int, int]) -> list[int]:
+    """Offsets of a flood made not one: reversed, the last repeated, the last moved to `end`
+    (where the span ends), or moved to the front."""
+    offsets, end, how = drawn
+    if how == 0:
+        return offsets[::-1]
+    if how == 1:
+        return [*offsets, offsets[-1]]
+    if how == 2:
+        return [*offsets[:-1], end]
+    return [offsets[-1], *offsets[:-1]]
 
 
 class PartitionManagerMachine(RuleBasedStateMachine):
@@ -119,6 +152,88 @@ class PartitionManagerMachine(RuleBasedStateMachine):
         attempt = self._attempt(data, o)
         self.pm.fail(o, reason, "boom", attempt)
         self.model.fail(o, self.now, attempt, reason)
+
+    @rule(data=st.data(), shape=fail_shapes)
+    def fail_many_singles(self, data: st.DataObject, shape: str) -> None:
+        """Several `fail` calls in a row, nothing else between them but the clock moving: the
+        manager logs them and applies them at its next call, alike failures inside one
+        in-flight span (one reason, one attempt) in one go, the others one by one; either way
+        each at its own clock reading, as the model applies them call by call."""
+        if shape != "any" and not self._in_flight_spans():  # a flood needs a planned span
+            self.plan(data.draw(st.integers(2, 30)), data.draw(st.integers(2, 15)))
+        offsets = data.draw(self._fail_offsets(shape))
+        n = len(offsets)
+        if data.draw(st.booleans()):
+            reason = data.draw(reasons)
+            why = [reason] * n
+        else:
+            why = data.draw(st.lists(reasons, min_size=n, max_size=n))
+        attempts = self._fail_attempts(data, offsets)
+        moves = data.draw(  # how the clock moves between the calls: not at all, or a bit
+            st.just([0.0] * (n - 1))
+            | st.lists(st.sampled_from([0.0, 0.3, 1.0]), min_size=n - 1, max_size=n - 1)
+        )
+        for k, o in enumerate(offsets):
+            if k:
+                self.now += moves[k - 1]
+            self.pm.fail(o, why[k], "boom", attempts[k])
+            self.model.fail(o, self.now, attempts[k], why[k])
+
+    def _in_flight_spans(self) -> list[tuple[int, int]]:
+        """The manager's in-flight spans of 2 offsets or more (one value, one attempt)."""
+        spans = [(a, b) for a, b, v in self.pm.spans() if type(v) is InFlight and b - a >= 2]
+        for a, b in spans:  # the model agrees: in flight, one attempt
+            attempt = self.model.offsets[a].attempt
+            assert all(
+                self.model.offsets[o].state == "inflight"
+                and self.model.offsets[o].attempt == attempt
+                for o in range(a, b)
+            )
+        return spans
+
+    def _fail_offsets(self, shape: str) -> st.SearchStrategy[list[int]]:
+        """2-8 offsets to fail: a run or an ascending scatter inside one in-flight span (a
+        flood), one of those out of order or spilling over, offsets in flight anywhere (in
+        offset or any order), or anything around the emitted range."""
+        spans = self._in_flight_spans()
+        anywhere = st.lists(
+            st.integers(self.model.base - 2, self.model.emitted + 2), min_size=2, max_size=8
+        )
+        if shape == "any" or not spans:
+            return anywhere
+        if shape == "run":
+            return st.sampled_from(spans).flatmap(_run_inside)
+        if shape == "scatter":
+            return st.sampled_from(spans).flatmap(_scatter_inside)
+        if shape == "across":
+            m = self.model
+            live = [o for o in m.unfinished() if m.offsets[o].state == "inflight"]
+            some = st.lists(st.sampled_from(live), min_size=2, max_size=8, unique=True)
+            return some | some.map(sorted)
+        return (
+            st.sampled_from(spans)
+            .flatmap(
+                lambda span: st.tuples(_scatter_inside(span), st.just(span[1]), st.integers(0, 3))
+            )
+            .map(_spoil)
+        )
+
+    def _fail_attempts(self, data: st.DataObject, offsets: list[int]) -> list[int | None]:
+        """Per call: None, the offset's current attempt, a mix of both, or anything."""
+        mode = data.draw(st.sampled_from(["none", "current", "mixed", "any"]))
+        out: list[int | None] = []
+        for o in offsets:
+            current = self.model.offsets.get(o)
+            attempt = None if current is None else current.attempt
+            if mode == "none":
+                out.append(None)
+            elif mode == "current":
+                out.append(attempt)
+            elif mode == "mixed":
+                out.append(data.draw(st.sampled_from([None, attempt])))
+            else:
+                out.append(self._attempt(data, o))
+        return out
 
     @rule(data=st.data())
     def defer(self, data: st.DataObject) -> None:
