@@ -337,6 +337,7 @@ class PartitionManager:
         self._last_waiting: Waiting | None = None  # shared by alike failures (`_waiting`)
         self._failing = _FailLog()  # `fail` calls not applied yet (`_settle`)
         self._epoch = epoch
+        self._nothing = Plan((), epoch)  # what `plan` returns when nothing is due (shared)
         self._c = _Counters()
         self._restore(finished)
         # `max_offset_behind`, when a behind policy acts on it (`retry` never gives up).
@@ -369,6 +370,7 @@ class PartitionManager:
         for schedule in (self._deadlines, self._ready, self._letters):
             schedule.clear()
         self._epoch += 1
+        self._nothing = Plan((), self._epoch)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -469,11 +471,12 @@ class PartitionManager:
         """
         self._settle()
         now = self._clock()
-        self._expire(now)
+        if self._deadlines.due(now):
+            self._expire(now)
         m = self._map
         new = min(max_new, high_watermark - m.end)
         if new <= 0 and not self._ready.due(now):  # the idle partition's step: nothing to do
-            return Plan((), self._epoch)
+            return self._nothing
         deadline = now + self.policy.message_timeout
         spans = self._plan_ready(now, deadline, max_new) if max_new > 0 else []
         if self.policy.max_uncommitted is not None:
