@@ -15,6 +15,7 @@ each type (`count`), and a `Schedule` finds the spans whose value comes due at s
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, bisect_right
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -316,6 +317,7 @@ class Schedule(Generic[V]):
         "_limit",
         "_live_bound",
         "_map",
+        "_next_at",
         "_ranges",
         "_runs",
         "_seq",
@@ -338,6 +340,7 @@ class Schedule(Generic[V]):
         self._seq = 0  # heap tie-breaker
         self._ranges = 0  # ranges held, stale ones included
         self._limit = slack  # `_ranges` above which `_compact` drops the stale ones
+        self._next_at = math.inf  # when the earliest entry comes due (`due` in one compare)
 
     def __len__(self) -> int:
         """Ranges held (stale ones included): 0 means nothing can be due."""
@@ -362,6 +365,8 @@ class Schedule(Generic[V]):
         else:
             self._seq += 1
             heappush(self._heap, (at, self._seq, lo, hi))
+        if at < self._next_at:
+            self._next_at = at
         self._ranges += 1
         if self._ranges > self._limit and self._worth_filtering():
             self._compact()
@@ -378,6 +383,7 @@ class Schedule(Generic[V]):
             map(le, bases, islice(bases, 1, None))
         ):
             runs.append(_Run(bases, delay, los, None))
+            self._next_at = min(self._next_at, first)
             self._ranges += len(bases)
             self._limit += 2 * len(bases)
         else:
@@ -386,10 +392,15 @@ class Schedule(Generic[V]):
 
     def due(self, now: float) -> bool:
         """Whether an entry (live or stale) is due by `now`: O(1), no piece is looked at."""
+        return self._next_at <= now
+
+    def _earliest(self) -> float:
+        """When the earliest entry held comes due (infinity when none is held)."""
         heap, runs = self._heap, self._runs
-        if heap and heap[0][0] <= now:
-            return True
-        return bool(runs) and runs[0].bases[runs[0].pos] + runs[0].delay <= now
+        at = heap[0][0] if heap else math.inf
+        if runs:
+            at = min(at, runs[0].bases[runs[0].pos] + runs[0].delay)
+        return at
 
     def pop_due(self, now: float) -> list[Due[V]]:
         """The pieces due by `now`, ascending, each once; they leave the schedule (add back
@@ -406,6 +417,7 @@ class Schedule(Generic[V]):
             runs.popleft()
         if not entries:
             return []
+        self._next_at = self._earliest()
         self._ranges -= len(entries)
         return self._pieces(entries)
 
@@ -414,6 +426,7 @@ class Schedule(Generic[V]):
         self._runs.clear()
         self._heap.clear()
         self._ranges = 0
+        self._next_at = math.inf
 
     def _pieces(self, entries: Iterable[Entry]) -> list[Due[V]]:
         """The pieces of the map that `entries` still hold, ascending, with overlapping or
@@ -459,6 +472,7 @@ class Schedule(Generic[V]):
             self._runs.append(_Run(ats, 0.0, los, his))
         self._ranges = len(live)
         self._limit = 2 * (len(live) + len(self._map)) + self._slack
+        self._next_at = self._earliest()
 
 
 def runs(offsets: Iterable[int]) -> Iterator[tuple[int, int]]:
