@@ -32,18 +32,15 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import tempfile
 import time
-import uuid
 from collections.abc import Callable
-from pathlib import Path
 
 from confluent_kafka import Producer
 
 from bench.bench_executor import load_note
 from bench.report import table
-from kspout.config import TopicConfig, parse_config
-from kspout.devstack import DevStack
+from bench.stack import zookeeper_and_mock_cluster
+from kspout.config import TopicConfig
 from kspout.kafka import KafkaMetadata
 from kspout.offsets import CHUNK_WRITES, OffsetWrite, StoredOffset, ZkOffsetStore, encode_done
 from kspout.ownership.tree import SpoutTree
@@ -51,7 +48,6 @@ from tests.chaos.faults import MockCluster
 
 PARTITIONS = 1_000
 BROKERS = 3
-ZK_ROOT = "/bench-commit"
 
 
 def best(rounds: int, run: Callable[[int], object]) -> float:
@@ -171,27 +167,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{rounds} rounds; Python {platform.python_version()}, {os.cpu_count()} cores; "
         f"{load_note()}"
     )
-    cluster = MockCluster(brokers=BROKERS)
-    try:
-        with (
-            tempfile.TemporaryDirectory(prefix="bench-commit-") as tmp,
-            DevStack(Path(tmp) / "stack", components=("zookeeper",)) as stack,
-        ):
-            config = parse_config(
-                {
-                    "topic": f"bench-commit-{uuid.uuid4().hex[:8]}",
-                    "spout_id": f"bench-{uuid.uuid4().hex[:10]}",
-                    "zk_root": ZK_ROOT,
-                    "brokers": cluster.brokers,
-                    "zookeeper": stack.info.zookeeper,
-                }
-            )
-            make_topic(cluster, config.topic)
-            loop, batched = time_watermarks(config, rounds)
-            figures = {"watermarks: one at a time": loop, "watermarks: batched": batched}
-            figures.update(time_zookeeper(config, rounds))
-    finally:
-        cluster.close()
+    with zookeeper_and_mock_cluster("bench-commit", BROKERS) as (cluster, config):
+        make_topic(cluster, config.topic)
+        loop, batched = time_watermarks(config, rounds)
+        figures = {"watermarks: one at a time": loop, "watermarks: batched": batched}
+        figures.update(time_zookeeper(config, rounds))
     print()
     print(report(figures))
     print(f"\n{load_note()} at the end")

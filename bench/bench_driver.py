@@ -38,25 +38,21 @@ import argparse
 import os
 import platform
 import statistics
-import tempfile
 import time
-import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future
-from pathlib import Path
 
 from confluent_kafka import Producer
 
 from bench.bench_executor import load_note
 from bench.report import table
+from bench.stack import zookeeper_and_mock_cluster
 from kspout.channel.reporter import ChannelAddress
-from kspout.config import TopicConfig, parse_config
-from kspout.devstack import DevStack
+from kspout.config import TopicConfig
 from kspout.driver.loop import Driver
 from kspout.kafka import KafkaMetadata
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
 from kspout.tasks import PartitionTask, TaskResult
-from tests.chaos.faults import MockCluster
 
 PARTITIONS = 1_000
 BROKERS = 3
@@ -213,48 +209,34 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     snapshots: list[int] = []
-    cluster = MockCluster(brokers=BROKERS)
-    try:
-        with (
-            tempfile.TemporaryDirectory(prefix="bench-driver-") as tmp,
-            DevStack(Path(tmp) / "stack", components=("zookeeper",)) as stack,
-        ):
-            config = parse_config(
-                {
-                    "topic": f"bench-driver-{uuid.uuid4().hex[:8]}",
-                    "spout_id": f"bench-{uuid.uuid4().hex[:10]}",
-                    "zk_root": "/bench-driver",
-                    "brokers": cluster.brokers,
-                    "zookeeper": stack.info.zookeeper,
-                    "batch_size": 2_000,
-                    "max_batches_in_flight": 1,
-                    "max_retries": 3,
-                    "message_timeout": 3600,
-                    "commit_interval": 1,
-                    "retry_backoff": {"initial": 3600.0, "max": 3600.0},
-                }
-            )
-            cluster.create_topic(config.topic, [1 + p % BROKERS for p in range(PARTITIONS)])
-            with Driver(
-                config,
-                AnsweringExecutor(),
-                on_progress=lambda progress: snapshots.append(len(progress.partitions)),
-            ) as driver:
-                print("idle: timing steps", flush=True)
-                idle = time_steps(driver, args.steps)
-                idle_snapshot = time_snapshot(driver)
-                idle_floor = time_watermark_floor(config, 5)
-                print(f"producing {per_partition:,} records into each partition", flush=True)
-                produce(cluster.brokers, config.topic, per_partition)
-                print("planning them, acking even offsets and failing odd ones", flush=True)
-                build_spans(driver, per_partition)
-                print("with spans: timing steps", flush=True)
-                busy = time_steps(driver, args.steps)
-                busy_snapshot = time_snapshot(driver)
-                busy_floor = time_watermark_floor(config, 5)
-                walk, spans = time_span_walk(driver)
-    finally:
-        cluster.close()
+    settings = {
+        "batch_size": 2_000,
+        "max_batches_in_flight": 1,
+        "max_retries": 3,
+        "message_timeout": 3600,
+        "commit_interval": 1,
+        "retry_backoff": {"initial": 3600.0, "max": 3600.0},
+    }
+    with zookeeper_and_mock_cluster("bench-driver", BROKERS, **settings) as (cluster, config):
+        cluster.create_topic(config.topic, [1 + p % BROKERS for p in range(PARTITIONS)])
+        with Driver(
+            config,
+            AnsweringExecutor(),
+            on_progress=lambda progress: snapshots.append(len(progress.partitions)),
+        ) as driver:
+            print("idle: timing steps", flush=True)
+            idle = time_steps(driver, args.steps)
+            idle_snapshot = time_snapshot(driver)
+            idle_floor = time_watermark_floor(config, 5)
+            print(f"producing {per_partition:,} records into each partition", flush=True)
+            produce(cluster.brokers, config.topic, per_partition)
+            print("planning them, acking even offsets and failing odd ones", flush=True)
+            build_spans(driver, per_partition)
+            print("with spans: timing steps", flush=True)
+            busy = time_steps(driver, args.steps)
+            busy_snapshot = time_snapshot(driver)
+            busy_floor = time_watermark_floor(config, 5)
+            walk, spans = time_span_walk(driver)
     assert snapshots and all(n == PARTITIONS for n in snapshots), "a snapshot missed partitions"
     print()
     print(
