@@ -1,15 +1,16 @@
 """How throughput grows with partitions and executors: kspout on a local Spark standalone
 cluster with 1 and then 2 workers, over 1, 2 and 4 partitions holding the data.
 
-    python -m bench.bench_scaling            # 200,000 messages per case (~5 min)
+    python -m bench.bench_scaling            # up to 200,000 messages per case (~5 min)
     python -m bench.bench_scaling --quick    # 60,000 (~3 min)
 
 Starts the embedded dev stack (mock Kafka, ZooKeeper), and a standalone cluster from the
 pyspark wheel (`kspout.devstack.SparkStandalone`) whose workers offer one core each, so a
 cluster of k workers runs k Python tasks at once. For each partition count P it produces N
-messages round-robin into the first P partitions of a fresh 4-partition topic (the others stay
-empty), then runs `KafkaSpout.run` with a plain handler until caught up (a fresh spout id, so
-from offset 0; exactly N acked, or the case is an error). A partition is one Spark task per
+messages (at most 90,000 per partition: what the mock cluster keeps) round-robin into the
+first P partitions of a fresh 4-partition topic (the others stay empty), then runs
+`KafkaSpout.run` with a plain handler until caught up (a fresh spout id, so from offset 0;
+exactly N acked, or the case is an error). A partition is one Spark task per
 batch, so P bounds the parallelism as much as the executors do.
 
 Printed per case: messages per second, CPU microseconds per record over the whole process tree
@@ -26,6 +27,7 @@ import platform
 import sys
 import tempfile
 import uuid
+from functools import partial
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -41,12 +43,19 @@ from bench.bench_executor import (
     wait_all_in,
 )
 from bench.report import table
+from kspout.config import TopicConfig
 from kspout.devstack import DevStack, SparkStandalone
 
 PARTITION_COUNTS = (1, 2, 4)
 WORKER_COUNTS = (1, 2)
 BATCH_SIZE = 50_000  # offsets per partition per batch: a few batches per case
+PER_PARTITION = 90_000  # messages one partition may hold: the mock cluster keeps ~100,000
 REPO = Path(__file__).resolve().parents[1]
+
+
+def seconds_of_run(config: TopicConfig, spark: SparkSession, n: int) -> float:
+    """Seconds `KafkaSpout.run` takes to ack the `n` messages of `config`'s topic."""
+    return spout_run(config, spark, trivial, n)[0]
 
 
 def session(cluster: SparkStandalone) -> SparkSession:
@@ -67,9 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="60,000 messages per case")
     args = parser.parse_args(argv)
-    n = 60_000 if args.quick else 200_000
+    most = 60_000 if args.quick else 200_000
+    counts = {p: min(most, PER_PARTITION * p) for p in PARTITION_COUNTS}
     print(
-        f"Scaling: {n:,} messages per case; Spark standalone workers of 1 core each; "
+        f"Scaling: up to {most:,} messages per case; Spark standalone workers of 1 core each; "
         f"Python {platform.python_version()}, {os.cpu_count()} cores; {load_note()}"
     )
     rows: dict[tuple[int, int], tuple[float, float]] = {}
@@ -82,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         topics = {}
         for p in PARTITION_COUNTS:
             topics[p] = f"bench-scale-{p}-{uuid.uuid4().hex[:6]}"
+            n = counts[p]
             produce(setup.brokers, topics[p], n, "lz4", partitions=p)
             wait_all_in(setup.brokers, topics[p], n)
             bare[p] = n / min(bare_values(setup.brokers, topics[p], n) for _ in range(2))
@@ -91,10 +102,11 @@ def main(argv: list[str] | None = None) -> int:
                 spark = session(cluster)
                 try:
                     warm = setup.config(topics[1], BATCH_SIZE)
-                    spout_run(warm, spark, trivial, n)  # Python workers started, JIT warm
+                    spout_run(warm, spark, trivial, counts[1])  # workers started, JIT warm
                     for p in PARTITION_COUNTS:
+                        n = counts[p]
                         config = setup.config(topics[p], BATCH_SIZE)
-                        run = sample(lambda c=config, s=spark: spout_run(c, s, trivial, n)[0])
+                        run = sample(partial(seconds_of_run, config, spark, n))
                         rows[(workers, p)] = (n / run.seconds, run.total_cpu * 1e6 / n)
                         print(f"  {workers} worker(s), {p} partition(s): {n / run.seconds:,.0f}/s")
                 finally:
@@ -102,10 +114,19 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(
         table(
-            ["partitions", "workers", "msgs/s", "CPU us/rec", "vs 1 worker", "bare loop msgs/s"],
+            [
+                "partitions",
+                "messages",
+                "workers",
+                "msgs/s",
+                "CPU us/rec",
+                "vs 1 worker",
+                "bare loop msgs/s",
+            ],
             [
                 [
                     str(p),
+                    f"{counts[p]:,}",
                     str(w),
                     f"{rows[(w, p)][0]:,.0f}",
                     f"{rows[(w, p)][1]:.1f}",
@@ -115,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                 for p in PARTITION_COUNTS
                 for w in WORKER_COUNTS
             ],
-            ">>>>>>",
+            ">>>>>>>",
         )
     )
     print(f"\n{load_note()} at the end")
