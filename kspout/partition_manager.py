@@ -1005,10 +1005,7 @@ class PartitionManager:
         if not failing.offsets:
             return
         self._failing = _FailLog()
-        if len(failing.offsets) == 1:
-            self._fail_logged(failing, 0)
-        else:
-            self._fail_log(failing)
+        self._fail_log(failing)
 
     def _fail_logged(self, log: _FailLog, k: int) -> None:
         """Apply logged call `k` on its own."""
@@ -1018,7 +1015,7 @@ class PartitionManager:
             self._c.stale += 1
 
     def _fail_log(self, log: _FailLog) -> None:
-        """Apply many logged failures by span, with the result of applying them in call order.
+        """Apply logged failures by span, with the result of applying them in call order.
 
         Failures of distinct offsets do not depend on one another, so they are taken by
         offset: the alike failures inside one in-flight span (`_fail_alike`) become one splice
@@ -1060,12 +1057,10 @@ class PartitionManager:
             else:
                 batched.setdefault(delay, []).append(calls)
         for delay, done in batched.items():  # their due times, as runs in call order
-            if not isinstance(order, range):  # not logged in offset order: back to call order
+            if len(done) > 1 or not isinstance(done[0], range):
                 calls = sorted(chain.from_iterable(done))
-            elif len(done) == 1:
-                calls = done[0]
             else:
-                calls = list(chain.from_iterable(reversed(done)))
+                calls = done[0]  # a flood logged in offset order: slices, no copy per call
             self._ready.add_singles(_take(log.times, calls), delay, _take(offsets, calls))
 
     def _fail_alike(
