@@ -89,7 +89,9 @@ class CircuitBreaker:
     @property
     def state(self) -> BreakerState:
         """The current state (an OPEN breaker whose wait has passed reads HALF_OPEN)."""
-        return self._advance(self._clock())
+        if self._state is BreakerState.OPEN:
+            return self._advance(self._clock())
+        return self._state  # no clock read: the driver asks every partition's, every step
 
     def view(self) -> BreakerView:
         """A snapshot for the progress table."""
@@ -101,9 +103,9 @@ class CircuitBreaker:
     def allow(self) -> bool:
         """May the partition be planned now? True when CLOSED, and once (the probe) when
         HALF_OPEN; call it only when the partition is about to be planned."""
-        state = self._advance(self._clock())
-        if state is BreakerState.CLOSED:
+        if self._state is BreakerState.CLOSED:
             return True
+        state = self._advance(self._clock())
         if state is BreakerState.HALF_OPEN and not self._probing:
             self._probing = True
             return True

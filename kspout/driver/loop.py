@@ -724,28 +724,26 @@ class Driver(Lifecycle):
         blockers = blockers_of(pm.unfinished_below(ranges[-1][1]), ranges)
         return PartitionTask(self.config.topic, p, plan, KeyOrder(blockers))
 
-    def _plannable(self, p: int) -> bool:
-        """Not moving away, not paused, and the claim on it is sure (ZooKeeper connected);
-        with `ordering = key`, its last task is over (a record in flight is never overtaken)."""
+    def _runnable(self) -> dict[int, PartitionManager]:
+        """The partitions to plan now: not stopped, moving away or paused, the claims sure
+        (ZooKeeper connected); with `ordering = key`, the last task over (a record in flight is
+        never overtaken); and the breaker lets them run (a half-open one only while its probe
+        batch is not out yet). What blocks every partition is looked up once per step."""
         m = self._membership
-        if p in self._releasing or p in m.paused or m.suspended:
-            return False
-        return self.config.ordering == "none" or not self._batches.running(p)
-
-    def _runnable(self, p: int) -> bool:
-        """Not stopped, plannable, and its breaker lets it run (a half-open one only while
-        its probe batch is not out yet)."""
-        if p in self._out_of_range.stopped or not self._plannable(p):
-            return False
-        breaker = self._breakers[p]
-        state = breaker.state
-        if state is BreakerState.OPEN:
-            return False
-        return state is BreakerState.CLOSED or breaker.allow()
+        if m.suspended:
+            return {}
+        blocked = self._out_of_range.stopped.keys() | self._releasing.keys() | m.paused.keys()
+        keyed = self.config.ordering != "none"
+        running, breakers = self._batches.running, self._breakers
+        return {
+            p: pm
+            for p, pm in self._pms.items()
+            if p not in blocked and not (keyed and running(p)) and breakers[p].allow()
+        }
 
     def _plan(self) -> list[PartitionTask]:
         tasks: list[PartitionTask] = []
-        runnable = {p: pm for p, pm in self._pms.items() if self._runnable(p)}
+        runnable = self._runnable()
         # One batched watermark query for every partition that needs fresh ones.
         failed = self._watermarks.refresh({p: pm.emitted_to for p, pm in runnable.items()})
         for p, pm in runnable.items():
