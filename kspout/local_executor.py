@@ -91,7 +91,7 @@ class LocalExecutor:
                 ]
                 return task_results(tasks, acker, reports)
             for stage in range(1, len(self._topology.stages)):
-                output = run_later_stage(output, partial(self._runner, stage, acker))
+                output = run_later_stage(output, acker, partial(self._runner, stage, acker))
         return task_results(tasks, acker, reports)
 
     def _roots(

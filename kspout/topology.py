@@ -219,10 +219,6 @@ class StageRunner:
         if error is not None:
             raise error
 
-    def release(self, tuple_: Tuple, error: str) -> None:
-        """Mark `tuple_`'s roots RELEASED: the stage failed around it, not because of it."""
-        self._collectors[0].release(tuple_, error)
-
 
 def root_tuples(fetched: FetchResult, acker: Acker[RootKey]) -> Chunk:
     """The fetched records as the chain's root tuples, registered with `acker`."""
@@ -239,28 +235,22 @@ _ROOT_KEY = attrgetter("partition", "offset")
 _OFFSET = itemgetter(1)
 
 
-def run_later_stage(tuples: Sequence[Tuple], make_runner: Callable[[], StageRunner]) -> Chunk:
+def run_later_stage(
+    tuples: Sequence[Tuple], acker: Acker[RootKey], make_runner: Callable[[], StageRunner]
+) -> Chunk:
     """Run tuples routed here by a grouping through a later stage; returns what it emitted.
 
-    When the stage fails outside per-message code, every root of its input is marked
-    RELEASED on the stage's acker (through a collector) and nothing is emitted onward.
+    When the stage fails outside per-message code (its bolts' `prepare` included), every root
+    of its input is marked RELEASED on `acker`, the stage's, and nothing is emitted onward.
     """
     reseed()
-    runner: StageRunner | None = None
-
-    def make() -> StageRunner:
-        nonlocal runner
-        runner = make_runner()
-        return runner
-
     try:
-        return run_guarded(tuples, make).chunk
+        return run_guarded(tuples, make_runner).chunk
     except StageFailed as failed:
-        if runner is None:
-            return Chunk(())
+        collector = Collector(acker, (), None)
         for tuple_ in tuples:
-            runner.release(tuple_, failed.error)
-        return Chunk(runner.chunk.fields)
+            collector.release(tuple_, failed.error)
+        return Chunk(())
 
 
 _SETTLED = {

@@ -233,7 +233,7 @@ def later_stage(spec: BatchSpec, stage: int, index: int, items: Iterable[Item]) 
         built()
         with spec.reporter(stage, index):
             output = run_later_stage(
-                tuples, lambda: StageRunner(stages[stage], acker, context, last=last)
+                tuples, acker, lambda: StageRunner(stages[stage], acker, context, last=last)
             )
     if not last:
         yield from _routed(spec, stage + 1, output)

@@ -50,6 +50,7 @@ from kspout.topology import (
     StageRunner,
     Topology,
     root_tuples,
+    run_later_stage,
     task_results,
 )
 
@@ -646,6 +647,27 @@ def test_run_stage_feeds_routed_tuples_into_a_later_stage_and_collects_its_outpu
         Collector(acker, (), None).ack(t)
     assert acker.state((0, 0)) is RootState.COMPLETE
 
+
+
+class CountWithoutItsStore(Count):
+    def prepare(self, context: TaskContext) -> None:
+        raise ConnectionError("the counts store is down")
+
+
+def test_a_later_stage_whose_prepare_raises_releases_the_roots_of_its_input() -> None:
+    """Not its records' fault: their roots come back RELEASED (offered again without spending
+    an attempt), not pending until they time out."""
+    acker: Acker[RootKey] = Acker()
+    first = StageRunner(Stage((Split(),), None), acker, TaskContext("t", 0, 0, 0), last=False)
+    first.run(root_tuples(sentences(0, ["a b", "c"]), acker))
+    stage = Stage((CountWithoutItsStore(),), Shuffle())
+    output = run_later_stage(
+        [roundtrip(t) for t in first.output],
+        acker,
+        lambda: StageRunner(stage, acker, TaskContext("t", 1, 0, 0), last=True),
+    )
+    assert not output.rows
+    assert [acker.state((0, o)) for o in (0, 1)] == [RootState.RELEASED] * 2
 
 # -- groupings ----------------------------------------------------------------------------------
 
