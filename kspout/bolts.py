@@ -309,7 +309,11 @@ class BasicCollector:
         """Emit `values` anchored to the tuple being executed."""
         collector, root = self._collector, self._root
         if root is None or not collector.emits:  # several roots or none, or emits go nowhere
-            assert self._input is not None, "emit outside process()"
+            if self._input is None:
+                raise RuntimeError(
+                    "a BasicBolt emits only inside process(): its emits are anchored to the "
+                    "input being processed (emit from execute() of a Bolt to anchor freely)"
+                )
             collector.emit(self._input, values)
             return
         if type(values) is not tuple or len(values) != self._width:
@@ -322,10 +326,16 @@ class BasicCollector:
         else:
             collector.put(values, root, edge)
 
+    def detach(self) -> None:
+        """No input is being processed: an emit now is refused (it would be anchored to the
+        last input after that input's ids reached the ledger, and its root never complete)."""
+        self._input = self._root = None
+
     def settle(self, *, ack: bool) -> None:
         """Fold the emitted ids into the ledger, with the input's own id when `ack`."""
         input_, root = self._input, self._root
         assert input_ is not None
+        self.detach()
         if root is None:
             if ack:
                 self._collector.ack(input_)
@@ -430,6 +440,7 @@ class BasicBolt(Bolt):
                 basic.settle(ack=True)
             else:  # settle(ack=True) inline: the input's one update of the ledger
                 ledger[root] = ledger.get(root, 0) ^ basic.edges ^ tuple_._id
+        basic.detach()
         beacon.current = None
 
 

@@ -47,9 +47,11 @@ from kspout.topology import (
     ChainItem,
     FetchReport,
     Stage,
+    StageFailed,
     StageRunner,
     Topology,
     root_tuples,
+    run_guarded,
     run_later_stage,
     task_results,
 )
@@ -648,7 +650,6 @@ def test_run_stage_feeds_routed_tuples_into_a_later_stage_and_collects_its_outpu
     assert acker.state((0, 0)) is RootState.COMPLETE
 
 
-
 class CountWithoutItsStore(Count):
     def prepare(self, context: TaskContext) -> None:
         raise ConnectionError("the counts store is down")
@@ -668,6 +669,31 @@ def test_a_later_stage_whose_prepare_raises_releases_the_roots_of_its_input() ->
     )
     assert not output.rows
     assert [acker.state((0, o)) for o in (0, 1)] == [RootState.RELEASED] * 2
+
+
+class FlushesInCleanup(BasicBolt):
+    """Keeps its collector and emits once more after the last `process` returned."""
+
+    outputs = ("word",)
+
+    def process(self, tuple_: Tuple, collector: BasicCollector) -> None:
+        self.kept = collector
+        collector.emit(("seen",))
+
+    def cleanup(self) -> None:
+        self.kept.emit(("late",))
+
+
+def test_a_basic_bolt_emitting_after_process_returned_fails_its_stage_not_its_root() -> None:
+    """The late emit would be anchored to the last input after that input's ids reached the
+    ledger: shipped, its root could never complete. The stage fails instead (roots RELEASED)."""
+    acker: Acker[RootKey] = Acker()
+    stage = Stage((FlushesInCleanup(),), None)
+    runner = StageRunner(stage, acker, TaskContext("t", 0, 0, 0), last=False)
+    with pytest.raises(StageFailed, match="emits only inside process"):
+        run_guarded(root_tuples(sentences(0, ["a", "b"]), acker), lambda: runner)
+    assert [t["word"] for t in runner.output] == ["seen", "seen"]
+
 
 # -- groupings ----------------------------------------------------------------------------------
 
