@@ -27,20 +27,6 @@ def cyclic_gc_paused() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def cyclic_gc_frozen() -> Iterator[None]:
-    """Keep the cycle collector running, but off every object alive when the block starts.
-
-    For user code: a bolt that makes reference cycles still has them collected, while the
-    task's records and tuples, already built, are not scanned again and again.
-    """
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
-@contextlib.contextmanager
 def cyclic_gc_paused_until_built() -> Iterator[Callable[[], None]]:
     """Pause the cycle collector while a task builds what it keeps (records, root tuples);
     the yielded `built()` then freezes all of it and resumes the collector for the code that
@@ -50,24 +36,27 @@ def cyclic_gc_paused_until_built() -> Iterator[Callable[[], None]]:
     scans every object, and later the older generations again (measured: ~0.3 us per record
     on a fetch, ~0.6 us per record on a one-bolt stage). Freezing before resuming skips all of
     those scans, while cycles that user code makes afterwards are still collected. Freezing is
-    process-wide: a `cyclic_gc_frozen` block inside this one thaws everything when it ends.
+    process-wide, and `gc.unfreeze` thaws every frozen object: when something is frozen
+    already (user code that called `gc.freeze()`), the block only pauses and resumes, so what
+    its owner froze stays frozen.
     """
     enabled = gc.isenabled()
+    may_freeze = gc.get_freeze_count() == 0
     gc.disable()
     frozen = False
 
     def built() -> None:
         nonlocal frozen
-        if not frozen:
+        if may_freeze and not frozen:
             gc.freeze()
             frozen = True
-            if enabled:
-                gc.enable()
+        if enabled:
+            gc.enable()
 
     try:
         yield built
     finally:
         if frozen:
             gc.unfreeze()
-        elif enabled:
+        if enabled:
             gc.enable()

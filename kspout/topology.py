@@ -35,7 +35,7 @@ from kspout.bolts import (
 )
 from kspout.channel.beacon import BEACON
 from kspout.errors import ChainError
-from kspout.gc_pause import cyclic_gc_frozen, cyclic_gc_paused
+from kspout.gc_pause import cyclic_gc_paused
 from kspout.kafka import FetchResult
 from kspout.outcomes import FailReason, OutcomeKind, describe_error
 from kspout.spans import runs
@@ -186,9 +186,8 @@ class StageRunner:
     def run(self, tuples: Sequence[Tuple]) -> None:
         """The stage's first bolt takes all the task's input in one batch; whatever it emits
         then runs through the next bolts, tuple by tuple."""
-        with cyclic_gc_frozen():
-            self._bolts[0].execute_batch(tuples, self._collectors[0])
-            self._forward(0)
+        self._bolts[0].execute_batch(tuples, self._collectors[0])
+        self._forward(0)
 
     def _feed(self, tuple_: Tuple, index: int) -> None:
         """Execute `tuple_` in bolt `index`, then whatever it emitted in the next bolts."""

@@ -192,3 +192,17 @@ def test_objects_built_before_built_are_frozen_until_the_block_ends() -> None:
         assert gc.isenabled() == enabled
         assert gc.get_freeze_count() >= len(kept)
     assert gc.get_freeze_count() == 0 and gc.isenabled() == enabled
+
+
+def test_what_user_code_froze_stays_frozen_after_a_task_block() -> None:
+    enabled = gc.isenabled()
+    gc.freeze()  # as a handler module that loads a large model may do
+    frozen = gc.get_freeze_count()
+    try:
+        with cyclic_gc_paused_until_built() as built:
+            assert not gc.isenabled()
+            built()
+            assert gc.isenabled() == enabled
+        assert gc.get_freeze_count() >= frozen
+    finally:
+        gc.unfreeze()
