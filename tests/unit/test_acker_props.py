@@ -40,8 +40,9 @@ from kspout.kafka import Record
 from kspout.outcomes import FailReason, OutcomeKind
 from kspout.partition_manager import DONE, InFlight, PartitionManager, Waiting
 from kspout.policy import Backoff, PartitionPolicy
+from kspout.spark.worker import Ledger
 from kspout.tasks import PartitionTask
-from kspout.topology import FetchReport, task_results
+from kspout.topology import FetchReport, by_partition, task_results
 
 MAX_ROOTS = 8
 MAX_TUPLES = 40
@@ -225,13 +226,21 @@ class Dag:
             assert len(acker) <= len(model.live)
 
 
-def rebuild(entries: list[tuple[RootKey, int, Mark, str | None]]) -> Acker[RootKey]:
-    """A ledger rebuilt from shipped entries, as the Spark combine step does."""
-    acker: Acker[RootKey] = Acker()
-    for root, value, mark, error in entries:
-        acker.xor(root, value)
-        acker.mark(root, mark, error)
-    return acker
+def shipped_and_folded(ackers: list[Acker[RootKey]]) -> Acker[RootKey]:
+    """Partial ledgers as Spark carries them: each cut per Kafka partition (`by_partition`),
+    in columns (`Ledger.of`), pickled, and folded per partition in the order given (what
+    `combine` does); joined back under `(partition, offset)` keys for the checks."""
+    folded: dict[int, Acker[int]] = {}
+    for acker in ackers:
+        for partition, part in by_partition(acker).items():
+            shipped = pickle.loads(pickle.dumps(Ledger.of(partition, part, None)))
+            shipped.fold_into(folded.setdefault(partition, Acker()))
+    joined: Acker[RootKey] = Acker()
+    for partition, part in folded.items():
+        joined.values.update(((partition, o), value) for o, value in part.values.items())
+        for offset, mark, error in part.marked():
+            joined.mark((partition, offset), mark, error)
+    return joined
 
 
 # -- the state machine --------------------------------------------------------------------------
@@ -325,9 +334,8 @@ class AckerMachine(RuleBasedStateMachine):
         left, right = self.dag.merged(order[:cut]), self.dag.merged(order[cut:])
         right.merge(left)
         self.dag.check(right)
-        # Shipped as entries and rebuilt (the Spark combine path) it agrees too.
-        shipped = [e for i in order for e in self.dag.ackers[i].entries()]
-        self.dag.check(rebuild(pickle.loads(pickle.dumps(shipped))))
+        # Shipped and folded as Spark's combine step does, it agrees too.
+        self.dag.check(shipped_and_folded([self.dag.ackers[i] for i in order]))
 
     @invariant()
     def merged_ledger_matches_model(self) -> None:
