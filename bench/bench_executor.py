@@ -31,9 +31,9 @@ Every case also reports CPU microseconds per record, summed over this process an
 children (mock broker, ZooKeeper, Spark's JVM and Python workers), and split by who spent it:
 on a shared machine the wall-clock figures move with other work, the CPU cost much less.
 
-Before anything is timed, the SparkSession is created and every kind of run is made twice over
-a separate topic, so session start-up, Python worker start-up and most of the JVM's JIT
-compilation are not in the figures.
+Before the Spark cases are timed, the SparkSession is created and every kind of run is made
+twice over a separate topic, so session start-up, Python worker start-up and most of the JVM's
+JIT compilation are not in the figures.
 
 The mock cluster keeps only ~5 MB (or 100,000 messages) per partition, so messages are produced
 lz4-compressed (both the baseline and kspout decompress them in librdkafka) and N stays at or
