@@ -30,7 +30,7 @@ from kspout.errors import (
     ZooKeeperAccessDenied,
     ZooKeeperUnavailable,
 )
-from kspout.offsets import ZkOffsetStore
+from kspout.offsets import OffsetWrite, ZkOffsetStore
 
 
 @pytest.fixture
@@ -205,6 +205,35 @@ def test_commit_whose_reply_was_lost_recognises_its_own_write(
         assert new_version == (0 if version is None else version + 1)
         stored = store.read(0)
         assert stored is not None and (stored.offset, stored.version) == (20, new_version)
+
+
+def test_a_chunked_commit_whose_reply_was_lost_recognises_its_own_writes(
+    make_config: Callable[..., TopicConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ZooKeeper applied a chunk's transaction but the reply was lost: sent again, the chunk
+    is refused whole (its versions are stale), then each write alone; every one of them finds
+    its own bytes, so none is a conflict (an instance would drop a partition it still owns)."""
+    with ZkOffsetStore(make_config()) as store:
+        versions = {p: store.commit(p, 10, version=None) for p in range(10)}
+        real_wait = store.wait
+        lost = 0
+
+        def wait_then_lose_the_first_reply(result: Any) -> Any:
+            nonlocal lost
+            answer = real_wait(result)
+            if lost == 0 and isinstance(answer, list):  # a transaction's answers
+                lost += 1
+                raise ConnectionLoss("connection lost before the reply")
+            return answer
+
+        monkeypatch.setattr(store, "wait", wait_then_lose_the_first_reply)
+        writes = [OffsetWrite(p, 20, versions[p]) for p in range(10)]
+        outcomes = store.commit_all(writes, chunk_writes=5)
+        assert lost == 1
+        assert outcomes == {p: versions[p] + 1 for p in range(10)}
+        for p in range(10):
+            stored = store.read(p)
+            assert stored is not None and (stored.offset, stored.version) == (20, versions[p] + 1)
 
 
 def test_move_retries_past_a_concurrent_writer(
