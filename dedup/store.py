@@ -41,7 +41,9 @@ back as counted runs, `ClaimRun`).
 The scripts are all or nothing, as Redis does not roll a script back: they check everything a
 command could refuse before a write that could leave a batch half done, and an id whose record
 key or effects Redis would refuse is REJECTED alone (its message fails with the reason) while
-the rest of the batch is claimed or settled. The claim script reserves one counter per id before
+the rest of the batch is claimed or settled. A server that refuses writes (out of memory, a
+replica, a disk error, too few replicas) fails the whole call instead: that is no message's
+fault, and nothing was written. The claim script reserves one counter per id before
 writing any record, so a token is never handed out twice.
 
 Fencing tokens are `epoch * 2**40 + counter`: each shard has its own counter, in its fence hash
@@ -318,7 +320,7 @@ class Record:
 
 
 class _EffectSpec(NamedTuple):
-    code: str  # the command's letter in settle_effects.lua's shapes
+    code: str  # the command's letter in settle.lua's effect shapes
     low: int  # fewest arguments after the key
     high: int | None  # most arguments after the key (None: no limit)
     integers: tuple[int, ...]  # positions of arguments that must be ints

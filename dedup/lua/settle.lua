@@ -207,8 +207,11 @@ for claim in string.gmatch(ARGV[2], '%S+') do
   local old = redis.pcall('SET', key, settled, 'PX', ttl, 'GET')
   local digit = nil
   if type(old) == 'table' then
-    if string.sub(old.err, 1, 3) == 'OOM' then
-      return old -- only a script's first write is refused: nothing was written
+    if string.sub(old.err, 1, 9) ~= 'WRONGTYPE' then
+      -- OOM, READONLY, MISCONF, NOREPLICAS: the server refuses writes, and it refuses a
+      -- script's first write (the conditions cannot change while a script runs): nothing was
+      -- written, and the call fails whole, no message blamed
+      return old
     end
     digit = '3'
     reasons[#reasons + 1] = key .. ': ' .. old.err

@@ -33,6 +33,7 @@ from dedup import (
     ZkEpoch,
     server_durability_warnings,
 )
+from dedup.batch import _claim
 from dedup.store import ADVANCE_EPOCH, COUNTER_BITS, SETTLE
 from kspout.devstack import DevStack, RedisServer
 
@@ -233,6 +234,33 @@ def test_at_maxmemory_done_ids_still_answer_duplicate_and_new_ids_fail_unchanged
 
     assert store.record("new") is None
     assert own_client.hgetall(f"{{{store.namespace}}}:fence") == fence
+
+
+def test_a_server_refusing_writes_fails_the_settle_call_not_each_message(
+    store_factory: StoreFactory, own_client: redis.Redis
+) -> None:
+    """NOREPLICAS (like READONLY or MISCONF) is the infrastructure's refusal: the call fails,
+    nothing changes, and no message is REJECTED (which would spend its attempt)."""
+    store = store_factory(client=own_client)
+    a, b = store.claim(["a", "b"], "w1")
+    try:
+        own_client.config_set("min-replicas-to-write", 1)  # no replica: every write refused
+        with pytest.raises(redis.ResponseError, match="NOREPLICAS"):
+            store.settle([Settlement("a", a.token, True), Settlement("b", b.token, True)])
+    finally:
+        own_client.config_set("min-replicas-to-write", 0)
+    assert [store.record(i).state for i in ("a", "b")] == [RecordState.IN_FLIGHT] * 2  # type: ignore[union-attr]
+    settled = [Settlement("a", a.token, True), Settlement("b", b.token, True)]
+    assert store.settle(settled) == [SETTLED, SETTLED]
+
+
+def test_one_id_in_two_partitions_of_one_server_is_claimed_once(store: IdempotencyStore) -> None:
+    """On one server the record key does not depend on the partition: the repeat is the same
+    record, a duplicate in the batch, not a second claim that would defer itself."""
+    claimed = _claim(store, ["x", "x"], [0, 1], "w1", 1.0, time.sleep, time.monotonic)
+    assert [id_ for id_, _ in claimed] == ["x", "x"]
+    first, repeat = (claim for _, claim in claimed)
+    assert first is not None and first.status is CLAIMED and repeat is None
 
 
 def test_refused_settlements_change_nothing(store: IdempotencyStore) -> None:
