@@ -216,19 +216,22 @@ def _claim(
     (a duplicate); claims held by a live owner elsewhere are waited for, at most `patience`
     seconds."""
     records = [(store.key(id_, p), id_, p) for id_, p in zip(ids, partitions, strict=True)]
-    firsts = list(dict.fromkeys(records))  # one claim per record: a repeat would defer itself
-    claims = dict(zip(firsts, _claim_each(store, firsts, owner), strict=True))
+    firsts: dict[str, tuple[str, str, int]] = {}
+    for record in records:  # one claim per record key: a repeat in one call defers itself
+        firsts.setdefault(record[0], record)
+    claims = dict(zip(firsts, _claim_each(store, list(firsts.values()), owner), strict=True))
     deadline = clock() + patience
-    while waiting := [r for r, c in claims.items() if c.status is ClaimStatus.DEFERRED]:
+    while waiting := [k for k, c in claims.items() if c.status is ClaimStatus.DEFERRED]:
         if clock() >= deadline:
-            raise InFlightElsewhere(waiting[0][1], patience)
-        sleep(min(POLL, max(claims[r].retry_after_ms for r in waiting) / 1000))
-        claims.update(zip(waiting, _claim_each(store, waiting, owner), strict=True))
-    seen: set[tuple[str, str, int]] = set()
+            raise InFlightElsewhere(firsts[waiting[0]][1], patience)
+        sleep(min(POLL, max(claims[k].retry_after_ms for k in waiting) / 1000))
+        again = _claim_each(store, [firsts[k] for k in waiting], owner)
+        claims.update(zip(waiting, again, strict=True))
+    seen: set[str] = set()
     out: list[tuple[str, Claim | None]] = []
-    for record in records:
-        out.append((record[1], None if record in seen else claims[record]))
-        seen.add(record)
+    for key, id_, _ in records:
+        out.append((id_, None if key in seen else claims[key]))
+        seen.add(key)
     return out
 
 
