@@ -41,7 +41,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from bench.report import table
-from dedup import ClaimStatus, IdempotencyStore, Settlement
+from dedup import ClaimStatus, IdempotencyStore, Settlement, SettleStatus
 from dedup.store import Client, Effect
 from kspout.devstack import RedisServer
 from kspout.devstack.components import RedisClusterServers
@@ -129,6 +129,7 @@ def claim_settle(
         ]
         statuses = store.settle(items, partition)
         assert len(items) == len(batch) == len(statuses)
+        assert all(r.status is SettleStatus.SETTLED for r in statuses), "a settle was refused"
     return time.perf_counter() - t0
 
 
@@ -218,10 +219,10 @@ def many_clients(
     spread = shards_per_server(client, store, partitions)
     client.close()
     context = multiprocessing.get_context("fork")
-    start = context.Manager().Barrier(clients)
     shares = [list(range(w, partitions, clients)) for w in range(clients)]
-    jobs = [(url, cluster, namespace, mine, n // clients, start) for mine in shares]
-    with context.Pool(clients) as pool:
+    with context.Manager() as manager, context.Pool(clients) as pool:
+        start = manager.Barrier(clients)
+        jobs = [(url, cluster, namespace, mine, n // clients, start) for mine in shares]
         seconds = max(pool.map(_run_worker, jobs))
     return (n // clients) * clients / seconds, spread
 
