@@ -170,6 +170,7 @@ def worker_store(config: TopicConfig, namespace: str) -> IdempotencyStore:
     redis_args = tuple(sorted(config.redis_args().items()))
     key = (
         redis_args,
+        config.redis.cluster,  # the client's kind, and so the records' layout
         repr(sorted(config.kazoo_args().items())),
         config.zk_root,
         namespace,
