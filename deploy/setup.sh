@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up a development machine from nothing: system packages the embedded stack needs
-# (Java for ZooKeeper, redis-server, PostgreSQL), a virtualenv in .venv, and kspout with its
-# dev extras.
+# (Java for Kafka and ZooKeeper, Maven to fetch Kafka's jars, redis-server, PostgreSQL), a
+# virtualenv in .venv, kspout with its dev extras, and Apache Kafka's broker jars in kspout's
+# Kafka cache (deploy/kafka/pom.xml pins the release).
 # Safe to run again: every step checks before it installs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,7 @@ if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then SUDO="sudo"; fi
 
 missing=()
 command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null || missing+=(maven)
 command -v redis-server >/dev/null || missing+=(redis-server)
 # PostgreSQL's server, for the fenced SQL sink's tests; Debian keeps initdb off $PATH
 command -v initdb >/dev/null || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null \
@@ -38,4 +40,20 @@ fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[dev]'
-echo "setup: ready (.venv/bin/kspout, .venv/bin/pytest)" >&2
+
+# Apache Kafka's broker, from Maven Central into the cache the dev stack and the tests start it
+# from; nothing is downloaded at test time. A finished copy leaves a marker, so a half copy
+# (an interrupted run) is made again.
+kafka_version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' deploy/kafka/pom.xml)
+kafka_libs="${KSPOUT_KAFKA_LIBS:-${XDG_CACHE_HOME:-$HOME/.cache}/kspout/kafka-$kafka_version}"
+if [ ! -f "$kafka_libs/.complete" ]; then
+    echo "setup: resolving Apache Kafka $kafka_version's jars into $kafka_libs" >&2
+    rm -rf "$kafka_libs"
+    mvn -B -q -Dstyle.color=never -f deploy/kafka/pom.xml \
+        org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
+        -DincludeScope=runtime -DoutputDirectory="$kafka_libs"
+    compgen -G "$kafka_libs/kafka_2.13-$kafka_version.jar" >/dev/null || {
+        echo "setup: Maven copied no kafka_2.13-$kafka_version.jar into $kafka_libs" >&2; exit 1; }
+    touch "$kafka_libs/.complete"
+fi
+echo "setup: ready (.venv/bin/kspout, .venv/bin/pytest; Kafka $kafka_version in $kafka_libs)" >&2

@@ -1,5 +1,5 @@
-"""Shared fixtures: one real dev stack (mock Kafka, ZooKeeper, Redis) for the whole session,
-and its PostgreSQL server (`postgres`), started only for the tests that ask for it.
+"""Shared fixtures: one real dev stack (Apache Kafka's broker, ZooKeeper, Redis) for the whole
+session, and its PostgreSQL server (`postgres`), started only for the tests that ask for it.
 
 Fixtures that touch it are lazy: a run of unit tests alone starts no server. Tests that use the
 stack, or live under `tests/integration/`, are marked `integration` (`-m "not integration"`
@@ -12,9 +12,9 @@ import os
 import re
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 import redis
@@ -23,7 +23,7 @@ from kazoo.client import KazooClient
 
 from kspout.config import TopicConfig, parse_config
 from kspout.devstack import DevStack, PostgresServer
-from tests.integration.helpers import FAST_BACKOFF, ZK_ROOT
+from tests.integration.helpers import FAST_BACKOFF, PARTITIONS, ZK_ROOT, create_topic
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -61,21 +61,42 @@ def postgres(stack: DevStack) -> PostgresServer:
     return stack.postgres
 
 
+class TopicFactory(Protocol):
+    def __call__(
+        self,
+        suffix: str = "",
+        *,
+        partitions: int = len(PARTITIONS),
+        config: Mapping[str, str] | None = None,
+        create: bool = True,
+    ) -> str: ...
+
+
 @pytest.fixture
-def topic_factory(request: pytest.FixtureRequest) -> Callable[[str], str]:
-    """Makes unique topic names `t-<test>-<suffix>-<uuid8>`: the mock Kafka never forgets a topic
-    within a session, so no two tests may share one."""
+def topic_factory(request: pytest.FixtureRequest, stack: DevStack) -> TopicFactory:
+    """Makes unique topics `t-<test>-<suffix>-<uuid8>`, created on the stack's broker through
+    the admin API (4 partitions unless told; `create=False` for a name only): no two tests
+    share a topic, so none sees another's messages or commit points."""
     test = re.sub(r"[^a-zA-Z0-9._-]+", "-", request.node.name).strip("-")[:120]
 
-    def make(suffix: str = "") -> str:
+    def make(
+        suffix: str = "",
+        *,
+        partitions: int = len(PARTITIONS),
+        config: Mapping[str, str] | None = None,
+        create: bool = True,
+    ) -> str:
         parts = ["t", test, suffix, uuid.uuid4().hex[:8]]
-        return "-".join(part for part in parts if part)
+        name = "-".join(part for part in parts if part)[:249]  # Kafka's longest topic name
+        if create:
+            create_topic(stack.info.brokers, name, partitions, config=config)
+        return name
 
     return make
 
 
 @pytest.fixture
-def topic_name(topic_factory: Callable[[str], str]) -> str:
+def topic_name(topic_factory: TopicFactory) -> str:
     """A topic name used by this test only."""
     return topic_factory("")
 

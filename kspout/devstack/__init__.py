@@ -1,15 +1,15 @@
-"""The embedded development stack: Kafka (librdkafka's mock cluster), ZooKeeper and Redis as
-real processes on loopback ports, for the demo, `kspout dev` and the integration tests; PostgreSQL
-on demand, for the fenced SQL sink; and a Spark standalone master and worker for the cluster
-test."""
+"""The embedded development stack: Kafka (Apache Kafka's own broker, KRaft), ZooKeeper and
+Redis as real processes on loopback ports, for the demo, `kspout dev` and the integration tests;
+a cluster of Kafka brokers for replication tests; PostgreSQL on demand, for the fenced SQL sink;
+and a Spark standalone master and worker for the cluster test."""
 
 from kspout.devstack.components import (
     Component,
-    KafkaMock,
     PostgresServer,
     RedisServer,
     ZooKeeperServer,
 )
+from kspout.devstack.kafka_broker import KafkaBroker, KafkaCluster
 from kspout.devstack.spark_cluster import SparkStandalone
 from kspout.devstack.stack import DevStack
 from kspout.devstack.state import (
@@ -24,7 +24,8 @@ __all__ = [
     "Component",
     "ComponentState",
     "DevStack",
-    "KafkaMock",
+    "KafkaBroker",
+    "KafkaCluster",
     "PostgresServer",
     "RedisServer",
     "SparkStandalone",

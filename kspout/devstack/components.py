@@ -6,22 +6,22 @@ States of a handle, and why it moves:
 * running — `stop()` (SIGTERM, then SIGKILL after a grace period) or `kill()` (SIGKILL, a crash)
   make it stopped;
 * stopped — `start()` runs the server again on the same port with the same data directory, so
-  ZooKeeper and Redis (AOF) come back with their data. The mock Kafka cannot: it keeps data in
-  memory, so it restarts empty and librdkafka gives it a new port. PostgreSQL keeps its data
-  until `remove()` deletes it.
+  Kafka, ZooKeeper and Redis (AOF) come back with their data. PostgreSQL keeps its data until
+  `remove()` deletes it.
+
+`freeze()` and `thaw()` stop and continue a running server's process (SIGSTOP, SIGCONT), for
+tests of a server that hangs.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import pwd
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from abc import ABC, abstractmethod
@@ -30,7 +30,7 @@ from typing import ClassVar, Literal
 
 import redis
 
-from kspout.devstack.ports import LOOPBACK, free_port, port_open
+from kspout.devstack.ports import LOOPBACK, free_port
 from kspout.devstack.processes import GRACE, log_tail, spawn, start_time, stop_pid, wait_ready
 from kspout.devstack.state import ComponentState
 from kspout.devstack.tools import (
@@ -88,12 +88,25 @@ class Component(ABC):
         """Start the server (a no-op if it runs) and return once it answers."""
         if self.running:
             return
+        self.launch()
+        self.await_ready()
+
+    def launch(self) -> None:
+        """Start the server's process without waiting for it to answer (a no-op if it runs):
+        the nodes of a cluster answer only once enough of them run."""
+        if self.running:
+            return
         self.home.mkdir(parents=True, exist_ok=True)
-        process = spawn(self._command(), self.log_path, self.home)
-        self._process = process
+        self._process = spawn(self._command(), self.log_path, self.home)
+
+    def await_ready(self) -> None:
+        """Return once the launched server answers; kill it and raise `StackError` (with its
+        log's tail) if it exits or does not answer within the start timeout."""
+        if self._process is None:
+            raise StackError(f"{self.name} has not been launched")
         try:
             wait_ready(
-                process,
+                self._process,
                 self._ready,
                 what=self.name,
                 log_path=self.log_path,
@@ -112,6 +125,25 @@ class Component(ABC):
     def kill(self) -> None:
         """SIGKILL the server, as a crash would."""
         self.stop(grace=0)
+
+    def terminate(self) -> None:
+        """SIGTERM the server without waiting for it to exit (`stop()` waits)."""
+        self._signal(signal.SIGTERM)
+
+    def freeze(self) -> None:
+        """SIGSTOP the server: it holds its connections and answers nothing, as a hung process
+        (a long GC pause, a stalled disk) would, until `thaw()`."""
+        self._signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT a frozen server: it goes on where it stopped."""
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, signum: signal.Signals) -> None:
+        if not self.running:
+            raise StackError(f"{self.name} is not running")
+        assert self._process is not None
+        self._process.send_signal(signum)
 
     def state(self) -> ComponentState:
         """What `kspout dev status|down` need to find this server again from another process."""
@@ -133,36 +165,6 @@ class Component(ABC):
     @abstractmethod
     def _ready(self) -> bool:
         """True once the server answers clients."""
-
-
-class KafkaMock(Component):
-    """librdkafka's mock cluster, hosted by `python -m kspout.devstack.mock_kafka`."""
-
-    name = "kafka"
-
-    @property
-    def _address_file(self) -> Path:
-        return self.home / "address.json"
-
-    def _command(self) -> list[str]:
-        self._address_file.unlink(missing_ok=True)  # a restart gets a new port
-        self._port = None
-        return [
-            sys.executable,
-            "-m",
-            "kspout.devstack.mock_kafka",
-            "--address-file",
-            str(self._address_file),
-        ]
-
-    def _ready(self) -> bool:
-        if self._port is None:
-            try:
-                brokers = json.loads(self._address_file.read_text())["brokers"]
-            except FileNotFoundError:
-                return False
-            self._port = int(brokers.rpartition(":")[2])
-        return port_open(LOOPBACK, self._port)
 
 
 class ZooKeeperServer(Component):

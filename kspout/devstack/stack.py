@@ -1,5 +1,5 @@
-"""`DevStack`: the embedded Kafka (mock cluster), ZooKeeper and Redis, started together, and a
-PostgreSQL server started only when asked for."""
+"""`DevStack`: the embedded Kafka (Apache Kafka's broker), ZooKeeper and Redis, started
+together, and a PostgreSQL server started only when asked for."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from typing import TypeVar
 from kspout.devstack.components import (
     START_TIMEOUT,
     Component,
-    KafkaMock,
     PostgresServer,
     RedisServer,
     ZooKeeperServer,
 )
+from kspout.devstack.kafka_broker import KafkaBroker
 from kspout.devstack.processes import GRACE
 from kspout.devstack.state import COMPONENTS, StackInfo, StackState
 from kspout.errors import StackError
@@ -52,7 +52,7 @@ class DevStack(Lifecycle):
             )
         self.workdir = workdir
         made: dict[str, Component] = {
-            "kafka": KafkaMock(workdir, path=path, start_timeout=start_timeout),
+            "kafka": KafkaBroker(workdir, path=path, start_timeout=start_timeout),
             "zookeeper": ZooKeeperServer(workdir, path=path, start_timeout=start_timeout),
             "redis": RedisServer(
                 workdir, path=path, start_timeout=start_timeout, appendonly=appendonly
@@ -62,8 +62,8 @@ class DevStack(Lifecycle):
         self.postgres = PostgresServer(workdir, path=path, start_timeout=start_timeout)
 
     @property
-    def kafka(self) -> KafkaMock:
-        return self._get(KafkaMock)
+    def kafka(self) -> KafkaBroker:
+        return self._get(KafkaBroker)
 
     @property
     def zookeeper(self) -> ZooKeeperServer:

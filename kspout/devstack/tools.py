@@ -1,5 +1,6 @@
-"""Locate what the dev stack runs: `java`, ZooKeeper's jars (in the pyspark wheel), `redis-server`,
-PostgreSQL's server binaries.
+"""Locate what the dev stack runs: `java`, Apache Kafka's jars (in kspout's Kafka cache, filled by
+`deploy/setup.sh`), ZooKeeper's jars (in the pyspark wheel), `redis-server`, PostgreSQL's server
+binaries.
 
 Each lookup raises `StackError` with the command that installs the missing piece. `path` replaces
 `$PATH` for the lookup (None: the real `$PATH`), so tests can simulate a missing binary.
@@ -18,6 +19,7 @@ JAVA_INSTALL = "apt-get install -y openjdk-17-jre-headless"
 REDIS_INSTALL = "apt-get install -y redis-server"
 PYSPARK_INSTALL = "pip install pyspark"
 POSTGRES_INSTALL = "apt-get install -y postgresql"
+SETUP = "bash deploy/setup.sh"
 DEBIAN_POSTGRES = "/usr/lib/postgresql"  # Debian keeps initdb and postgres off $PATH, per version
 
 
@@ -38,6 +40,35 @@ def find_java(path: str | None = None) -> str:
         if os.access(candidate, os.X_OK):
             return str(candidate)
     return find_binary("java", JAVA_INSTALL, path)
+
+
+KAFKA_VERSION = "4.2.0"  # the pinned broker: deploy/kafka/pom.xml and deploy/compose match it
+ENV_KAFKA_LIBS = "KSPOUT_KAFKA_LIBS"  # where setup put the jars, when not the default cache
+
+
+def kafka_libs() -> Path:
+    """The folder of the pinned Kafka release's jars: `$KSPOUT_KAFKA_LIBS`, else
+    `$XDG_CACHE_HOME/kspout/kafka-<version>` (`~/.cache` when unset), as `deploy/setup.sh`
+    fills it."""
+    chosen = os.environ.get(ENV_KAFKA_LIBS)
+    if chosen:
+        return Path(chosen)
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "kspout" / f"kafka-{KAFKA_VERSION}"
+
+
+def kafka_classpath() -> str:
+    """A `-cp` value covering the Kafka cache, or a `StackError` naming the setup command.
+
+    The cache is complete once setup wrote its `.complete` marker; nothing is fetched here."""
+    libs = kafka_libs()
+    if not (libs / ".complete").is_file() or not any(libs.glob(f"kafka_2.13-{KAFKA_VERSION}.jar")):
+        raise StackError(
+            f"Apache Kafka {KAFKA_VERSION}'s jars are not in {libs}; run `{SETUP}` from the "
+            f"kspout checkout (it resolves them from Maven Central once), or point "
+            f"{ENV_KAFKA_LIBS} at a folder that holds them"
+        )
+    return f"{libs}{os.sep}*"
 
 
 def zookeeper_classpath() -> str:
