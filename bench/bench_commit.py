@@ -3,10 +3,8 @@
     python -m bench.bench_commit            # 1,000 partitions, best of 5 rounds (~40 s)
     python -m bench.bench_commit --quick    # 1,000 partitions, best of 2 rounds (~20 s)
 
-Starts ZooKeeper from the embedded dev stack, and librdkafka's mock cluster (three brokers) in
-its own process through `tests.chaos.faults.MockCluster`: the dev stack's mock can only
-auto-create topics of 4 partitions (the mock has no CreateTopics), while `MockCluster` reaches
-the mock's API and makes a topic of 1,000 partitions, led by the three brokers in turn. Then,
+Starts ZooKeeper from the embedded dev stack, and a cluster of three Apache Kafka brokers
+(`KafkaCluster`) with a topic of 1,000 partitions led by the three brokers in turn. Then,
 for those 1,000 partitions, it times:
 
 * the watermark query: `KafkaMetadata.watermarks_of` (one batched query: two ListOffsets
@@ -39,12 +37,12 @@ from confluent_kafka import Producer
 
 from bench.bench_executor import load_note
 from bench.report import table
-from bench.stack import zookeeper_and_mock_cluster
+from bench.stack import zookeeper_and_kafka_cluster
 from kspout.config import TopicConfig
+from kspout.devstack import KafkaCluster
 from kspout.kafka import KafkaMetadata
 from kspout.offsets import CHUNK_WRITES, OffsetWrite, StoredOffset, ZkOffsetStore, encode_done
 from kspout.ownership.tree import SpoutTree
-from tests.chaos.faults import MockCluster
 
 PARTITIONS = 1_000
 BROKERS = 3
@@ -61,7 +59,7 @@ def best(rounds: int, run: Callable[[int], object]) -> float:
     return min(times)
 
 
-def make_topic(cluster: MockCluster, topic: str) -> None:
+def make_topic(cluster: KafkaCluster, topic: str) -> None:
     """`PARTITIONS` partitions led by the brokers in turn, each holding a few messages."""
     cluster.create_topic(topic, [1 + p % BROKERS for p in range(PARTITIONS)])
     producer = Producer({"bootstrap.servers": cluster.brokers, "linger.ms": 5})
@@ -163,11 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rounds = 2 if args.quick else 5
     print(
-        f"Batched driver I/O: {PARTITIONS:,} partitions, {BROKERS} mock brokers, best of "
+        f"Batched driver I/O: {PARTITIONS:,} partitions, {BROKERS} Kafka brokers, best of "
         f"{rounds} rounds; Python {platform.python_version()}, {os.cpu_count()} cores; "
         f"{load_note()}"
     )
-    with zookeeper_and_mock_cluster("bench-commit", BROKERS) as (cluster, config):
+    with zookeeper_and_kafka_cluster("bench-commit", BROKERS) as (cluster, config):
         make_topic(cluster, config.topic)
         loop, batched = time_watermarks(config, rounds)
         figures = {"watermarks: one at a time": loop, "watermarks: batched": batched}

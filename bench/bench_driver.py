@@ -3,8 +3,8 @@
     python -m bench.bench_driver            # 1,000 partitions, 20,000 spans each (~2 min)
     python -m bench.bench_driver --quick    # 1,000 partitions, 2,000 spans each (~30 s)
 
-Starts ZooKeeper from the embedded dev stack and librdkafka's mock cluster (three brokers, a
-topic of 1,000 partitions, `tests.chaos.faults.MockCluster`), then runs the real `Driver`
+Starts ZooKeeper from the embedded dev stack and a cluster of three Apache Kafka brokers
+(`KafkaCluster`, a topic of 1,000 partitions led by the three in turn), then runs the real `Driver`
 (claims in ZooKeeper, batched watermark queries, planning, dead letters, commits) with an
 executor that answers every task at once without fetching anything: the driver is what is
 measured, not the executor. Two states of the same driver are timed:
@@ -46,7 +46,7 @@ from confluent_kafka import Producer
 
 from bench.bench_executor import load_note
 from bench.report import table
-from bench.stack import zookeeper_and_mock_cluster
+from bench.stack import zookeeper_and_kafka_cluster
 from kspout.channel.reporter import ChannelAddress
 from kspout.config import TopicConfig
 from kspout.driver.loop import Driver
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     per_partition = 2_000 if args.quick else 20_000
     print(
-        f"Driver step: {PARTITIONS:,} partitions, {BROKERS} mock brokers, idle and with "
+        f"Driver step: {PARTITIONS:,} partitions, {BROKERS} Kafka brokers, idle and with "
         f"{per_partition:,} spans each, {args.steps} steps per state; Python "
         f"{platform.python_version()}, {os.cpu_count()} cores; {load_note()}",
         flush=True,
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         "commit_interval": 1,
         "retry_backoff": {"initial": 3600.0, "max": 3600.0},
     }
-    with zookeeper_and_mock_cluster("bench-driver", BROKERS, **settings) as (cluster, config):
+    with zookeeper_and_kafka_cluster("bench-driver", BROKERS, **settings) as (cluster, config):
         cluster.create_topic(config.topic, [1 + p % BROKERS for p in range(PARTITIONS)])
         with Driver(
             config,

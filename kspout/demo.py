@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from functools import cache
 
 import redis
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from dedup import Effects, IdempotencyBolt
 from kspout.bolts import BasicBolt, BasicCollector, Fields, TaskContext, Tuple
@@ -43,6 +44,7 @@ WORDS = (
 )  # fmt: skip
 INJECTED = {"flaky": 0.03, "late": 0.02, "poison": 0.002, "noid": 0.001}
 SLOW_MESSAGES = 1  # each one is handled for longer than message_timeout: it alone times out
+PARTITIONS = 4  # of the demo topic: batches of several partitions run side by side
 
 
 @dataclass(slots=True)
@@ -61,7 +63,9 @@ class DemoStream:
 
 
 def produce_sentences(config: TopicConfig, messages: int, seed: int = 7) -> DemoStream:
-    """Write `messages` sentences with injected failures to the demo topic."""
+    """Write `messages` sentences with injected failures to the demo topic (created first,
+    with `PARTITIONS` partitions, unless it exists)."""
+    create_topic(config, PARTITIONS)
     rng = random.Random(seed)
     stream = DemoStream(messages)
     slow_at = set(rng.sample(range(messages), min(SLOW_MESSAGES, messages)))
@@ -90,6 +94,17 @@ def produce_sentences(config: TopicConfig, messages: int, seed: int = 7) -> Demo
         producer.poll(0)
     producer.flush(30)
     return stream
+
+
+def create_topic(config: TopicConfig, partitions: int) -> None:
+    """Create the config's topic through the admin API; one that exists is kept as it is."""
+    admin = AdminClient(config.kafka_config())
+    future = admin.create_topics([NewTopic(config.topic, partitions)])[config.topic]
+    try:
+        future.result(30)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise
 
 
 @cache

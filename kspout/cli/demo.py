@@ -1,6 +1,6 @@
 """`kspout demo`: the main job on the embedded stack, end to end, with a verdict.
 
-Starts Kafka (mock cluster), ZooKeeper and Redis (or uses `kspout dev up`'s with `--dev`),
+Starts Kafka (Apache Kafka's broker), ZooKeeper and Redis (or uses `kspout dev up`'s with `--dev`),
 produces a sentence stream with injected failures, and runs a Storm-style word count on Spark
 `local[2]` (split bolt, fields grouping by word, count bolt) while showing progress. It then
 prints the counts beside the true ones, what was acked, retried, timed out and dead-lettered,
@@ -72,7 +72,7 @@ def demo(config_path: str, messages: int, master: str, dev_stack: bool) -> None:
             use_dev_stack()
         else:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kspout-")))
-            with console.status("starting Kafka (mock cluster), ZooKeeper and Redis..."):
+            with console.status("starting Kafka, ZooKeeper and Redis..."):
                 dev = stack.enter_context(DevStack(workdir))
             os.environ.update(dev.info.env())
             console.print(f"stack up: Kafka {dev.info.brokers}, ZooKeeper {dev.info.zookeeper}")

@@ -27,6 +27,7 @@ from kspout.devstack.state import (
     read_state,
     write_state,
 )
+from kspout.devstack.tools import KAFKA_VERSION
 from kspout.errors import StackError
 
 _dir_option = click.option(
@@ -41,7 +42,7 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON 
 
 @main.group()
 def dev() -> None:
-    """Run Kafka (librdkafka's mock cluster), ZooKeeper and Redis locally for development."""
+    """Run Kafka (Apache Kafka's broker, KRaft), ZooKeeper and Redis locally for development."""
 
 
 @dev.command()
@@ -105,6 +106,9 @@ def down(workdir: Path | None, grace: float, keep_data: bool) -> None:
     click.echo(f"dev stack in {workdir} stopped", err=True)
 
 
+_LABELS = {"kafka": f"kafka {KAFKA_VERSION}"}  # Apache Kafka, KRaft
+
+
 def _health(state: StackState) -> dict[str, bool]:
     return {name: c.up() for name, c in state.components.items()}
 
@@ -132,12 +136,13 @@ def _report(workdir: Path, state: StackState, as_json: bool, note: str) -> bool:
         title=f"kspout dev stack ({note}): {workdir}",
         caption=f"logs: {workdir}/<component>/<component>.log",
     )
-    for column in ("component", "address", "pid", "state"):
+    for column in ("component", "address", "pid", "state", "started in"):
         table.add_column(column)
     for name, component in state.components.items():
         shown = state.info.redis_url if name == "redis" else component.address
         mark = "[green]up[/]" if health[name] else "[red]down[/]"
-        table.add_row(name, shown, str(component.pid), mark)
+        took = "" if component.start_seconds is None else f"{component.start_seconds:.1f} s"
+        table.add_row(_LABELS.get(name, name), shown, str(component.pid), mark, took)
     Console(stderr=True).print(table)
     if all_up:
         exports = " ".join(f"{key}={shlex.quote(value)}" for key, value in env.items())

@@ -60,6 +60,7 @@ class Component(ABC):
         self._start_timeout = start_timeout
         self._port: int | None = None
         self._process: subprocess.Popen[bytes] | None = None
+        self.start_seconds: float | None = None  # how long the last `start()` took
 
     @property
     def log_path(self) -> Path:
@@ -88,8 +89,10 @@ class Component(ABC):
         """Start the server (a no-op if it runs) and return once it answers."""
         if self.running:
             return
+        began = time.monotonic()
         self.launch()
         self.await_ready()
+        self.start_seconds = time.monotonic() - began
 
     def launch(self) -> None:
         """Start the server's process without waiting for it to answer (a no-op if it runs):
@@ -156,6 +159,7 @@ class Component(ABC):
             address=self.address,
             port=self.port,
             log=str(self.log_path),
+            start_seconds=self.start_seconds,
         )
 
     @abstractmethod

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import base64
 import subprocess
+import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from kspout.devstack.components import START_TIMEOUT, Component
 from kspout.devstack.ports import LOOPBACK, free_port
@@ -235,6 +238,32 @@ class KafkaCluster:
     def node(self, node_id: int) -> KafkaBroker:
         """The handle of node `node_id` (Kafka's broker id, from 1)."""
         return self.nodes[node_id - 1]
+
+    def create_topic(
+        self,
+        topic: str,
+        leaders: Sequence[int],
+        *,
+        config: Mapping[str, str] | None = None,
+        timeout: float = 60.0,
+    ) -> None:
+        """Create `topic` with one partition per entry of `leaders`, partition `p` held by node
+        `leaders[p]` alone (replication 1), so a test or benchmark chooses which node's stop
+        or crash takes which partitions away; return once each has its leader."""
+        admin = AdminClient({"bootstrap.servers": self.brokers})
+        assignment = [[node] for node in leaders]
+        new = NewTopic(topic, replica_assignment=assignment, config=dict(config or {}))
+        admin.create_topics([new], operation_timeout=timeout)[topic].result(timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            found = admin.list_topics(topic, timeout=timeout).topics[topic].partitions
+            if len(found) == len(leaders) and all(
+                found[p].leader == node for p, node in enumerate(leaders)
+            ):
+                return
+            if time.monotonic() > deadline:
+                raise StackError(f"topic {topic}: its partitions got no leaders in {timeout:g} s")
+            time.sleep(0.05)
 
     def start(self) -> None:
         """Start every node that is not running, and return once all serve (they wait for a

@@ -46,6 +46,7 @@ class ComponentState:
     address: str
     port: int
     log: str
+    start_seconds: float | None = None  # how long its last start took (None: not known)
 
     def up(self) -> bool:
         """True if the process still runs and its port answers."""
@@ -97,8 +98,8 @@ def write_state(workdir: Path, state: StackState) -> None:
 def clear(workdir: Path, *, keep_data: bool = False) -> None:
     """Remove `stack.json` and, unless `keep_data`, the servers' data and logs.
 
-    Data goes by default because the mock Kafka forgets everything when it stops: offsets kept
-    in ZooKeeper would point into topics that no longer exist.
+    Data goes by default, all of it together: the next stack starts with no topics and no
+    stored offsets, so no commit point in ZooKeeper points into topics of an older stack.
     """
     (workdir / STATE_FILE).unlink(missing_ok=True)
     if keep_data:

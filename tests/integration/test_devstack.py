@@ -1,11 +1,13 @@
 """The embedded dev stack against its real servers: each answers, restarts keep data, missing
-tools name their install command, and `kspout dev up|status|down` work from a shell."""
+tools (and Kafka's jars) name their install command, and `kspout dev up|status|down` work from
+a shell."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from kazoo.client import KazooClient
 
 from kspout.devstack import (
     DevStack,
+    KafkaBroker,
     PostgresServer,
     StackInfo,
     ZooKeeperServer,
@@ -26,11 +29,12 @@ from kspout.devstack import (
 from kspout.devstack.ports import port_open
 from kspout.devstack.processes import pid_alive
 from kspout.errors import StackError
+from tests.integration.helpers import create_topic
 
 pytestmark = pytest.mark.integration
 
 
-def test_message_round_trip_through_mock_kafka(stack: DevStack, topic_name: str) -> None:
+def test_message_round_trip_through_the_broker(stack: DevStack, topic_name: str) -> None:
     producer = Producer({"bootstrap.servers": stack.info.brokers})
     delivered: list[Any] = []
     producer.produce(
@@ -55,6 +59,59 @@ def test_message_round_trip_through_mock_kafka(stack: DevStack, topic_name: str)
         consumer.close()
     assert got is not None and got.error() is None
     assert (got.key(), got.value()) == (b"k", b"hello")
+
+
+def produce_acked(brokers: str, topic: str, values: list[bytes]) -> None:
+    """Produce `values` to partition 0, each acknowledged by every in-sync replica."""
+    producer = Producer({"bootstrap.servers": brokers, "acks": "all"})
+    for value in values:
+        producer.produce(topic, value, partition=0)
+    assert producer.flush(30) == 0
+
+
+def read_partition(brokers: str, topic: str, expected: int) -> list[bytes]:
+    """The values of partition 0 from offset 0, waiting up to 30 s for `expected` of them."""
+    consumer = Consumer({"bootstrap.servers": brokers, "group.id": f"read-{uuid.uuid4().hex}"})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    found: list[bytes] = []
+    deadline = time.monotonic() + 30
+    try:
+        while len(found) < expected and time.monotonic() < deadline:
+            found += [m.value() for m in consumer.consume(100, 0.5) if m.error() is None]
+    finally:
+        consumer.close()
+    return found
+
+
+def test_kafka_stops_kills_and_starts_again_on_its_port_with_its_data(tmp_path: Path) -> None:
+    broker = KafkaBroker(tmp_path)
+    try:
+        broker.start()
+        port, first_pid = broker.port, broker.pid
+        create_topic(broker.address, "kept", 1)
+        produce_acked(broker.address, "kept", [b"before-stop"])
+        broker.stop()
+        assert not port_open("127.0.0.1", port)
+        broker.start()
+        produce_acked(broker.address, "kept", [b"before-kill"])
+        broker.kill()
+        assert first_pid is not None and not pid_alive(first_pid)
+        broker.start()  # after a crash: the log is recovered from the data folder
+        assert broker.port == port
+        values = [b"before-stop", b"before-kill"]
+        assert read_partition(broker.address, "kept", expected=2) == values
+        assert (tmp_path / "kafka" / "data" / "meta.properties").is_file()
+        assert "Kafka Server started" in broker.log_path.read_text()  # log4j2 writes the log
+    finally:
+        broker.kill()
+
+
+def test_missing_kafka_jars_name_the_setup_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KSPOUT_KAFKA_LIBS", str(tmp_path / "no-jars"))
+    with pytest.raises(StackError, match=r"no-jars; run `bash deploy/setup.sh`"):
+        DevStack(tmp_path / "stack", ["kafka"]).start()
 
 
 def test_zookeeper_answers(zk: KazooClient) -> None:
@@ -178,6 +235,8 @@ def test_cli_up_status_down(tmp_path: Path) -> None:
         zk.stop()
         zk.close()
         assert started["env"]["KSPOUT_ZOOKEEPER"] == info.zookeeper
+        assert started["components"]["kafka"]["start_seconds"] > 0
+        assert "kafka 4" in kspout("dev", "status", "--dir", str(workdir)).stderr
 
         again = kspout("dev", "up", "--dir", str(workdir))
         assert again.returncode == 0 and "already up" in again.stderr

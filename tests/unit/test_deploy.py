@@ -34,6 +34,7 @@ import yaml
 
 from kspout.cli import main as kspout_main
 from kspout.config import load_config
+from kspout.devstack.tools import KAFKA_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -419,6 +420,16 @@ def test_compose_has_every_service_the_job_needs() -> None:
     for worker in workers:
         assert command_of(services()[worker])[-1] == url, f"{worker} joins another master"
     assert compose_job().option("--master") == url
+
+
+def test_the_embedded_broker_is_the_release_compose_runs() -> None:
+    """setup.sh resolves the release the pom pins; the dev stack and compose run that one."""
+    pom = (DEPLOY / "kafka" / "pom.xml").read_text()
+    pinned = re.search(r"<kafka.version>([^<]+)</kafka.version>", pom)
+    assert pinned is not None and pinned.group(1) == KAFKA_VERSION
+    assert image_of(services()["kafka"]).startswith(f"apache/kafka:{KAFKA_VERSION}@sha256:")
+    setup = (DEPLOY / "setup.sh").read_text()
+    assert "deploy/kafka/pom.xml" in setup and "copy-dependencies" in setup
 
 
 def test_compose_kafka_runs_in_kraft_mode() -> None:
