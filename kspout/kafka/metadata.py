@@ -21,16 +21,8 @@ from kspout.kafka._client import (
     consumer_settings,
     watermarks,
 )
-from kspout.kafka.fetcher import PartitionFetcher
-from kspout.kafka.records import FetchResult
 from kspout.lifecycle import Lifecycle
 from kspout.policy import Position, PositionKind
-
-# When the broker says no record is at/after a timestamp, this many of the newest offsets are
-# read to confirm it (one small fetch; real Kafka always agrees, see offset_for_timestamp).
-TAIL_CHECK = 100
-# Offsets per fetch while scanning a partition for a timestamp the broker cannot look up.
-SCAN_STEP = 10_000
 
 # Seconds a `quick` watermark query may take (the driver loop's; its breaker retries).
 QUICK_TIMEOUT = 1.0
@@ -44,16 +36,12 @@ class KafkaMetadata(Lifecycle):
     def __init__(self, config: TopicConfig) -> None:
         self._config = config
         self._consumer: Consumer | None = None
-        self._fetcher: PartitionFetcher | None = None  # only for timestamp lookups
 
     def start(self) -> None:
         if self._consumer is None:
             self._consumer = Consumer(consumer_settings(self._config))
 
     def close(self) -> None:
-        fetcher, self._fetcher = self._fetcher, None
-        if fetcher is not None:
-            fetcher.close()
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             consumer.close()
@@ -158,11 +146,11 @@ class KafkaMetadata(Lifecycle):
     def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> int | None:
         """The first offset whose record has a timestamp >= `timestamp_ms`; None if none has.
 
-        Kafka answers from its time index. A broker without one (librdkafka's mock cluster
-        answers "none" to every such query) must not turn `timestamp:` into a silent jump to
-        the end, so a "none" is checked against the newest records; when one of them is at or
-        after the timestamp, the broker cannot look timestamps up and the partition is scanned
-        from `low` instead. Real Kafka never fails that check, so it costs one small fetch.
+        Kafka answers from the partition's time index (every broker since 0.10.1 keeps one;
+        kspout needs newer ones anyway), one ListOffsets request to the leader. Its answer is
+        trusted: "none" (offset -1) means every record the partition holds is older, or it holds
+        none. With `LogAppendTime` the index holds the broker's append times, so the lookup is by
+        those, as every Kafka client's is.
         """
         consumer = self._client()
 
@@ -174,14 +162,7 @@ class KafkaMetadata(Lifecycle):
             return answer.offset
 
         offset = call_kafka("timestamp lookup", topic, partition, query)
-        if offset >= 0:
-            return offset
-        low, high = self.watermarks(topic, partition)
-        tail = self._fetch(topic, partition, max(low, high - TAIL_CHECK), high).records
-        newest = next((r.offset for r in tail if r.timestamp >= timestamp_ms), None)
-        if newest is None:
-            return None
-        return self._scan(topic, partition, timestamp_ms, low, newest)
+        return offset if offset >= 0 else None
 
     def resolve(
         self,
@@ -209,29 +190,3 @@ class KafkaMetadata(Lifecycle):
         assert position.timestamp_ms is not None  # parse() sets it for TIMESTAMP
         found = self.offset_for_timestamp(topic, partition, position.timestamp_ms)
         return high if found is None else found
-
-    def _fetch(self, topic: str, partition: int, start: int, end: int) -> FetchResult:
-        if end <= start:
-            return FetchResult([], [])
-        if self._fetcher is None:
-            self._fetcher = PartitionFetcher(self._config)
-            self._fetcher.start()
-        return self._fetcher.fetch(topic, partition, [(start, end)])
-
-    def _scan(self, topic: str, partition: int, timestamp_ms: int, low: int, known: int) -> int:
-        """The first offset in `[low, known]` whose record is at or after `timestamp_ms`.
-
-        `known` is such an offset already seen, so the scan ends there at the latest; when
-        retention deletes the start of the partition meanwhile, the scan moves up to `low`.
-        """
-        start = low
-        while start < known:
-            result = self._fetch(topic, partition, start, min(start + SCAN_STEP, known))
-            for record in result.records:
-                if record.timestamp >= timestamp_ms:
-                    return record.offset
-            if result.out_of_range is not None and result.out_of_range[0] > start:
-                start = result.out_of_range[0]
-            else:
-                start += SCAN_STEP
-        return known

@@ -18,22 +18,20 @@ it strikes, so a fault that kills or hangs its worker is still counted:
 * a Redis outage (`ProbedIdempotencyBolt`): the dedup bolt, which checks Redis before each
   batch; a batch that finds it down cannot count that in Redis, so it appends a line to a
   spool file instead (`spool_strikes` reads it).
-* one partition's fetch failing (`MockCluster`): not a worker fault but a broker one. The test
-  runs its own librdkafka mock cluster with two brokers, one partition led by broker 2 and the
-  rest by broker 1, and through librdkafka's mock API (ctypes) takes broker 2 down: every fetch
-  and watermark query of that partition fails while the others flow, until it comes back.
+* one partition's fetch failing (a `KafkaCluster`, `KafkaCluster.create_topic`): not a worker fault
+  but a broker one. The test runs its own Apache Kafka cluster of three KRaft nodes (a quorum
+  that outlives one node), with the topic's partitions unreplicated: one partition on node 2,
+  the rest on node 1. Killing node 2 takes that partition's only leader away, so every fetch
+  and watermark query of it fails while the others flow, until the node is started again.
   Executors' fetches are kspout's own code, so the test counts strikes with probe fetches of
   that partition through kspout's `PartitionFetcher` (`<topic>:struck`, field `fetch`).
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -42,6 +40,7 @@ from functools import cache
 from pathlib import Path
 
 import redis
+from confluent_kafka.admin import AdminClient
 
 from dedup import Effects, IdempotencyBolt
 from kspout.bolts import BasicBolt, BasicCollector, Collector, Tuple
@@ -171,147 +170,19 @@ def spool_strikes(spool: Path) -> int:
         return 0
 
 
-# -- a mock Kafka cluster whose brokers can go down ----------------------------------------
-
-REPO = Path(__file__).resolve().parents[2]
-_RD_KAFKA_PRODUCER = 0
+# -- a real Kafka cluster whose nodes can go down -------------------------------------------
 
 
-@cache
-def _librdkafka() -> ctypes.CDLL:
-    """librdkafka as confluent-kafka loaded it (dlsym on the extension module finds the
-    symbols of the librdkafka it links, the very copy this process runs)."""
-    from confluent_kafka import cimpl
-
-    lib = ctypes.CDLL(cimpl.__file__)
-    vp, cp, i32 = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int32
-    signatures: dict[str, tuple[object, list[object]]] = {
-        "rd_kafka_conf_new": (vp, []),
-        "rd_kafka_conf_set": (ctypes.c_int, [vp, cp, cp, cp, ctypes.c_size_t]),
-        "rd_kafka_new": (vp, [ctypes.c_int, vp, cp, ctypes.c_size_t]),
-        "rd_kafka_destroy": (None, [vp]),
-        "rd_kafka_handle_mock_cluster": (vp, [vp]),
-        "rd_kafka_mock_cluster_bootstraps": (cp, [vp]),
-        "rd_kafka_mock_topic_create": (ctypes.c_int, [vp, cp, ctypes.c_int, ctypes.c_int]),
-        "rd_kafka_mock_topic_delete": (ctypes.c_int, [vp, cp]),
-        "rd_kafka_mock_partition_set_leader": (ctypes.c_int, [vp, cp, i32, i32]),
-        "rd_kafka_mock_broker_set_down": (ctypes.c_int, [vp, i32]),
-        "rd_kafka_mock_broker_set_up": (ctypes.c_int, [vp, i32]),
-    }
-    for name, (restype, argtypes) in signatures.items():
-        function = getattr(lib, name)
-        function.restype = restype
-        function.argtypes = argtypes
-    return lib
-
-
-class MockCluster:
-    """librdkafka's mock cluster, as kspout's dev stack runs it, with its mock API at hand.
-
-    It runs in a child process (`python -m tests.chaos.faults <brokers>`, commands on stdin), so
-    a crash of the mock cannot take the test session with it. Each partition can be led by a
-    chosen broker, and a broker can go down (connections closed, new ones refused) and come
-    back: a partition led by a down broker can be neither fetched nor asked for its
-    watermarks, while partitions led by the others flow. (Taking a partition's leader away
-    outright, leader -1, crashed the mock's own process when a client fetched it.)
-    """
-
-    def __init__(self, brokers: int = 2) -> None:
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-        }
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "tests.chaos.faults", str(brokers)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-            env=env,
-        )
-        assert self._process.stdout is not None
-        self.brokers = self._process.stdout.readline().strip()
-        if not self.brokers:
-            self._process.wait(10)
-            raise RuntimeError(f"the mock cluster did not start (exit {self._process.returncode})")
-
-    def create_topic(self, topic: str, leaders: Sequence[int]) -> None:
-        """A topic with one partition per entry of `leaders`, each led by that broker."""
-        self._call("topic", topic, len(leaders))
-        for partition, broker in enumerate(leaders):
-            self._call("leader", topic, partition, broker)
-
-    def delete_topic(self, topic: str) -> None:
-        """Delete a topic with its data (the mock cannot add partitions: a test that needs
-        more deletes the topic and creates it again with them)."""
-        self._call("delete", topic)
-
-    def broker_down(self, broker: int) -> None:
-        self._call("down", broker)
-
-    def broker_up(self, broker: int) -> None:
-        self._call("up", broker)
-
-    def _call(self, *words: str | int) -> None:
-        process = self._process
-        assert process.stdin is not None and process.stdout is not None
-        command = " ".join(map(str, words))
-        try:
-            process.stdin.write(command + "\n")
-            process.stdin.flush()
-            answer = process.stdout.readline().strip()
-        except BrokenPipeError:
-            answer = ""
-        if answer != "ok":
-            raise RuntimeError(f"mock cluster: {command}: {answer or 'its process died'}")
-
-    def close(self) -> None:
-        process = self._process
-        if process.poll() is None:
-            assert process.stdin is not None
-            process.stdin.close()  # the server's loop ends and destroys the cluster
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
-
-
-def _serve(broker_count: int) -> None:
-    """The child process of `MockCluster`: host the cluster, obey commands until stdin ends."""
-    from confluent_kafka import KafkaError
-
-    lib = _librdkafka()
-    error = ctypes.create_string_buffer(512)
-    conf = lib.rd_kafka_conf_new()
-    for key, value in (("test.mock.num.brokers", str(broker_count)), ("log_level", "0")):
-        if lib.rd_kafka_conf_set(conf, key.encode(), value.encode(), error, 512) != 0:
-            raise RuntimeError(f"librdkafka rejected {key}: {error.value.decode()}")
-    rk = lib.rd_kafka_new(_RD_KAFKA_PRODUCER, conf, error, 512)
-    if not rk:
-        raise RuntimeError(f"cannot start a mock cluster: {error.value.decode()}")
-    mock = lib.rd_kafka_handle_mock_cluster(rk)
-    print(lib.rd_kafka_mock_cluster_bootstraps(mock).decode(), flush=True)
-    for line in sys.stdin:
-        op, *args = line.split()
-        if op == "topic":
-            err = lib.rd_kafka_mock_topic_create(mock, args[0].encode(), int(args[1]), 1)
-        elif op == "delete":
-            err = lib.rd_kafka_mock_topic_delete(mock, args[0].encode())
-        elif op == "leader":
-            err = lib.rd_kafka_mock_partition_set_leader(
-                mock, args[0].encode(), int(args[1]), int(args[2])
-            )
-        elif op == "down":
-            err = lib.rd_kafka_mock_broker_set_down(mock, int(args[0]))
-        elif op == "up":
-            err = lib.rd_kafka_mock_broker_set_up(mock, int(args[0]))
-        else:
-            print(f"error: unknown command {op!r}", flush=True)
-            continue
-        print("ok" if err == 0 else f"error: {KafkaError(err)}", flush=True)
-    lib.rd_kafka_destroy(rk)
-
-
-if __name__ == "__main__":
-    _serve(int(sys.argv[1]))
+def wait_led(brokers: str, topic: str, timeout: float = 60.0) -> None:
+    """Return once every partition of `topic` has a leader (after a node came back)."""
+    admin = AdminClient({"bootstrap.servers": brokers})
+    deadline = time.monotonic() + timeout
+    while True:
+        found = admin.list_topics(topic, timeout=timeout).topics.get(topic)
+        if found is not None and found.error is None:
+            unled = [p for p, info in found.partitions.items() if info.leader < 0]
+            if found.partitions and not unled:
+                return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"topic {topic}: partitions without a leader after {timeout} s")
+        time.sleep(0.1)

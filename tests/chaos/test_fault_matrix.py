@@ -25,10 +25,11 @@ is finished, and with work left that the fault must strike (produced once it beg
 backlog the spout is in the middle of); those cases run the spout until the commit points reach
 the high watermarks after the fault ended (what `until_caught_up` checks, seen from outside),
 and count retries and timeouts from the moment the fault began. The `fetch` case runs its own
-librdkafka mock cluster of two brokers (tests/chaos/faults.py), the broken partition led by
-broker 2, and takes that broker down through librdkafka's mock API. The other cases run
-`KafkaSpout.run(..., until_caught_up=True)`, on a Spark session warmed by one small run first
-(a cold start can outlast `message_timeout`, and must not be blamed on a fault).
+Apache Kafka cluster of three KRaft nodes (tests/chaos/faults.py), the broken partition's only
+replica on node 2 and the others' on node 1, kills node 2 (SIGKILL) for the outage and then
+starts it again. The other cases run `KafkaSpout.run(..., until_caught_up=True)`, on a Spark
+session warmed by one small run first (a cold start can outlast `message_timeout`, and must not
+be blamed on a fault).
 
 At the end the matrix is printed (run with `pytest -s` to see it).
 """
@@ -50,7 +51,7 @@ from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 
 from kspout.config import TopicConfig
-from kspout.devstack import DevStack
+from kspout.devstack import DevStack, KafkaCluster
 from kspout.driver import Progress
 from kspout.errors import FetchTimeout
 from kspout.kafka import KafkaMetadata, PartitionFetcher
@@ -62,7 +63,6 @@ from tests.chaos.faults import (
     CleanupFailsOnce,
     DedupApply,
     FaultyHandler,
-    MockCluster,
     ProbedIdempotencyBolt,
     encode,
     spool_strikes,
@@ -370,7 +370,10 @@ def measure(
             continue
         where = (int(headers["kspout.source.partition"]), int(headers["kspout.source.offset"]))
         row.dead_lettered[messages.ids.get(where, f"?{where}")] = headers["kspout.reason"]
-    applied = {k.decode(): int(v) for k, v in client.hgetall(f"{config.topic}:applied").items()}
+    applied = {
+        k.decode() if isinstance(k, bytes) else k: int(v)
+        for k, v in client.hgetall(f"{config.topic}:applied").items()
+    }
     ids = set(messages.ids.values())
     row.lost = sorted(ids - set(applied) - set(row.dead_lettered))
     row.twice = sorted(i for i, n in applied.items() if n > 1)
@@ -617,13 +620,12 @@ def test_redis_down_longer_than_the_retry_budget_costs_no_message(
     assert not row.twice, f"applied more than once: {row.twice[:10]}"
 
 
-@pytest.fixture(scope="session")
-def mock_cluster() -> Iterator[MockCluster]:
-    """A mock cluster of two brokers, for the partition whose leader goes down (kept for the
-    session: Spark's Python workers keep their consumers connected to it)."""
-    cluster = MockCluster(brokers=2)
-    yield cluster
-    cluster.close()
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """Three KRaft nodes of this module's own, for the partition whose leader goes down (the
+    session's single broker is never taken down here)."""
+    with KafkaCluster(tmp_path_factory.mktemp("fault-matrix-kafka")) as nodes:
+        yield nodes
 
 
 @pytest.mark.timeout(240)
@@ -632,19 +634,19 @@ def test_a_partition_that_cannot_be_fetched_holds_back_only_itself(
     stack: DevStack,
     make_config: Callable[..., TopicConfig],
     redis_client: redis.Redis,
-    mock_cluster: MockCluster,
+    cluster: KafkaCluster,
 ) -> None:
     config = case_config(
         make_config,
-        brokers=mock_cluster.brokers,
+        brokers=cluster.brokers,
         fetch_timeout=1.0,
         kafka={"log_level": 0},  # clients of a down broker log every reconnect: keep quiet
     )
     broken, others = 1, [p for p in PARTITIONS if p != 1]
-    # Broker 2 leads the broken partition alone; broker 1 leads everything else.
-    mock_cluster.create_topic(config.topic, [2 if p == broken else 1 for p in PARTITIONS])
-    mock_cluster.create_topic(config.dlq_topic, [1 for _ in PARTITIONS])
-    producer = Producer({"bootstrap.servers": mock_cluster.brokers, "linger.ms": 5, "log_level": 0})
+    # Node 2 holds (and leads) the broken partition alone; node 1 everything else.
+    cluster.create_topic(config.topic, [2 if p == broken else 1 for p in PARTITIONS])
+    cluster.create_topic(config.dlq_topic, [1 for _ in PARTITIONS])
+    producer = Producer({"bootstrap.servers": cluster.brokers, "linger.ms": 5, "log_level": 0})
     messages = Messages()
     produce(producer, config.topic, "fetch-before", dict.fromkeys(PARTITIONS, 25), messages)
     handler = FaultyHandler(config.topic, stack.info.redis_url, SLOW_SECONDS)
@@ -666,7 +668,7 @@ def test_a_partition_that_cannot_be_fetched_holds_back_only_itself(
             while not redis_client.hexists(f"{config.topic}:applied", first):
                 assert run.alive and time.monotonic() - started < LIMIT, "the backlog never began"
                 time.sleep(0.01)
-            mock_cluster.broker_down(2)
+            cluster.node(2).kill()
             fault_began = time.monotonic()
             baseline = run.latest
             try:
@@ -688,7 +690,7 @@ def test_a_partition_that_cannot_be_fetched_holds_back_only_itself(
                 if held >= messages.high(broken):
                     row.notes.append("the spout had fetched the partition before the fault")
             finally:
-                mock_cluster.broker_up(2)
+                cluster.node(2).start()  # back once it serves (its old session lapses first)
             row.recovery = watch.wait_at_high(run, LIMIT)
             if row.recovery is None and run.alive:
                 row.notes.append(f"STALLED: not at the high watermarks {LIMIT:.0f} s after")
@@ -696,7 +698,7 @@ def test_a_partition_that_cannot_be_fetched_holds_back_only_itself(
         if run.alive:
             run.stop()
 
-    measure(row, config, messages, redis_client, mock_cluster.brokers, run, baseline)
+    measure(row, config, messages, redis_client, cluster.brokers, run, baseline)
     report(row)
     assert row.struck >= 1, "the partition's fetch never failed"
     run.check()

@@ -1,8 +1,9 @@
 """The driver's per-partition costs, batched: watermarks of many partitions in one query, a
 commit round's records in chunked transactions, pipelined (each partition fenced on its own),
 records read pipelined, and the instance report written only when it changed or as a
-heartbeat. Real processes: librdkafka's mock cluster (the stack's, or a `MockCluster` for many
-partitions over two brokers) and the stack's ZooKeeper.
+heartbeat. Real processes: Apache Kafka (the stack's broker, or this module's own cluster of
+three KRaft nodes for a topic whose partitions are placed on chosen nodes, one of which is then
+killed) and the stack's ZooKeeper.
 """
 
 from __future__ import annotations
@@ -17,17 +18,19 @@ from confluent_kafka import Consumer, Producer
 from kazoo.client import KazooClient
 
 from kspout.config import TopicConfig
+from kspout.devstack import KafkaCluster
 from kspout.driver import Driver
 from kspout.driver.watermarks import MAX_AGE, WatermarkCache
 from kspout.errors import KafkaRequestFailed, OffsetConflict
 from kspout.kafka import KafkaMetadata, Record
+from kspout.kafka.metadata import Bounds
 from kspout.local_executor import LocalExecutor
 from kspout.offsets import CHUNK_BYTES, OffsetWrite, ZkOffsetStore
 from kspout.ownership.tree import SpoutTree
-from tests.chaos.faults import MockCluster
+from tests.chaos.faults import wait_led
 from tests.integration.helpers import PARTITIONS, highs, produce, stored
 
-MANY = 40  # partitions of the MockCluster topic, led by brokers 1 and 2 in turn
+MANY = 40  # partitions of the `many` topic, on nodes 1 and 2 of `cluster` in turn
 
 
 def handled(_record: Record) -> None:
@@ -51,18 +54,18 @@ class CountingConsumer:
         return counted
 
 
-@pytest.fixture
-def cluster() -> Iterator[MockCluster]:
-    """A mock cluster of two brokers in its own process (the stack's cannot make a topic of
-    more than 4 partitions, nor lead partitions from chosen brokers)."""
-    mock = MockCluster(brokers=2)
-    yield mock
-    mock.close()
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """Three KRaft nodes of this module's own (the session's single broker cannot lead
+    partitions from chosen brokers, nor lose one while the others serve)."""
+    with KafkaCluster(tmp_path_factory.mktemp("batched-io-kafka")) as nodes:
+        yield nodes
 
 
 @pytest.fixture
-def many(cluster: MockCluster, make_config: Callable[..., TopicConfig]) -> TopicConfig:
-    """A topic of `MANY` partitions on `cluster`, partition p holding p % 7 messages."""
+def many(cluster: KafkaCluster, make_config: Callable[..., TopicConfig]) -> TopicConfig:
+    """A topic of `MANY` unreplicated partitions on `cluster`, partition p on node 1 + p % 2
+    (its leader) and holding p % 7 messages."""
     config = make_config(brokers=cluster.brokers, kafka={"log_level": 0})
     cluster.create_topic(config.topic, [1 + p % 2 for p in range(MANY)])
     producer = Producer({"bootstrap.servers": cluster.brokers, "log_level": 0})
@@ -86,7 +89,7 @@ def test_watermarks_of_many_partitions_are_one_query_and_match_each_partitions_o
 
 
 def test_caught_up_partitions_are_asked_their_high_only_until_their_low_is_old(
-    many: TopicConfig, cluster: MockCluster
+    many: TopicConfig, cluster: KafkaCluster
 ) -> None:
     """A caught-up partition is asked every step; its low mark, which moves only when
     retention deletes records, is asked again once it is `MAX_AGE` old: one request per broker
@@ -118,20 +121,34 @@ def test_caught_up_partitions_are_asked_their_high_only_until_their_low_is_old(
 
 
 def test_a_broker_down_holds_back_only_the_partitions_it_leads(
-    many: TopicConfig, cluster: MockCluster
+    many: TopicConfig, cluster: KafkaCluster
 ) -> None:
+    """Node 2 killed: first while the metadata still names it the leader of its partitions
+    (until its session lapses), then once the controller has left them without one."""
     partitions = list(range(MANY))
     led_by_2 = {p for p in partitions if p % 2 == 1}
+    healthy = {p: (0, p % 7) for p in partitions if p not in led_by_2}
+    seen: list[tuple[Bounds, dict[int, KafkaRequestFailed]]] = []
     with KafkaMetadata(many) as metadata:
         metadata.watermarks_of(many.topic, partitions)  # connected to both brokers
-        cluster.broker_down(2)
+        cluster.node(2).kill()
         try:
-            found, failed = metadata.watermarks_now(many.topic, partitions)
+            seen.append(metadata.watermarks_now(many.topic, partitions))
+            deadline = time.monotonic() + 30
+            while any(metadata.leaders(many.topic)[p] != ("", -1) for p in led_by_2):
+                assert time.monotonic() < deadline, "node 2's partitions kept their leader"
+                time.sleep(0.2)
+            seen.append(metadata.watermarks_now(many.topic, partitions))
         finally:
-            cluster.broker_up(2)
-    assert found == {p: (0, p % 7) for p in partitions if p not in led_by_2}
-    assert set(failed) == led_by_2
-    assert all(isinstance(exc, KafkaRequestFailed) for exc in failed.values())
+            cluster.node(2).start()
+            wait_led(cluster.brokers, many.topic)
+        assert metadata.watermarks_of(many.topic, partitions) == {
+            p: (0, p % 7) for p in partitions
+        }, "node 2 back: every partition answers again"
+    for found, failed in seen:
+        assert found == healthy
+        assert set(failed) == led_by_2
+        assert all(isinstance(exc, KafkaRequestFailed) for exc in failed.values())
 
 
 def test_a_partition_kafka_does_not_have_fails_the_query_and_is_named(

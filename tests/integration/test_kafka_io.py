@@ -1,13 +1,16 @@
-"""kspout.kafka against a real broker: librdkafka's mock cluster, over TCP on loopback."""
+"""kspout.kafka against a real broker: the session stack's Apache Kafka broker (KRaft), over
+TCP on loopback."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from kspout.config import TopicConfig, parse_config
 from kspout.devstack import DevStack
@@ -21,28 +24,27 @@ from kspout.kafka import (
     Record,
 )
 from kspout.policy import Position
-from tests.integration.helpers import read_topic
+from tests.conftest import TopicFactory
+from tests.integration.helpers import create_topic, read_topic
 
 Produce = Callable[..., None]
 
 
 @pytest.fixture
-def mock_brokers(stack: DevStack) -> str:
-    """Bootstrap address of the session's mock cluster."""
+def brokers(stack: DevStack) -> str:
+    """Bootstrap address of the session stack's broker."""
     return stack.info.brokers
 
 
 @pytest.fixture
-def config(mock_brokers: str, topic_name: str) -> TopicConfig:
-    return parse_config(
-        {"topic": topic_name, "spout_id": f"s-{topic_name}", "brokers": mock_brokers}
-    )
+def config(brokers: str, topic_name: str) -> TopicConfig:
+    return parse_config({"topic": topic_name, "spout_id": f"s-{topic_name}", "brokers": brokers})
 
 
 @pytest.fixture
-def produce(mock_brokers: str) -> Iterator[Produce]:
+def produce(brokers: str) -> Iterator[Produce]:
     """`produce(topic, values, partition=0, **per-message kwargs)`, flushed on return."""
-    producer = Producer({"bootstrap.servers": mock_brokers, "linger.ms": 20})
+    producer = Producer({"bootstrap.servers": brokers, "linger.ms": 20})
 
     def send(topic: str, values: list[bytes | None], partition: int = 0, **kwargs: object) -> None:
         for value in values:
@@ -77,12 +79,14 @@ def offsets(result: FetchResult) -> list[int]:
 # -- metadata ---------------------------------------------------------------------------------
 
 
-def test_partitions_of_new_and_existing_topics(
-    metadata: KafkaMetadata, produce: Produce, topic_name: str
+def test_partitions_of_missing_and_existing_topics(
+    metadata: KafkaMetadata, brokers: str, topic_factory: TopicFactory
 ) -> None:
-    assert metadata.partitions(topic_name) == []
-    produce(topic_name, values(1))
-    assert metadata.partitions(topic_name) == [0, 1, 2, 3]
+    name = topic_factory("later", create=False)
+    assert metadata.partitions(name) == []  # asking does not create it
+    assert metadata.partitions(name) == []
+    create_topic(brokers, name, 3)
+    assert metadata.partitions(name) == [0, 1, 2]
 
 
 def test_watermarks_are_fresh(metadata: KafkaMetadata, produce: Produce, topic_name: str) -> None:
@@ -93,27 +97,41 @@ def test_watermarks_are_fresh(metadata: KafkaMetadata, produce: Produce, topic_n
     assert metadata.watermarks(topic_name, 2) == (0, 0)
 
 
-def test_timestamps_and_resolve_for_every_position(
+def test_timestamps_are_looked_up_in_kafkas_time_index(
     metadata: KafkaMetadata, produce: Produce, topic_name: str
 ) -> None:
-    """The mock cluster answers "none" to every timestamp lookup; kspout's check of that
-    answer against the newest records catches it, so these run through the scan fallback."""
+    """Records with explicit timestamps: each lookup is the broker's own answer from its time
+    index (no fetch), the first offset at or after the time; none after the newest record."""
+    base = int(time.time() * 1000) - 60_000
+    for i in range(5):
+        produce(topic_name, [b"t%d" % i], timestamp=base + i * 1000)
+    # Out of order in partition 2: the first offset (not the earliest time) at or after it.
+    for ts in (base, base + 3000, base + 1000, base + 4000):
+        produce(topic_name, [b"o"], partition=2, timestamp=ts)
+
+    lookup = functools.partial(metadata.offset_for_timestamp, topic_name)
+    assert [lookup(0, t) for t in (0, base, base + 1, base + 1500, base + 4000)] == [0, 0, 1, 2, 4]
+    assert lookup(0, base + 4001) is None  # after every record
+    assert lookup(1, base) is None  # an empty partition
+    assert [lookup(2, t) for t in (base + 500, base + 2000, base + 3001)] == [1, 1, 3]
+    assert lookup(2, base + 4001) is None
+
+
+def test_resolve_for_every_position(
+    metadata: KafkaMetadata, produce: Produce, topic_name: str
+) -> None:
     base = int(time.time() * 1000) - 60_000
     for i in range(5):
         produce(topic_name, [b"t%d" % i], timestamp=base + i * 1000)
 
-    assert metadata.offset_for_timestamp(topic_name, 0, 0) == 0
-    assert metadata.offset_for_timestamp(topic_name, 0, base + 1500) == 2
-    assert metadata.offset_for_timestamp(topic_name, 0, base + 4000) == 4
-    assert metadata.offset_for_timestamp(topic_name, 0, base + 4001) is None
-    assert metadata.offset_for_timestamp(topic_name, 1, base) is None  # empty partition
+    def resolve(rule: str, partition: int = 0) -> int:
+        position = Position.parse(rule, allow_fail=False)
+        return metadata.resolve(position, topic_name, partition)
 
-    assert metadata.resolve(Position.parse("earliest", allow_fail=False), topic_name, 0) == 0
-    assert metadata.resolve(Position.parse("latest", allow_fail=False), topic_name, 0) == 5
-    at = Position.parse(f"timestamp:{base + 2000}", allow_fail=False)
-    assert metadata.resolve(at, topic_name, 0) == 2
-    after = Position.parse(f"timestamp:{base + 10_000}", allow_fail=False)
-    assert metadata.resolve(after, topic_name, 0) == 5  # nothing that new yet: high
+    assert (resolve("earliest"), resolve("latest")) == (0, 5)
+    assert resolve(f"timestamp:{base + 2000}") == 2
+    assert resolve(f"timestamp:{base + 10_000}") == 5  # nothing that new yet: high
+    assert resolve(f"timestamp:{base}", partition=1) == 0  # empty: high, which is low
     with pytest.raises(ValueError, match="fail"):
         metadata.resolve(Position.parse("fail", allow_fail=True), topic_name, 0)
 
@@ -140,10 +158,10 @@ def test_fetch_returns_exactly_the_requested_offsets_in_order(
 
 
 def test_compressed_batches_never_return_offsets_below_the_request(
-    mock_brokers: str, fetcher: PartitionFetcher, topic_name: str
+    brokers: str, fetcher: PartitionFetcher, topic_name: str
 ) -> None:
     producer = Producer(
-        {"bootstrap.servers": mock_brokers, "compression.type": "gzip", "linger.ms": 200}
+        {"bootstrap.servers": brokers, "compression.type": "gzip", "linger.ms": 200}
     )
     for i in range(1000):
         producer.produce(topic_name, value=b"c%d" % i, partition=0)
@@ -186,9 +204,9 @@ def test_record_fields_round_trip(
 
 
 def test_transaction_markers_are_reported_missing_without_waiting(
-    mock_brokers: str, fetcher: PartitionFetcher, topic_name: str
+    brokers: str, fetcher: PartitionFetcher, topic_name: str
 ) -> None:
-    producer = Producer({"bootstrap.servers": mock_brokers, "transactional.id": topic_name})
+    producer = Producer({"bootstrap.servers": brokers, "transactional.id": topic_name})
     producer.init_transactions(30)
     for txn in range(3):  # three records, then a commit marker: offsets 3, 7, 11 are markers
         producer.begin_transaction()
@@ -221,12 +239,19 @@ def test_offsets_at_or_above_high_are_out_of_range(
 
 
 def test_offsets_below_low_are_out_of_range(
-    fetcher: PartitionFetcher, metadata: KafkaMetadata, produce: Produce, topic_name: str
+    fetcher: PartitionFetcher,
+    metadata: KafkaMetadata,
+    produce: Produce,
+    brokers: str,
+    topic_name: str,
 ) -> None:
-    """The mock keeps ~5 MB per partition: 8 MB of 1 KB messages moves low up."""
-    produce(topic_name, [b"x" * 1024] * 8000)
+    """Low moves up as retention would move it: the admin API deletes the records below 60."""
+    produce(topic_name, values(100))
+    admin = AdminClient({"bootstrap.servers": brokers})
+    (deleted,) = admin.delete_records([TopicPartition(topic_name, 0, 60)]).values()
+    deleted.result(30)
     low, high = metadata.watermarks(topic_name, 0)
-    assert 0 < low < high == 8000
+    assert (low, high) == (60, 100)
 
     assert fetcher.fetch(topic_name, 0, [(0, 5), (low, low + 1)]) == FetchResult(
         [], [], (low, high)
@@ -254,7 +279,7 @@ def test_fetch_gives_up_at_the_deadline_naming_the_offset(
 
 
 def test_dead_letters_carry_the_original_and_kspout_headers(
-    config: TopicConfig, mock_brokers: str
+    config: TopicConfig, brokers: str
 ) -> None:
     original = Record(config.topic, 2, 41, b"k", b"body", 1234, (("trace", b"abc"),))
     letters = [
@@ -264,7 +289,7 @@ def test_dead_letters_carry_the_original_and_kspout_headers(
     with DeadLetterWriter(config) as writer:
         writer.write(letters)
 
-    read = read_topic(mock_brokers, config.dlq_topic, expected=2)
+    read = read_topic(brokers, config.dlq_topic, expected=2)
     assert len(read) == 2
     by_offset = {dict(m.headers() or [])["kspout.source.offset"]: m for m in read}
     first, second = by_offset[b"41"], by_offset[b"7"]

@@ -1,4 +1,5 @@
-"""Pure logic of kspout.kafka: span bookkeeping, the fetch loop's reactions, retries, headers.
+"""Pure logic of kspout.kafka: span bookkeeping, the fetch loop's reactions, retries, headers,
+timestamp lookups.
 
 The fetch-loop tests drive `PartitionFetcher` with a scripted stand-in for the consumer, to
 reach orders of events a real broker produces only by chance (low moving mid-fetch).
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,10 +18,12 @@ from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from kspout.config import parse_config
 from kspout.errors import KafkaRequestFailed
-from kspout.kafka._client import call_kafka
+from kspout.kafka._client import call_kafka, watermarks
 from kspout.kafka.deadletter import letter_headers
 from kspout.kafka.fetcher import PartitionFetcher, _Progress, _validated
+from kspout.kafka.metadata import KafkaMetadata
 from kspout.kafka.records import DeadLetter, FetchResult, Record, RecordBuilder, make_record
+from kspout.policy import Position
 
 TOPIC = "t"
 
@@ -189,3 +193,61 @@ def test_dead_letter_headers_follow_the_original_ones() -> None:
         ("kspout.reason", b"timeout"),
         ("kspout.error", b""),
     ]
+
+
+class TimeIndex:
+    """Answers `offsets_for_times` as a broker's time index would, counting the calls; no other
+    method exists (a timestamp lookup must not fetch)."""
+
+    def __init__(self, answers: dict[int, int]) -> None:
+        self.answers = answers  # timestamp -> offset (-1: no record at or after it)
+        self.calls = 0
+
+    def offsets_for_times(self, asked: list[TopicPartition], timeout: float) -> list[Any]:
+        self.calls += 1
+        (tp,) = asked
+        return [TopicPartition(tp.topic, tp.partition, self.answers[tp.offset])]
+
+
+def test_a_timestamp_lookup_trusts_the_brokers_time_index() -> None:
+    """One request each; the broker's "none" (-1) is None, never checked by fetching."""
+    metadata = KafkaMetadata(parse_config({"topic": TOPIC, "spout_id": "s"}))
+    index = TimeIndex({1000: 7, 5000: -1})
+    metadata._consumer = index  # type: ignore[assignment]
+    assert metadata.offset_for_timestamp(TOPIC, 0, 1000) == 7
+    assert metadata.offset_for_timestamp(TOPIC, 0, 5000) is None
+    assert index.calls == 2
+    assert (
+        metadata.resolve(
+            Position.parse("timestamp:5000", allow_fail=False), TOPIC, 0, bounds=(3, 9)
+        )
+        == 9
+    )
+
+
+class LeaderlessPartition:
+    """A consumer whose watermark query says "unknown partition", as librdkafka does for a
+    partition without a leader too; its metadata lists partitions 0-3, with `leaders`."""
+
+    def __init__(self, leaders: dict[int, int]) -> None:
+        self.leaders = leaders
+        self.queries = 0
+
+    def get_watermark_offsets(self, tp: TopicPartition, **_: Any) -> tuple[int, int]:
+        self.queries += 1
+        raise KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION))
+
+    def list_topics(self, topic: str, timeout: float) -> Any:
+        partitions = {p: SimpleNamespace(leader=leader) for p, leader in self.leaders.items()}
+        return SimpleNamespace(topics={topic: SimpleNamespace(partitions=partitions)})
+
+
+def test_a_partition_without_a_leader_is_retried_and_a_missing_one_is_not() -> None:
+    consumer = LeaderlessPartition({0: 1, 1: -1, 2: 1, 3: 1})
+    with pytest.raises(KafkaRequestFailed, match=r"had no leader.*gave up after 3 tries"):
+        watermarks(consumer, TOPIC, 1, attempts=3)  # type: ignore[arg-type]
+    assert consumer.queries == 3
+    consumer.queries = 0
+    with pytest.raises(KafkaRequestFailed, match="check that the topic and partition exist"):
+        watermarks(consumer, TOPIC, 9, attempts=3)  # type: ignore[arg-type]
+    assert consumer.queries == 1
