@@ -10,7 +10,8 @@ settlement for all of them.
 * Claimed: the handler runs with an `Effects` buffer. If it returns, its Redis effects are
   applied and the record marked DONE in one Lua call, only if this claim's fencing token still
   holds the record. If it raises, the record is marked FAILED and the message fails with
-  EXCEPTION, to be retried.
+  EXCEPTION, to be retried; if what it raised is `KafkaUnavailable` (a Kafka it writes to is
+  down: `KafkaOutput.flush`), the message is released instead, no attempt spent.
 * No id: the message goes to the dead-letter topic (INVALID), counted.
 * REJECTED (the id's record key, or one of its effects, is something Redis would refuse:
   another type, a non-integer, an overflow): the message fails with EXCEPTION and Redis's
@@ -58,6 +59,7 @@ from dedup.store import (
 from kspout.bolts import Bolt, Collector, TaskContext, Tuple
 from kspout.channel.beacon import BEACON
 from kspout.config import TopicConfig
+from kspout.errors import KafkaUnavailable
 from kspout.kafka import Record
 from kspout.outcomes import describe_error
 
@@ -249,6 +251,7 @@ class IdempotencyBolt(Bolt):
         partitions = [tuple_.record.partition for tuple_ in known]
         settlements: list[Settlement] = []
         ran: list[Tuple] = []
+        outages: set[int] = set()  # indexes into `ran` whose handler met a Kafka outage
         for run in store.claim_runs(ids, self._owner, partitions):
             end = run.start + run.length
             answered = zip(known[run.start : end], ids[run.start : end], strict=True)
@@ -263,7 +266,10 @@ class IdempotencyBolt(Bolt):
                     collector.fail(tuple_, f"Redis rejected the claim of {id_!r}: {why}")
             else:
                 for k, (tuple_, id_) in enumerate(answered):
-                    settlements.append(self._run(tuple_.record, id_, run.token + k, run.attempts))
+                    settlement, outage = self._run(tuple_.record, id_, run.token + k, run.attempts)
+                    if outage:
+                        outages.add(len(ran))
+                    settlements.append(settlement)
                     ran.append(tuple_)
         BEACON.current = None  # the settle below is Redis's time, not the last message's
         try:
@@ -272,10 +278,14 @@ class IdempotencyBolt(Bolt):
             for tuple_ in ran:
                 collector.release(tuple_, str(exc))
             return
-        for tuple_, item, (status, error) in zip(ran, settlements, results, strict=True):
+        for i, (tuple_, item, (status, error)) in enumerate(
+            zip(ran, settlements, results, strict=True)
+        ):
             if status is SettleStatus.SETTLED:
                 if item.done:
                     collector.ack(tuple_)
+                elif i in outages:  # FAILED in Redis, so a replay claims it; no attempt spent
+                    collector.release(tuple_, item.error or "Kafka unavailable")
                 else:
                     collector.fail(tuple_, item.error or "failed")
             elif status is SettleStatus.STALE:
@@ -285,15 +295,17 @@ class IdempotencyBolt(Bolt):
             else:
                 collector.fail(tuple_, f"Redis rejected the settlement of {item.id!r}: {error}")
 
-    def _run(self, record: Record, id_: str, token: int, attempt: int) -> Settlement:
-        """Run the handler on one claimed message: how it ended, to settle."""
+    def _run(self, record: Record, id_: str, token: int, attempt: int) -> tuple[Settlement, bool]:
+        """Run the handler on one claimed message: how it ended, to settle, and whether it
+        failed for an outage of a Kafka it writes to (`KafkaUnavailable`: not its fault)."""
         effects = Effects(self._store, id_, token, attempt, record.partition)
         BEACON.current = record
         try:
             self.handler(record, effects)
         except Exception as exc:
-            return Settlement(id_, token, False, describe_error(exc), (), attempt)
-        return Settlement(id_, token, True, None, effects.commands, attempt)
+            failed = Settlement(id_, token, False, describe_error(exc), (), attempt)
+            return failed, isinstance(exc, KafkaUnavailable)
+        return Settlement(id_, token, True, None, effects.commands, attempt), False
 
     def __getstate__(self) -> dict[str, object]:
         """Only the settings travel to executors; clients are made there."""

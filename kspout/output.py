@@ -25,8 +25,13 @@ re-published it never comes. So:
   each input and flushes once per task, then acks each input whose outputs Kafka acknowledged
   and fails the others (a chain's acks leave a task only once the bolt returned).
 
-A send Kafka refused fails its source message with EXCEPTION (retried with backoff, then
-dead-lettered), never acks it.
+A send Kafka did not acknowledge never acks its source message. Whose fault it is decides the
+rest: a send that failed for a reason the output's Kafka may get over by itself (unreachable,
+timed out, no leader, not enough in-sync replicas: librdkafka's retriable errors) is the
+infrastructure's, so the message is released, no attempt spent, and its partition backs off
+behind its breaker until Kafka takes sends again (`OutputUnavailable`); any other refusal
+(too large, not authorized, a bad record) fails it with EXCEPTION, retried with backoff, then
+dead-lettered (`OutputFailed`).
 """
 
 from __future__ import annotations
@@ -39,12 +44,28 @@ from confluent_kafka import KafkaError, Message
 from kspout.bolts import Bolt, Collector, Tuple
 from kspout.channel.beacon import BEACON
 from kspout.config import TopicConfig
-from kspout.errors import KspoutError
+from kspout.errors import KafkaUnavailable, KspoutError
 from kspout.kafka import Record
 from kspout.kafka.deadletter import FLUSH_MARGIN, HEADER_PREFIX, IdempotentProducer
+from kspout.outcomes import describe_error
 
 ID_HEADER = HEADER_PREFIX + "id"
 NO_REPORT = "no delivery report before the timeout"
+# Delivery errors of an unreachable or unsettled cluster, beside those librdkafka calls
+# retriable: a send that ran out of time says nothing against its message.
+_OUTAGES = frozenset(
+    {
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+    }
+)
 
 OutputHeaders = Sequence[tuple[str, str | bytes | None]]
 
@@ -75,17 +96,48 @@ class OutputFailed(KspoutError):
         )
 
 
-class _Delivery:
-    """One send's answer from Kafka: `error` is None once acknowledged."""
+class OutputUnavailable(OutputFailed, KafkaUnavailable):
+    """Every unacknowledged output failed for an outage of the output's Kafka (see the module
+    docstring): the source message is released, no attempt spent, and sent again later."""
 
-    __slots__ = ("error", "id")
+    def __init__(self, topic: str, failures: list[tuple[str, str]]) -> None:
+        super().__init__(topic, failures)
+        output, error = failures[0]
+        self.args = (
+            f"{len(failures)} output(s) to {topic} not acknowledged: its Kafka is unreachable "
+            f"or has no leader for them (first: {output}: {error}); the source message is "
+            "released, no attempt spent, and its outputs are sent again once Kafka answers",
+        )
+
+
+def raise_unacknowledged(topic: str, deliveries: Sequence[_Delivery]) -> None:
+    """Raise `OutputUnavailable` or `OutputFailed` for the sends Kafka did not acknowledge
+    (nothing if it acknowledged them all)."""
+    failed = [(d.id, d.error) for d in deliveries if d.error is not None]
+    if not failed:
+        return
+    if all(d.outage for d in deliveries if d.error is not None):
+        raise OutputUnavailable(topic, failed)
+    raise OutputFailed(topic, failed)
+
+
+class _Delivery:
+    """One send's answer from Kafka: `error` is None once acknowledged; `outage` says whether
+    the failure was the cluster's (no report at all counts as one)."""
+
+    __slots__ = ("error", "id", "outage")
 
     def __init__(self, id_: str) -> None:
         self.id = id_
         self.error: str | None = NO_REPORT
+        self.outage = True
 
     def report(self, error: KafkaError | None, _message: Message) -> None:
-        self.error = None if error is None else str(error)
+        if error is None:
+            self.error = None
+            return
+        self.error = str(error)
+        self.outage = error.retriable() or error.code() in _OUTAGES
 
 
 class _OutputProducer(IdempotentProducer):
@@ -168,12 +220,11 @@ class KafkaOutput:
 
     def flush(self) -> None:
         """Wait until Kafka answered every send since the last flush; raise `OutputFailed`
-        naming those it did not acknowledge."""
+        (`OutputUnavailable` for an outage) naming those it did not acknowledge."""
         self._wait()
-        failed = [(d.id, d.error) for d in self._log if d.error is not None]
+        sent = list(self._log)
         self._log.clear()  # in place: `Publish` holds this list while an input runs
-        if failed:
-            raise OutputFailed(self.topic, failed)
+        raise_unacknowledged(self.topic, sent)
 
     def _wait(self) -> None:
         """Until every send so far has Kafka's answer (in its `_Delivery`)."""
@@ -207,7 +258,8 @@ class Publish(Bolt):
     output it sent: one flush per task, however many inputs.
 
     An input whose function raised fails with its error (what it sent before raising is
-    still flushed); one with a send Kafka did not acknowledge fails naming it. The bolt emits
+    still flushed); one with a send Kafka did not acknowledge fails naming it, or is released
+    (no attempt spent) when the output's Kafka was down. The bolt emits
     nothing, so it ends its chain. Further down a chain, the input tuple must carry the
     source record in a `record` field (the id is derived from it).
     """
@@ -238,9 +290,12 @@ class Publish(Bolt):
         output._wait()
         output._track()
         for tuple_, sent in ran:
-            failed = [(d.id, d.error) for d in sent if d.error is not None]
-            if failed:
-                collector.fail(tuple_, OutputFailed(output.topic, failed))
+            try:
+                raise_unacknowledged(output.topic, sent)
+            except OutputUnavailable as exc:
+                collector.release(tuple_, describe_error(exc))
+            except OutputFailed as exc:
+                collector.fail(tuple_, exc)
             else:
                 collector.ack(tuple_)
 

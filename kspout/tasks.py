@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 from kspout.channel.beacon import BEACON
+from kspout.errors import KafkaUnavailable
 from kspout.gc_pause import cyclic_gc_paused_until_built
 from kspout.kafka import FetchResult, PartitionFetcher, Record
 from kspout.ordering import WAITS_FOR_KEY, KeyGate, KeyOrder, fetch_ranges, within
@@ -169,6 +170,13 @@ class OutcomeLog:
         """A failure with EXCEPTION (user code raised or failed the tuple)."""
         self.add(offset, _FAIL, FailReason.EXCEPTION, error)
 
+    def release(self, offset: int, exc: KafkaUnavailable) -> str:
+        """User code met an outage of a Kafka it writes to: RELEASED, no attempt spent.
+        Returns the error text, for the partition's breaker."""
+        error = describe_error(exc)
+        self.add(offset, _RELEASED, None, error)
+        return error
+
     def add(
         self, offset: int, kind: OutcomeKind, reason: FailReason | None, error: str | None
     ) -> None:
@@ -205,7 +213,10 @@ def settle(
     """Run `handler` on every fetched record and report what happened, compactly.
 
     A handler that returns normally acks its record; one that raises fails it with EXCEPTION
-    and the error text. Offsets Kafka does not have become GONE. `on_fetched(missing,
+    and the error text, unless what it raised is `KafkaUnavailable` (the Kafka it writes to
+    is down, e.g. `KafkaOutput.flush`): that is the infrastructure's fault, so the record is
+    released, no attempt spent, and the partition's breaker hears of it. Offsets Kafka does
+    not have become GONE. `on_fetched(missing,
     outcomes)` lets a reporter stream the outcomes while they grow; `BEACON.current` names
     the record being handled.
     """
@@ -213,11 +224,15 @@ def settle(
     if on_fetched is not None:
         on_fetched(fetched.missing, log.outcomes)
     beacon = BEACON
+    outage: str | None = None  # the first KafkaUnavailable a handler raised
     start = end = -1  # the run of acked offsets not yet handed to the log
     for record in fetched.records:
         beacon.current = record
         try:
             handler(record)
+        except KafkaUnavailable as exc:
+            outage = log.release(record.offset, exc) or outage
+            continue
         except Exception as exc:
             log.fail(record.offset, describe_error(exc))
             continue
@@ -234,7 +249,9 @@ def settle(
     if fetched.out_of_range is not None:
         log.outcomes.extend(cut_short(task, fetched.reached(task.plan.spans[0].start)))
     outcomes = log.finish(fetched.missing)
-    return TaskResult(task.topic, task.partition, task.plan.epoch, outcomes, fetched.out_of_range)
+    return TaskResult(
+        task.topic, task.partition, task.plan.epoch, outcomes, fetched.out_of_range, outage
+    )
 
 
 def run_task(
@@ -282,6 +299,7 @@ def settle_in_key_order(
     records, blockers = _planned_and_blockers(fetched.records, planned)
     gate = KeyGate(blockers)
     beacon = BEACON
+    outage: str | None = None  # the first KafkaUnavailable a handler raised
     for record in records:
         offset = record.offset
         if not order.mine(record):
@@ -294,6 +312,10 @@ def settle_in_key_order(
         beacon.current = record
         try:
             handler(record)
+        except KafkaUnavailable as exc:
+            outage = log.release(offset, exc) or outage
+            gate.hold(record)
+            continue
         except Exception as exc:
             log.fail(offset, describe_error(exc))
             gate.hold(record)
@@ -303,7 +325,9 @@ def settle_in_key_order(
     if fetched.out_of_range is not None:
         log.outcomes.extend(cut_short(task, fetched.reached(task.plan.spans[0].start)))
     outcomes = log.finish(missing)
-    return TaskResult(task.topic, task.partition, task.plan.epoch, outcomes, fetched.out_of_range)
+    return TaskResult(
+        task.topic, task.partition, task.plan.epoch, outcomes, fetched.out_of_range, outage
+    )
 
 
 def _planned_and_blockers(

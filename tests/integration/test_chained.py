@@ -4,15 +4,16 @@ Stage one (trades -> notifications, through `kspout.output.Publish` and `KafkaOu
 Spark `local[2]` with the demo's faults, so its timeout replay really runs beside the original.
 It is at least once: the test checks that the notifications topic holds duplicates. Stage two
 (the dedup bolt keyed on the `kspout.id` header) runs in process and must push every
-notification exactly once. Real Kafka (mock cluster), ZooKeeper, Redis and Spark throughout.
+notification exactly once. Real Kafka, ZooKeeper, Redis and Spark throughout.
 """
 
 from __future__ import annotations
 
 import re
-import socket
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
@@ -29,14 +30,22 @@ from examples.chained.stages import (
     struck,
 )
 from kspout.config import TopicConfig
-from kspout.devstack import DevStack
+from kspout.devstack import DevStack, KafkaBroker
 from kspout.driver import Driver, Progress
 from kspout.kafka import Record
 from kspout.local_executor import LocalExecutor
 from kspout.output import ID_HEADER, KafkaOutput, Publish, output_id
 from kspout.spout import KafkaSpout
 from kspout.topology import ChainItem
-from tests.integration.helpers import dead_letter_headers, highs, produce, stored
+from tests.integration.helpers import (
+    TopicFactory,
+    create_topic,
+    dead_letter_headers,
+    highs,
+    produce,
+    read_topic,
+    stored,
+)
 
 TRADES = 400
 
@@ -129,32 +138,45 @@ class SendAndFlush:
     """A plain handler: one output per record, flushed before it returns."""
 
     output: KafkaOutput
+    value: bytes = b"note"
 
     def __call__(self, record: Record) -> None:
-        self.output.send(record, b"note")
+        self.output.send(record, self.value)
         self.output.flush()
 
 
-def send_one(record: Record, output: KafkaOutput) -> None:
+@dataclass(frozen=True)
+class SendOne:
     """`Publish`'s function: one output per record (the bolt flushes)."""
-    output.send(record, b"note")
+
+    value: bytes = b"note"
+
+    def __call__(self, record: Record, output: KafkaOutput) -> None:
+        output.send(record, self.value)
+
+
+def sending(path: str, output: KafkaOutput, value: bytes) -> ChainItem:
+    """The chain that sends one output of `value` per record, as a handler or a bolt."""
+    return SendAndFlush(output, value) if path == "handler" else Publish(SendOne(value), output)
 
 
 @pytest.mark.parametrize("path", ["handler", "bolt"])
-def test_an_output_kafka_does_not_acknowledge_fails_its_source_message(
-    make_config: Callable[..., TopicConfig], producer: Producer, stack: DevStack, path: str
+def test_an_output_kafka_refuses_fails_its_source_message(
+    make_config: Callable[..., TopicConfig],
+    topic_factory: TopicFactory,
+    producer: Producer,
+    stack: DevStack,
+    path: str,
 ) -> None:
+    """The output topic takes records of 1,000 bytes at most and each output is 4,000: Kafka
+    refuses them (MESSAGE_TOO_LARGE, not an outage), so the source messages fail, are retried
+    and end on the dead-letter topic, never acked."""
     config = make_config(max_retries=1)
     produce(producer, config.topic, {0: range(2)})
-    with socket.socket() as unused:  # a port nobody listens on: no broker will ever answer
-        unused.bind(("127.0.0.1", 0))
-        nowhere = f"127.0.0.1:{unused.getsockname()[1]}"
-    # log_level 0: the worker keeps this producer, whose reconnects would log all session long
-    settings = make_config(brokers=nowhere, fetch_timeout=1.0, kafka={"log_level": 0})
-    output = KafkaOutput(settings, "notes")
-    chain: ChainItem = SendAndFlush(output) if path == "handler" else Publish(send_one, output)
+    notes = topic_factory("notes", partitions=1, config={"max.message.bytes": "1000"})
+    output = KafkaOutput(config, notes)
 
-    progress = run_in_process(config, chain)
+    progress = run_in_process(config, sending(path, output, b"x" * 4000))
 
     assert progress.total("acked") == 0
     assert progress.total("retried") == 2 and progress.total("dead_lettered") == 2
@@ -163,6 +185,40 @@ def test_an_output_kafka_does_not_acknowledge_fails_its_source_message(
         for h in dead_letter_headers(config, stack.info.brokers)
     }
     for offset in ("0", "1"):
-        assert errors[offset].startswith("OutputFailed: 1 output(s) to notes not acknowledged")
+        assert errors[offset].startswith(f"OutputFailed: 1 output(s) to {notes} not acknowledged")
         assert f"{config.topic}@0:{offset}#0" in errors[offset]
     assert stored(config)[0] == 2
+    assert read_topic(stack.info.brokers, notes, expected=1) == []
+
+
+@pytest.mark.parametrize("path", ["handler", "bolt"])
+def test_an_output_kafka_that_is_down_costs_no_attempt(
+    make_config: Callable[..., TopicConfig], producer: Producer, tmp_path: Path, path: str
+) -> None:
+    """The output goes to a Kafka broker of its own, stopped while the run starts and started
+    again 8 s later: the sends it could not take are the infrastructure's fault, so the source
+    messages are released (no attempt spent, nothing dead-lettered) until it is back, and then
+    acked, each output in the output topic."""
+    config = make_config(max_retries=1)
+    produce(producer, config.topic, {0: range(2)})
+    broker = KafkaBroker(tmp_path)
+    broker.start()
+    try:
+        create_topic(broker.address, "notes", 1)
+        broker.stop()
+        settings = make_config(brokers=broker.address, fetch_timeout=1.0, kafka={"log_level": 0})
+        back = threading.Timer(8.0, broker.start)
+        back.start()
+        try:
+            progress = run_in_process(config, sending(path, KafkaOutput(settings, "notes"), b"n"))
+        finally:
+            back.join()
+        assert progress.total("released") >= 2  # the outage struck every message at least once
+        assert progress.total("acked") == 2
+        assert progress.total("retried") == 0 and progress.total("dead_lettered") == 0
+        assert stored(config)[0] == 2
+        notes = read_topic(broker.address, "notes", expected=2)
+        sent = {dict(m.headers() or [])[ID_HEADER].decode() for m in notes}
+        assert sent == {f"{config.topic}@0:0#0", f"{config.topic}@0:1#0"}
+    finally:
+        broker.kill()

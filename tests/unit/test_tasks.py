@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from kspout.errors import KafkaUnavailable
 from kspout.kafka import FetchResult, Record
 from kspout.outcomes import FailReason, Outcome, OutcomeKind, describe_error
+from kspout.output import OutputFailed, OutputUnavailable
 from kspout.partition_manager import Plan, Span
 from kspout.tasks import CUT_SHORT, PartitionTask, settle
 
 ACK, FAIL, GONE = OutcomeKind.ACK, OutcomeKind.FAIL, OutcomeKind.GONE
+RELEASED = OutcomeKind.RELEASED
 
 
 def record(offset: int, value: bytes = b"v") -> Record:
@@ -36,6 +39,29 @@ def test_an_exception_fails_only_its_record_and_splits_the_run() -> None:
         Outcome(3, FAIL, 1, FailReason.EXCEPTION, "ValueError: bad payload"),
         Outcome(4, ACK, 1, count=4),
     ]
+
+
+def test_a_kafka_outage_in_the_handler_releases_its_record_and_tells_the_breaker() -> None:
+    """A handler whose own Kafka is down (`KafkaOutput.flush` raising `OutputUnavailable`)
+    costs its record no attempt; a refused output (`OutputFailed`) still fails it."""
+    plan = Plan((Span(0, 4, 2),), epoch=0)
+    fetched = FetchResult([record(o) for o in range(4)], [])
+    outage = OutputUnavailable("notes", [("t@0:1#0", "Local: Message timed out")])
+
+    def handler(r: Record) -> None:
+        if r.offset == 1:
+            raise outage
+        if r.offset == 2:
+            raise OutputFailed("notes", [("t@0:2#0", "Broker: Message size too large")])
+
+    result = settle(PartitionTask("t", 0, plan), fetched, handler)
+    refused = "OutputFailed: 1 output(s) to notes not acknowledged by Kafka"
+    assert result.outcomes[0] == Outcome(0, ACK, 2, count=1)
+    assert result.outcomes[1] == Outcome(1, RELEASED, 2, None, describe_error(outage))
+    assert result.outcomes[2].kind is FAIL and result.outcomes[2].error.startswith(refused)
+    assert result.outcomes[3] == Outcome(3, ACK, 2, count=1)
+    assert result.infra_error == describe_error(outage)
+    assert isinstance(outage, KafkaUnavailable)
 
 
 def test_holes_become_gone_and_out_of_range_is_passed_on() -> None:
