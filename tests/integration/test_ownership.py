@@ -1,6 +1,6 @@
-"""Several drivers on one spout id against the real ZooKeeper and Kafka mock cluster: the
+"""Several drivers on one spout id against the session's ZooKeeper and Kafka broker: the
 partitions are divided, moved by `kspout rebalance`, paused, moved under a live owner with
-`offsets set --force`, and picked up when the topic grows.
+`offsets set --force`, and the partitions `CreatePartitions` adds while they run are picked up.
 
 The drivers run in threads of this process (each with its own ZooKeeper session); the tests
 that kill or stop an instance run `kspout run` processes (test_ownership_processes.py).
@@ -18,6 +18,7 @@ from typing import Any
 
 from click.testing import CliRunner, Result
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewPartitions
 
 from kspout.cli import main
 from kspout.config import TopicConfig
@@ -27,7 +28,7 @@ from kspout.kafka.records import Record
 from kspout.local_executor import LocalExecutor
 from kspout.offsets import ZkOffsetStore
 from kspout.ownership.tree import read_ownership
-from tests.chaos.faults import MockCluster
+from tests.conftest import TopicFactory
 from tests.integration.helpers import PARTITIONS, highs, produce, stored, topic_file
 
 At = tuple[int, int]
@@ -48,7 +49,9 @@ class Handled:
 
 
 @contextmanager
-def running(config: TopicConfig, handler: Handled, count: int = 1) -> Iterator[list[Driver]]:
+def running(
+    config: TopicConfig, handler: Callable[[Record], None], count: int = 1
+) -> Iterator[list[Driver]]:
     """`count` started drivers, each looping in its own thread until the block ends."""
     stop = threading.Event()
     with ExitStack() as stack:
@@ -181,29 +184,41 @@ def read_paused(config: TopicConfig) -> dict[int, Any]:
         return read_ownership(store).paused
 
 
-def test_a_partition_added_while_running_is_consumed(
+def test_partitions_added_while_two_instances_run_are_owned_and_consumed(
+    stack: DevStack,
     make_config: Callable[..., TopicConfig],
+    topic_factory: TopicFactory,
+    producer: Producer,
 ) -> None:
-    cluster = MockCluster(brokers=1)
-    try:
-        config = make_config(brokers=cluster.brokers, partition_refresh=0.5)
-        cluster.create_topic(config.topic, [1, 1])
-        producer = Producer({"bootstrap.servers": cluster.brokers})
-        produce(producer, config.topic, {0: range(20), 1: range(20)})
-        handler = Handled()
-        with running(config, handler) as (driver,):
-            eventually(lambda: stored(config) == {0: 20, 1: 20}, what="the first two partitions")
-            # The mock cluster cannot add partitions: the topic comes back with four.
-            cluster.delete_topic(config.topic)
-            cluster.create_topic(config.topic, [1, 1, 1, 1])
-            producer = Producer({"bootstrap.servers": cluster.brokers})  # fresh metadata
-            produce(producer, config.topic, {p: range(30) for p in PARTITIONS})
-            eventually(lambda: set(claims(config)) == set(PARTITIONS), what="claims on 2 and 3")
-            eventually(
-                lambda: all((p, 29) in handler.counts for p in (2, 3)), what="2 and 3 consumed"
-            )
-            assert {v.partition for v in driver.progress().partitions} == set(PARTITIONS)
-        assert {o for p, o in handler.counts if p == 2} == set(range(30))
-        producer.flush(5)
-    finally:
-        cluster.close()
+    topic = topic_factory("growing", partitions=2)
+    config = make_config(topic=topic, partition_refresh=0.5)
+    produce(producer, topic, {0: range(20), 1: range(20)})
+    handler = Handled()
+    with running(config, handler, count=2) as (a, b):
+        ids = {a.progress().instance, b.progress().instance}
+        eventually(lambda: stored(config) == {0: 20, 1: 20}, what="the first two partitions")
+        assert set(claims(config)) == {0, 1}
+
+        admin = AdminClient({"bootstrap.servers": stack.info.brokers})
+        admin.create_partitions([NewPartitions(topic, len(PARTITIONS))])[topic].result(30)
+        # The broker grew the topic; a producer with fresh metadata writes to 2 and 3.
+        assert len(admin.list_topics(topic, timeout=10).topics[topic].partitions) == 4
+        fresh = Producer({"bootstrap.servers": stack.info.brokers})
+        produce(fresh, topic, {p: range(20 if p < 2 else 0, 30) for p in PARTITIONS})
+
+        # Only the leader lists the topic: the other instance learns of 2 and 3 from the
+        # assignment in ZooKeeper, and must still be able to claim and fetch its new one.
+        def spread() -> dict[int, str] | None:
+            found = claims(config)
+            return found if Counter(found.values()) == dict.fromkeys(ids, 2) else None
+
+        eventually(spread, what="two partitions each, the new ones included")
+        eventually(lambda: stored(config) == dict.fromkeys(PARTITIONS, 30), what="all consumed")
+        runs = {v.partition for d in (a, b) for v in d.progress().partitions}
+        assert runs == set(PARTITIONS)
+
+    # Nothing lost on the new partitions or the old; a moved partition replays little, if any.
+    assert set(handler.counts) == {(p, o) for p in PARTITIONS for o in range(30)}
+    assert all(handler.counts[(p, o)] == 1 for p in (2, 3) for o in range(30))
+    twice = sum(n - 1 for n in handler.counts.values())
+    assert twice <= 2 * config.batch_size, twice
