@@ -1,20 +1,20 @@
 """Executor throughput: kspout on Spark `local[2]` beside a bare confluent-kafka loop, in one run.
 
-    python -m bench.bench_executor            # 360,000 messages (~2-3 min)
+    python -m bench.bench_executor            # 360,000 messages (~3-6 min)
     python -m bench.bench_executor --quick    # 100,000 messages (~1.5 min)
 
-Starts the embedded dev stack (librdkafka's mock cluster and ZooKeeper; Redis is not needed),
-produces N keyed messages with 100-byte JSON-like values to a fresh topic (4 partitions, the
-mock's default) and waits until all are in. Each value's "note" is a short sentence of 1 to 4
-words (2.5 on average), padded with spaces. Then, over that same topic:
+Starts the embedded dev stack (Apache Kafka's broker, one KRaft node started from its jars,
+and ZooKeeper; Redis is not needed), creates a fresh topic of 4 partitions through the admin
+API, produces N keyed messages with 100-byte JSON-like values to it and waits until all are in.
+Each value's "note" is a short sentence of 1 to 4 words (2.5 on average), padded with spaces.
+Then, over that same topic:
 
 * baselines: a bare confluent-kafka loop (one consumer, all partitions assigned from the
   beginning, `consume(num_messages=...)` in a loop) that reads `.value()` of each message, and
   one that reads every field kspout hands to user code (topic, partition, offset, key, value,
   timestamp, headers); also the value-only loop with librdkafka's defaults, and one that reads
-  one partition at a time (kspout's access pattern), which against the mock is the fastest and
-  steadiest loop. Ratios are given to the fastest value-only loop of the run (the targets'
-  baseline) and to the first two;
+  one partition at a time (kspout's access pattern). Ratios are given to the fastest value-only
+  loop of the run (the targets' baseline) and to the first two;
 * kspout's pieces in this process: `PartitionFetcher` alone, the executor's task body
   (`run_task`: fetch + trivial handler + outcomes), and the whole driver loop on the in-process
   executor (`LocalExecutor`), i.e. everything but Spark;
@@ -28,16 +28,17 @@ words (2.5 on average), padded with spaces. Then, over that same topic:
   (seconds per batch), and a run with nothing to do (the fixed cost of `run()`).
 
 Every case also reports CPU microseconds per record, summed over this process and all its
-children (mock broker, ZooKeeper, Spark's JVM and Python workers), and split by who spent it:
-on a shared machine the wall-clock figures move with other work, the CPU cost much less.
+children (the Kafka broker's JVM, ZooKeeper, Spark's JVM and Python workers), and split by who
+spent it, the broker on its own: on a shared machine the wall-clock figures move with other
+work, the CPU cost much less.
 
 Before the Spark cases are timed, the SparkSession is created and every kind of run is made
 twice over a separate topic, so session start-up, Python worker start-up and most of the JVM's
 JIT compilation are not in the figures.
 
-The mock cluster keeps only ~5 MB (or 100,000 messages) per partition, so messages are produced
-lz4-compressed (both the baseline and kspout decompress them in librdkafka) and N stays at or
-below 90,000 per partition; the bench stops if retention dropped anything.
+Messages are produced lz4-compressed by default (`--compression` picks zstd or none): the
+broker keeps the producer's batches as they are, and both the bare loops and kspout decompress
+them in librdkafka, so the codec adds the same cost to both sides (see COMPRESSION).
 
 Targets from design.md ("Performance targets"), as ratios to the fastest bare loop: on Spark,
 plain handler >= 1.0, one `BasicBolt` >= 0.7, two stages with a grouping >= 0.3. This is a
@@ -63,6 +64,7 @@ from typing import Any
 
 import confluent_kafka
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.serializers import CPickleSerializer
 from pyspark.sql import SparkSession
 
@@ -90,8 +92,12 @@ from kspout.topology import ChainItem, Topology
 
 # design.md's targets on Spark, as ratios to the fastest bare loop of the run
 HANDLER_TARGET, BOLT_TARGET, STAGES_TARGET = 1.0, 0.7, 0.3
-PARTITIONS = 4  # the mock cluster auto-creates topics with 4 partitions
-PER_PARTITION_CAP = 90_000  # under the mock's ~100,000 messages / ~5 MB per partition
+# lz4: a common codec on production topics, and cheap to decompress. The broker stores the
+# producer's batches as they are (topic `compression.type=producer`), so both the bare loops
+# and kspout decompress in librdkafka, at the same cost per record; on the loaded 2-core dev
+# machine the bare loops over lz4 and uncompressed topics measured within noise of each other.
+COMPRESSION = "lz4"
+PARTITIONS = 4  # of every topic this bench creates (kspout on `local[2]`: two tasks at once)
 VALUE_BYTES = 100
 CHUNK = 5000  # messages per consume() call in the bare loop (kspout's fetcher uses the same)
 ZK_ROOT = "/bench-executor"
@@ -117,11 +123,31 @@ def value_of(i: int) -> bytes:
     return (head + words.ljust(VALUE_BYTES - len(head) - 2) + '"}').encode()
 
 
+def create_topic(
+    brokers: str, topic: str, partitions: int = PARTITIONS, timeout: float = 60.0
+) -> None:
+    """Create `topic` with `partitions` partitions (replication 1) through the admin API, and
+    return once every partition has a leader. The broker would auto-create a topic on first
+    produce, but with one partition (`num.partitions`), so every bench creates its own."""
+    admin = AdminClient({"bootstrap.servers": brokers})
+    new = NewTopic(topic, partitions, 1)
+    admin.create_topics([new], operation_timeout=timeout)[topic].result(timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        known = admin.list_topics(topic, timeout=timeout).topics[topic]
+        led = [q for q in known.partitions.values() if q.leader >= 0 and q.error is None]
+        if known.error is None and len(led) == partitions:
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"topic {topic}: {len(led)} of {partitions} partitions have a leader")
+        time.sleep(0.05)
+
+
 def produce(
     brokers: str, topic: str, n: int, compression: str, partitions: int = PARTITIONS
 ) -> float:
-    """Produce n keyed messages round-robin over the first `partitions` partitions; seconds
-    until all are acked."""
+    """Produce n keyed messages round-robin over the first `partitions` partitions of `topic`
+    (which `create_topic` made); seconds until all are acked."""
     producer = Producer(
         {
             "bootstrap.servers": brokers,
@@ -149,21 +175,21 @@ def produce(
     return time.perf_counter() - t0
 
 
-def wait_all_in(brokers: str, topic: str, n: int, timeout: float = 60.0) -> None:
-    """Until the partitions' high watermarks add up to n, all with low watermark 0."""
+def wait_all_in(
+    brokers: str, topic: str, n: int, partitions: int = PARTITIONS, timeout: float = 60.0
+) -> None:
+    """Until the high watermarks of the topic's `partitions` partitions add up to n, all with
+    low watermark 0 (the cases read from offset 0)."""
     consumer = Consumer({"bootstrap.servers": brokers, "group.id": "bench-watermarks"})
     try:
         deadline = time.monotonic() + timeout
         while True:
             marks = [
                 consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
-                for p in range(PARTITIONS)
+                for p in range(partitions)
             ]
             if any(low for low, _ in marks):
-                raise SystemExit(
-                    f"the mock cluster's retention dropped messages of {topic} (watermarks "
-                    f"{marks}); use fewer messages or compression"
-                )
+                raise SystemExit(f"{topic} does not start at offset 0 (watermarks {marks})")
             if sum(high for _, high in marks) == n:
                 return
             if time.monotonic() > deadline:
@@ -176,15 +202,16 @@ def wait_all_in(brokers: str, topic: str, n: int, timeout: float = 60.0) -> None
 # -- baselines: bare confluent-kafka loops -----------------------------------------------------
 
 # The bare loops use the librdkafka setting kspout's fetch consumers use (`fetch.wait.max.ms`
-# 10 instead of 500), so both ask the broker the same way; against the mock cluster it is also
-# the faster setting for a loop over all four partitions (measured: ~450-530k/s vs 160-200k/s).
-# They start at offset 0, the low watermark, as kspout's plans do: OFFSET_BEGINNING first costs
-# librdkafka an offset lookup that takes ~0.5 s against the mock. The librdkafka defaults with
-# OFFSET_BEGINNING are measured too, as an extra row.
+# 10 instead of 500), so both ask the broker the same way. They start at offset 0, the low
+# watermark, as kspout's plans do (OFFSET_BEGINNING first costs librdkafka an offset lookup).
+# The librdkafka defaults with OFFSET_BEGINNING are measured too, as an extra row; against the
+# real broker the two were within noise of each other over all four partitions.
 BARE_SETTINGS: dict[str, Any] = {"fetch.wait.max.ms": 10}
 
 
-def _bare_consumer(brokers: str, topic: str, start: int, settings: dict[str, Any]) -> Consumer:
+def _bare_consumer(
+    brokers: str, topic: str, start: int, settings: dict[str, Any], partitions: int = PARTITIONS
+) -> Consumer:
     consumer = Consumer(
         {
             "bootstrap.servers": brokers,
@@ -193,7 +220,7 @@ def _bare_consumer(brokers: str, topic: str, start: int, settings: dict[str, Any
             **settings,
         }
     )
-    consumer.assign([TopicPartition(topic, p, start) for p in range(PARTITIONS)])
+    consumer.assign([TopicPartition(topic, p, start) for p in range(partitions)])
     return consumer
 
 
@@ -203,10 +230,12 @@ def bare_values(
     n: int,
     start: int = 0,
     settings: dict[str, Any] = BARE_SETTINGS,
+    partitions: int = PARTITIONS,
 ) -> float:
-    """Seconds for a bare loop to read `.value()` of all n messages."""
+    """Seconds for a bare loop to read `.value()` of all n messages of the topic's
+    `partitions` partitions."""
     t0 = time.perf_counter()
-    consumer = _bare_consumer(brokers, topic, start, settings)
+    consumer = _bare_consumer(brokers, topic, start, settings, partitions)
     seen = 0
     size = 0
     while seen < n:
@@ -222,7 +251,7 @@ def bare_values(
 
 def bare_values_serial(brokers: str, topic: str, n: int) -> float:
     """`bare_values`, but one partition at a time (kspout's access pattern: a task fetches one
-    partition); against the mock this is the faster and steadier of the two loops."""
+    partition); against the broker this was the faster of the two loops, by about 2x."""
     per = n // PARTITIONS
     t0 = time.perf_counter()
     consumer = _bare_consumer(brokers, topic, 0, BARE_SETTINGS)
@@ -343,15 +372,18 @@ def task_body(config: TopicConfig, n: int) -> float:
 
 
 # Who spent the CPU: this process (the driver, or the in-process cases), Spark's Python
-# workers, Spark's JVM, and the rest (mock broker, ZooKeeper).
-GROUPS = ("this", "workers", "jvm", "other")
+# workers, Spark's JVMs, the Kafka broker's JVM, and the rest (ZooKeeper).
+GROUPS = ("this", "workers", "jvm", "broker", "other")
+KAFKA_MAIN = b"kafka.Kafka"  # the broker's main class, an argument of its own on its command line
 
 
 def _group(pid: int, cmdline: bytes) -> str:
     program, _, args = cmdline.partition(b"\0")
     if pid == os.getpid():
         return "this"
-    if program.endswith(b"java"):  # Spark's, or ZooKeeper's (the pyspark wheel's jars)
+    if program.endswith(b"java"):  # Spark's, ZooKeeper's (the pyspark wheel's jars) or Kafka's
+        if KAFKA_MAIN in args.split(b"\0"):
+            return "broker"
         return "other" if b"ZooKeeperServerMain" in args else "jvm"
     if b"pyspark" in args:  # python -m pyspark.daemon, and the workers it forks
         return "workers"
@@ -371,8 +403,8 @@ def _read_proc(pid: str) -> tuple[int, float, bytes] | None:
 
 
 def tree_cpu() -> dict[str, float]:
-    """CPU seconds used so far by this process and all its descendants (the mock broker,
-    ZooKeeper, Spark's JVM and Python workers) by GROUPS, from /proc; reaped children count
+    """CPU seconds used so far by this process and all its descendants (the Kafka broker,
+    ZooKeeper, Spark's JVMs and Python workers) by GROUPS, from /proc; reaped children count
     through their parent's cutime/cstime. Empty where /proc is not available."""
     try:
         names = [name for name in os.listdir("/proc") if name.isdigit()]
@@ -552,18 +584,16 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="comma-separated batch_size values per partition (default 10000,50000,100000)",
     )
-    parser.add_argument("--compression", default="lz4", choices=["lz4", "zstd", "none"])
+    parser.add_argument("--compression", default=COMPRESSION, choices=["lz4", "zstd", "none"])
     args = parser.parse_args(argv)
     n = args.n or (100_000 if args.quick else 360_000)
     n -= n % PARTITIONS
-    if n // PARTITIONS > PER_PARTITION_CAP:
-        parser.error(f"at most {PER_PARTITION_CAP * PARTITIONS:,} messages (the mock's retention)")
     batch_sizes: list[int] = args.batch_sizes or [10_000, 50_000, 100_000]
     started = time.perf_counter()
 
     print(
         f"Executor throughput: {n:,} messages ({VALUE_BYTES}-byte values, keyed, "
-        f"{args.compression}) over {PARTITIONS} partitions of librdkafka's mock cluster"
+        f"{args.compression}) over {PARTITIONS} partitions of one Apache Kafka broker (KRaft)"
     )
     print(
         f"Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} cores; "
@@ -579,6 +609,8 @@ def main(argv: list[str] | None = None) -> int:
         setup = Setup(stack.info.brokers, stack.info.zookeeper)
         run_id = uuid.uuid4().hex[:6]
         topics = Topics(*(f"bench-{k}-{run_id}" for k in ("data", "warm", "tiny")))
+        for topic in (topics.data, topics.warm, topics.tiny):
+            create_topic(setup.brokers, topic)
         produce_s = produce(setup.brokers, topics.data, n, args.compression)
         wait_all_in(setup.brokers, topics.data, n)
         produce(setup.brokers, topics.warm, WARM_N, args.compression)
@@ -818,16 +850,17 @@ def print_throughput(rows: list[Row], n: int) -> None:
         "targets, in 'target', apply to it), 'vs value' to the .value()-only loop over all "
         "partitions, 'vs fields' to the loop reading all 7 fields. CPU = CPU us per record of "
         "the whole process tree, then split: this process (the driver, or the in-process "
-        "case), Spark's Python workers, Spark's JVM, the rest (mock broker, ZooKeeper)."
+        "case), Spark's Python workers, Spark's JVM, the Kafka broker's JVM, the rest "
+        "(ZooKeeper)."
     )
     headers = ["case", "records/s", "seconds", "vs fastest", "vs value", "vs fields"]
     headers += ["CPU us/rec", *GROUPS, "target", "note"]
-    print(table(headers, cells, "<>>>>>>>>>><<"))
+    print(table(headers, cells, "<" + ">" * (6 + len(GROUPS)) + "<<"))
     print()
     print(
         f"Spark {MASTER} runs two tasks (two Python workers) at once, each fetching its own "
         "partitions; the bare loops and the in-process cases are one Python thread (librdkafka "
-        "adds its own threads). The mock broker is a process of its own on the same cores. "
+        "adds its own threads). The Kafka broker is a JVM of its own on the same cores. "
         f"Bare loops and in-process cases: best of {REPEAT} after a warm-up. Spark runs are "
         "timed around `KafkaSpout.run()`, so driver start, ZooKeeper registration and the "
         "final commit are included (see the fixed cost below)."

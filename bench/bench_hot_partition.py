@@ -3,8 +3,9 @@
     python -m bench.bench_hot_partition            # 100,000 messages (~3 min)
     python -m bench.bench_hot_partition --quick    # 40,000
 
-Starts the embedded dev stack (mock Kafka, ZooKeeper) and a local Spark standalone cluster of
-two one-core workers from the pyspark wheel. All messages sit in one partition, with distinct
+Starts the embedded dev stack (Apache Kafka's broker, one KRaft node started from its jars, and
+ZooKeeper) and a local Spark standalone cluster of two one-core workers from the pyspark wheel.
+All messages sit in a topic of one partition (created through the admin API), with distinct
 keys. A handler that spends about 20 us of CPU per record (hashing its value) runs until
 caught up in three ways, in the same run:
 
@@ -30,7 +31,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.bench_executor import Setup, load_note, produce, sample, spout_run, wait_all_in
+from bench.bench_executor import (
+    Setup,
+    create_topic,
+    load_note,
+    produce,
+    sample,
+    spout_run,
+    wait_all_in,
+)
 from bench.bench_scaling import session
 from bench.report import table
 from kspout.devstack import DevStack, SparkStandalone
@@ -74,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     ):
         setup = Setup(stack.info.brokers, stack.info.zookeeper)
         topic = f"bench-hot-{uuid.uuid4().hex[:6]}"
+        create_topic(setup.brokers, topic, partitions=1)
         produce(setup.brokers, topic, n, "lz4", partitions=1)
-        wait_all_in(setup.brokers, topic, n)
+        wait_all_in(setup.brokers, topic, n, partitions=1)
         spark = session(cluster)
         try:
             spout_run(setup.config(topic, BATCH_SIZE), spark, busy, n)  # workers warm

@@ -1,27 +1,28 @@
 """How throughput grows with partitions and executors: kspout on a local Spark standalone
 cluster with 1 and then 2 workers, over 1, 2 and 4 partitions holding the data.
 
-    python -m bench.bench_scaling            # up to 200,000 messages per case (~5 min)
+    python -m bench.bench_scaling            # 200,000 messages per case (~5 min)
     python -m bench.bench_scaling --quick    # 60,000 (~3 min)
 
-Starts the embedded dev stack (mock Kafka, ZooKeeper), and a standalone cluster from the
-pyspark wheel (`kspout.devstack.SparkStandalone`) whose workers offer one core each, so a
-cluster of k workers runs k Python tasks at once. For each partition count P it produces N
-messages (at most 90,000 per partition: what the mock cluster keeps) round-robin into the
-first P partitions of a fresh 4-partition topic (the others stay empty), then runs
-`KafkaSpout.run` with a plain handler until caught up (a fresh spout id, so from offset 0;
-exactly N acked, or the case is an error). A partition is one Spark task per
-batch, so P bounds the parallelism as much as the executors do.
+Starts the embedded dev stack (Apache Kafka's broker, one KRaft node started from its jars, and
+ZooKeeper), and a standalone cluster from the pyspark wheel (`kspout.devstack.SparkStandalone`)
+whose workers offer one core each, so a cluster of k workers runs k Python tasks at once. For
+each partition count P it creates a fresh topic of P partitions through the admin API, produces
+N messages round-robin into them, then runs `KafkaSpout.run` with a plain handler until caught
+up (a fresh spout id, so from offset 0; exactly N acked, or the case is an error). A partition
+is one Spark task per batch, so P bounds the parallelism as much as the executors do.
 
 Printed per case: messages per second, CPU microseconds per record over the whole process tree
-(driver, mock broker, ZooKeeper, Spark's JVMs and Python workers), and the ratio to the same
-partitions on one worker; beside them the bare confluent-kafka loop over the same topic, in the
-same run. This is a benchmark, not a test: it always exits 0 unless a run acks the wrong count.
+(driver, Kafka broker, ZooKeeper, Spark's JVMs and Python workers) and the broker's JVM's share
+of it, the ratio to the same partitions on one worker; beside them the bare confluent-kafka
+loop over the same topic, in the same run, and the ratio to it. This is a benchmark, not a
+test: it always exits 0 unless a run acks the wrong count.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import sys
@@ -35,6 +36,7 @@ from pyspark.sql import SparkSession
 from bench.bench_executor import (
     Setup,
     bare_values,
+    create_topic,
     load_note,
     produce,
     sample,
@@ -49,7 +51,6 @@ from kspout.devstack import DevStack, SparkStandalone
 PARTITION_COUNTS = (1, 2, 4)
 WORKER_COUNTS = (1, 2)
 BATCH_SIZE = 50_000  # offsets per partition per batch: a few batches per case
-PER_PARTITION = 90_000  # messages one partition may hold: the mock cluster keeps ~100,000
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -77,12 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="60,000 messages per case")
     args = parser.parse_args(argv)
     most = 60_000 if args.quick else 200_000
-    counts = {p: min(most, PER_PARTITION * p) for p in PARTITION_COUNTS}
+    counts = dict.fromkeys(PARTITION_COUNTS, most)
     print(
-        f"Scaling: up to {most:,} messages per case; Spark standalone workers of 1 core each; "
-        f"Python {platform.python_version()}, {os.cpu_count()} cores; {load_note()}"
+        f"Scaling: {most:,} messages per case (lz4), one Apache Kafka broker; Spark standalone "
+        f"workers of 1 core each; Python {platform.python_version()}, {os.cpu_count()} cores; "
+        f"{load_note()}"
     )
-    rows: dict[tuple[int, int], tuple[float, float]] = {}
+    rows: dict[tuple[int, int], tuple[float, float, float]] = {}
     bare: dict[int, float] = {}
     with (
         tempfile.TemporaryDirectory(prefix="bench-scaling-") as tmp,
@@ -93,9 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         for p in PARTITION_COUNTS:
             topics[p] = f"bench-scale-{p}-{uuid.uuid4().hex[:6]}"
             n = counts[p]
+            create_topic(setup.brokers, topics[p], partitions=p)
             produce(setup.brokers, topics[p], n, "lz4", partitions=p)
-            wait_all_in(setup.brokers, topics[p], n)
-            bare[p] = n / min(bare_values(setup.brokers, topics[p], n) for _ in range(2))
+            wait_all_in(setup.brokers, topics[p], n, partitions=p)
+            seconds = [bare_values(setup.brokers, topics[p], n, partitions=p) for _ in range(2)]
+            bare[p] = n / min(seconds)
         for workers in WORKER_COUNTS:
             cluster = SparkStandalone(Path(tmp) / f"spark-{workers}", cores=1, workers=workers)
             with cluster:
@@ -107,7 +111,12 @@ def main(argv: list[str] | None = None) -> int:
                         n = counts[p]
                         config = setup.config(topics[p], BATCH_SIZE)
                         run = sample(partial(seconds_of_run, config, spark, n))
-                        rows[(workers, p)] = (n / run.seconds, run.total_cpu * 1e6 / n)
+                        broker = run.cpu.get("broker", math.nan)
+                        rows[(workers, p)] = (
+                            n / run.seconds,
+                            run.total_cpu * 1e6 / n,
+                            broker * 1e6 / n,
+                        )
                         print(f"  {workers} worker(s), {p} partition(s): {n / run.seconds:,.0f}/s")
                 finally:
                     spark.stop()
@@ -120,8 +129,10 @@ def main(argv: list[str] | None = None) -> int:
                 "workers",
                 "msgs/s",
                 "CPU us/rec",
+                "broker us/rec",
                 "vs 1 worker",
                 "bare loop msgs/s",
+                "vs bare loop",
             ],
             [
                 [
@@ -130,13 +141,15 @@ def main(argv: list[str] | None = None) -> int:
                     str(w),
                     f"{rows[(w, p)][0]:,.0f}",
                     f"{rows[(w, p)][1]:.1f}",
+                    f"{rows[(w, p)][2]:.1f}",
                     f"{rows[(w, p)][0] / rows[(1, p)][0]:.2f}x",
                     f"{bare[p]:,.0f}",
+                    f"{rows[(w, p)][0] / bare[p]:.2f}",
                 ]
                 for p in PARTITION_COUNTS
                 for w in WORKER_COUNTS
             ],
-            ">>>>>>>",
+            ">>>>>>>>>",
         )
     )
     print(f"\n{load_note()} at the end")

@@ -14,7 +14,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
@@ -23,7 +23,13 @@ from kazoo.client import KazooClient
 
 from kspout.config import TopicConfig, parse_config
 from kspout.devstack import DevStack, PostgresServer
-from tests.integration.helpers import FAST_BACKOFF, PARTITIONS, ZK_ROOT, create_topic
+from tests.integration.helpers import (
+    FAST_BACKOFF,
+    PARTITIONS,
+    ZK_ROOT,
+    TopicFactory,
+    create_topic,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -59,17 +65,6 @@ def postgres(stack: DevStack) -> PostgresServer:
     unique to the test); the stack removes it at the end."""
     stack.postgres.start()
     return stack.postgres
-
-
-class TopicFactory(Protocol):
-    def __call__(
-        self,
-        suffix: str = "",
-        *,
-        partitions: int = len(PARTITIONS),
-        config: Mapping[str, str] | None = None,
-        create: bool = True,
-    ) -> str: ...
 
 
 @pytest.fixture

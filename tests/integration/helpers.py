@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -25,6 +25,19 @@ from kspout.offsets import ZkOffsetStore
 ZK_ROOT = "/run-test"
 PARTITIONS = (0, 1, 2, 3)  # `topic_name` and `topic_factory` create topics with 4 partitions
 FAST_BACKOFF = {"initial": 0.01, "multiplier": 1.0, "max": 0.01}
+
+
+class TopicFactory(Protocol):
+    """The `topic_factory` fixture: a unique topic name, created unless `create=False`."""
+
+    def __call__(
+        self,
+        suffix: str = "",
+        *,
+        partitions: int = len(PARTITIONS),
+        config: Mapping[str, str] | None = None,
+        create: bool = True,
+    ) -> str: ...
 
 
 def create_topic(
@@ -49,6 +62,15 @@ def create_topic(
         if time.monotonic() > deadline:
             raise TimeoutError(f"topic {topic}: {len(led)} of {partitions} partitions led")
         time.sleep(0.05)
+
+
+def delete_records(brokers: str, topic: str, before: Mapping[int, int]) -> None:
+    """Delete each partition's records below `before[partition]` (Kafka's DeleteRecords, what
+    retention does to old segments) and return once the low watermarks are there."""
+    admin = AdminClient({"bootstrap.servers": brokers})
+    asked = [TopicPartition(topic, p, offset) for p, offset in before.items()]
+    for asked_partition, future in admin.delete_records(asked, operation_timeout=30).items():
+        assert future.result(30).low_watermark == before[asked_partition.partition]
 
 
 def value_of(partition: int, offset: int) -> bytes:

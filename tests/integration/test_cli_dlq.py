@@ -1,4 +1,4 @@
-"""`kspout dlq show|replay` against the session's mock Kafka cluster, ZooKeeper and Redis.
+"""`kspout dlq show|replay` against the session's Kafka broker, ZooKeeper and Redis.
 
 Each test dead-letters messages for real: a dedup chain (`IdempotencyBolt`) runs in-process
 (`Driver` with `LocalExecutor`) over messages of which some always fail (EXCEPTION) and some

@@ -1,4 +1,4 @@
-"""`kspout offsets show|set` against the session's real ZooKeeper and mock Kafka cluster."""
+"""`kspout offsets show|set` against the session's real ZooKeeper and Kafka broker."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""`kspout status` and `kspout lag` over a real driver, the session's ZooKeeper and the mock
-Kafka cluster."""
+"""`kspout status` and `kspout lag` over a real driver, the session's ZooKeeper and Kafka
+broker."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DeadLetterWorker against the real mock Kafka: payloads re-read from the topic, letters on
+"""DeadLetterWorker against the real Kafka broker: payloads re-read from the topic, letters on
 the real dead-letter topic, outcomes reported back."""
 
 from __future__ import annotations

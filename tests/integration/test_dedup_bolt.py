@@ -1,4 +1,4 @@
-"""The dedup bolt end to end with the in-process executor: real Kafka (mock cluster), ZooKeeper
+"""The dedup bolt end to end with the in-process executor: real Kafka, ZooKeeper
 and Redis. (The chaos test runs it on Spark with faults; these pin each behaviour down.)
 
 Every test's handler counts each message it applies in a Redis hash, as an effect applied with

@@ -1,8 +1,8 @@
 """`foreach_batch` acks only what `f` received, with real fetches cut short by Kafka.
 
-The mock cluster keeps roughly the last 5 MB per partition, so producing a few MB while `f`
-runs moves a partition's low watermark past offsets the batch planned: the executors' fetch
-then stops at OFFSET_OUT_OF_RANGE. Those offsets were never in the frame, so they must not be
+Deleting records (Kafka's DeleteRecords, what retention does to old segments) while `f` runs
+moves a partition's low watermark past offsets the batch planned: the executors' fetch then
+stops at OFFSET_OUT_OF_RANGE. Those offsets were never in the frame, so they must not be
 acked; they go to the partition's out-of-range policy (counted lost, with exact ranges, or
 fetched again when Kafka still has them). Offsets Kafka never had (transaction markers) are
 GONE.
@@ -23,13 +23,9 @@ from kspout.outcomes import OutcomeKind
 from kspout.partition_manager import Plan, Span
 from kspout.spark import FrameExecutor
 from kspout.tasks import PartitionTask, TaskResult
-from tests.integration.helpers import produce, stored, watermarks
+from tests.integration.helpers import delete_records, produce, stored, watermarks
 
-BIG = 4000  # bytes per message: 1,000 messages are ~4 MB, most of what the mock keeps
-
-
-def big(partition: int, offset: int) -> bytes:
-    return b"%d-%d-" % (partition, offset) + b"x" * BIG
+CUT = 400  # `f` deletes the records below this offset of partition 0
 
 
 def offsets_of(result: TaskResult, kind: OutcomeKind) -> list[int]:
@@ -60,8 +56,8 @@ def test_a_task_acks_exactly_the_offsets_whose_rows_f_saw(
 ) -> None:
     """One batch, four partitions, driven through `FrameExecutor` directly:
 
-    * 0: planned [100, 1000); `f` produces 2.4 MB more before it evaluates the frame, so
-      retention moves low past 150 and the fetch is cut at its first offset;
+    * 0: planned [100, 1000); `f` deletes the records below 400 before it evaluates the frame,
+      so low moves past 150 and the fetch is cut at its first offset;
     * 1: planned [100, 1000) while Kafka holds [0, 600): the fetch reads 100..599 and is cut at
       high; `f` then produces 600 more, so a watermark query after `f` covers the whole plan;
     * 2: transaction markers at 3, 7 and 11 inside the plan [0, 12): GONE, not acked;
@@ -69,8 +65,7 @@ def test_a_task_acks_exactly_the_offsets_whose_rows_f_saw(
     """
     config = make_config(out_of_range="earliest")
     topic = config.topic
-    produce(producer, topic, {0: range(1000)}, value=big)
-    produce(producer, topic, {1: range(600), 3: range(50)})
+    produce(producer, topic, {0: range(1000), 1: range(600), 3: range(50)})
     produce_transactions(stack.info.brokers, topic, 2)
     plans = {0: (100, 1000), 1: (100, 1000), 2: (0, 12), 3: (0, 50)}
     tasks = [
@@ -80,7 +75,7 @@ def test_a_task_acks_exactly_the_offsets_whose_rows_f_saw(
     low_before_evaluation: list[int] = []
 
     def f(df: DataFrame, batch_id: int) -> None:
-        produce(producer, topic, {0: range(1000, 1600)}, value=big)
+        delete_records(config.brokers, topic, {0: CUT})
         low_before_evaluation.append(watermarks(config)[0][0])
         for row in df.select("partition", "offset").collect():
             seen[row.partition].append(row.offset)
@@ -117,19 +112,21 @@ def test_a_task_acks_exactly_the_offsets_whose_rows_f_saw(
 def test_foreach_batch_counts_what_retention_took_as_lost_never_as_acked(
     spark: SparkSession, make_config: Callable[..., TopicConfig], producer: Producer
 ) -> None:
-    """The first call of `f` produces 2.4 MB before it evaluates its frame [0, 1000): retention
-    moves low into the batch and the fetch is cut at 0. With `out_of_range = "earliest"`, the
-    offsets below low are lost (exactly those), the rest of the batch is released (no attempt
-    spent) and comes again, and every offset `f` received, and only those, is acked."""
+    """The first call of `f` produces 600 more and deletes the records below 400 before it
+    evaluates its frame [0, 1000): low moves into the batch and the fetch is cut at 0. With
+    `out_of_range = "earliest"`, the offsets below low are lost (exactly those), the rest of the
+    batch is released (no attempt spent) and comes again, and every offset `f` received, and
+    only those, is acked."""
     config = make_config(out_of_range="earliest", batch_size=1000, message_timeout=5.0)
     topic = config.topic
-    produce(producer, topic, {0: range(1000)}, value=big)
+    produce(producer, topic, {0: range(1000)})
     received: set[int] = set()
     calls: list[int] = []
 
     def f(df: DataFrame, batch_id: int) -> None:
         if not calls:
-            produce(producer, topic, {0: range(1000, 1600)}, value=big)
+            produce(producer, topic, {0: range(1000, 1600)})
+            delete_records(config.brokers, topic, {0: CUT})
         calls.append(batch_id)
         for row in df.select("partition", "offset").collect():
             assert row.partition == 0
@@ -138,7 +135,7 @@ def test_foreach_batch_counts_what_retention_took_as_lost_never_as_acked(
     progress = KafkaSpout(config, spark).foreach_batch(f, until_caught_up=True)
 
     low, high = watermarks(config)[0]
-    assert 0 < low < 1000 and high == 1600
+    assert low == CUT and high == 1600
     stats = next(view.stats for view in progress.partitions if view.partition == 0)
     assert received == set(range(low, high))
     assert stats.acked == len(received)

@@ -1,7 +1,7 @@
 """The driver's Prometheus endpoint, scraped over HTTP while real runs go on, and the commit
 points mirrored to a Kafka consumer group, read back by a separate consumer.
 
-Runs use the in-process executor against the session's mock Kafka cluster and ZooKeeper.
+Runs use the in-process executor against the session's Kafka broker and ZooKeeper.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from kspout.errors import ConfigError
 from kspout.kafka import Record
 from kspout.kafka.group_mirror import GroupMirror
 from kspout.local_executor import LocalExecutor
-from tests.integration.helpers import PARTITIONS, produce, stored
+from tests.integration.helpers import PARTITIONS, TopicFactory, create_topic, produce, stored
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -303,13 +303,13 @@ def test_without_consumer_group_no_group_gets_offsets(
 def test_a_failed_mirror_is_logged_and_sent_again(
     stack: DevStack,
     make_config: Callable[..., TopicConfig],
-    producer: Producer,
+    topic_factory: TopicFactory,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The topic does not exist yet, so the broker refuses the commit; once it exists, the
     next round sends the same offsets again."""
     group = f"retry-{uuid.uuid4().hex[:8]}"
-    config = make_config(consumer_group=group)
+    config = make_config(topic=topic_factory("missing", create=False), consumer_group=group)
     caplog.set_level(logging.WARNING, logger="kspout.kafka.group_mirror")
 
     with GroupMirror(config) as mirror:
@@ -320,7 +320,7 @@ def test_a_failed_mirror_is_logged_and_sent_again(
 
         wait_for(refused, "the commit to a missing topic was never refused")
         assert mirror.confirmed == {}
-        produce(producer, config.topic, {0: range(5)})
+        create_topic(stack.info.brokers, config.topic)
 
         def confirmed() -> bool:
             mirror.mirror({0: 3})

@@ -1,4 +1,4 @@
-"""The replay window against the real ZooKeeper and mock Kafka: a start that would replay past
+"""The replay window against the real ZooKeeper and Kafka broker: a start that would replay past
 it is refused, a commit point stuck for half of it is reported, and an operator's move behind it
 needs `--force`. The window is seconds here; records carry wall-clock stamps, so the tests wait
 for a window to pass instead of faking it."""

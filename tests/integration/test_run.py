@@ -1,5 +1,5 @@
 """The driver loop end to end: `Driver` with the in-process executor, and `kspout run` as a real
-process, against the session's mock Kafka cluster and ZooKeeper.
+process, against the session's Kafka broker and ZooKeeper.
 
 Every test has its own topic and spout id. Messages are produced to explicit partitions with the
 value `p<partition>-o<offset>`, so what a handler saw can be checked against what Kafka holds.
@@ -34,6 +34,7 @@ from kspout.offsets import ZkOffsetStore
 from kspout.tasks import PartitionTask, TaskResult
 from tests.integration.helpers import (
     PARTITIONS,
+    delete_records,
     handled_lines,
     prepare_kspout_run,
     produce,
@@ -325,18 +326,14 @@ def test_a_failed_start_leaves_no_live_registration(
 
 @pytest.fixture
 def truncated(make_config: Callable[..., TopicConfig], producer: Producer) -> tuple[int, int]:
-    """Partition 0 holds 8 MB of 1 KB messages, past the mock's ~5 MB retention, so its low
-    watermark moved up; the spout's stored offset there is 0. Returns (low, high)."""
+    """Partition 0 holds 8,000 messages, and Kafka deleted those below 3,000 (DeleteRecords, as
+    retention would), so its low watermark moved up; the spout's stored offset there is 0.
+    Returns (low, high)."""
     config = make_config()
-    produce(
-        producer,
-        config.topic,
-        {0: range(8000)},
-        key=lambda p, o: None,
-        value=lambda p, o: b"x" * 1024,
-    )
+    produce(producer, config.topic, {0: range(8000)}, key=lambda p, o: None)
+    delete_records(config.brokers, config.topic, {0: 3000})
     low, high = watermarks(config)[0]
-    assert 0 < low < high == 8000
+    assert 0 < low == 3000 < high == 8000
     with ZkOffsetStore(config) as store:
         store.commit(0, 0, version=None)
     return low, high

@@ -2,8 +2,9 @@
 ACL user and with TLS (servers of this test's own), and no secret in `kspout`'s output.
 
 Secrets come from files and the environment here, as in production; inline values are covered
-by the unit tests (tests/unit/test_config_secrets.py). Kafka's SASL/SSL cannot be exercised:
-the mock cluster speaks PLAINTEXT only, so the Kafka secrets are only checked to stay unprinted.
+by the unit tests (tests/unit/test_config_secrets.py). Kafka's SASL/SSL are not exercised yet:
+the embedded broker listens on PLAINTEXT only, so the Kafka secrets are only checked to stay
+unprinted.
 """
 
 from __future__ import annotations

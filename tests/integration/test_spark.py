@@ -1,4 +1,4 @@
-"""kspout on Spark `local[2]` against the session's mock Kafka, ZooKeeper and Redis.
+"""kspout on Spark `local[2]` against the session's Kafka broker, ZooKeeper and Redis.
 
 Bolts run in Spark's Python workers (separate processes) and record their effects in Redis;
 each test checks those effects, the outcome counts and the commit points in ZooKeeper.

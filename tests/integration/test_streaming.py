@@ -1,4 +1,4 @@
-"""`spark.readStream.format("kspout")` on Spark `local[2]` against the session's mock Kafka,
+"""`spark.readStream.format("kspout")` on Spark `local[2]` against the session's Kafka broker,
 ZooKeeper and Redis.
 
 Every query runs with `Trigger.AvailableNow` and a checkpoint in the test's directory; the
@@ -26,6 +26,7 @@ from kspout.offsets import ZkOffsetStore
 from kspout.streaming.positions import admit
 from tests.integration.helpers import (
     PARTITIONS,
+    delete_records,
     highs,
     kspout_command,
     produce,
@@ -36,16 +37,11 @@ from tests.integration.helpers import (
 )
 
 COLUMNS = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers"]
-BIG = 4000  # bytes per message: 1,500 of them push the mock's ~5 MB retention past a partition
 
 
 def unique_key(partition: int, offset: int) -> bytes:
     """A key for `[dedup] id_source = "key"` that no other message of the topic has."""
     return b"p%d-o%d" % (partition, offset)
-
-
-def big(partition: int, offset: int) -> bytes:
-    return b"x" * BIG
 
 
 def run(
@@ -139,12 +135,12 @@ def test_a_checkpointed_offset_that_retention_deleted_follows_the_out_of_range_p
     tmp_path: Path,
 ) -> None:
     """Two queries on one topic, one per policy, whose checkpoints stand at offset 20 of
-    partition 0 when retention deletes it.
+    partition 0 when Kafka deletes it (DeleteRecords, as retention would).
 
     `earliest`: the planner finds 20 gone, counts [20, low) lost and starts the batch at low;
-    the sink then produces more, so retention also deletes the start of the batch before its
-    executor reads it: the executor goes on at the new low. `fail`: the query stops, naming
-    the command that moves the partition; after it, the query resumes there.
+    the sink then deletes the start of the batch too, before its executor reads it: the
+    executor goes on at the new low. `fail`: the query stops, naming the command that moves the
+    partition; after it, the query resumes there.
     """
     earliest = make_config(out_of_range="earliest")
     fail = make_config(out_of_range="fail", spout_id=f"{earliest.spout_id}-fail")
@@ -168,14 +164,15 @@ def test_a_checkpointed_offset_that_retention_deleted_follows_the_out_of_range_p
     for name in tomls:
         runs(name)
         assert read.pop(name) == list(range(20))
-    produce(producer, topic, {0: range(20, 1520)}, value=big)
+    produce(producer, topic, {0: range(20, 1520)})
+    delete_records(earliest.brokers, topic, {0: 500})
     low, high = watermarks(earliest)[0]
-    assert low > 20, "retention did not delete the checkpointed offset"
+    assert low == 500, "the checkpointed offset was not deleted"
 
-    before_reading.append(lambda: produce(producer, topic, {0: range(1520, 2320)}, value=big))
+    before_reading.append(lambda: delete_records(earliest.brokers, topic, {0: 900}))
     runs("earliest")
     moved_low = watermarks(earliest)[0][0]
-    assert low < moved_low < high, "the sink's messages did not move low into the batch"
+    assert low < moved_low == 900 < high, "the sink did not move low into the batch"
     assert read.pop("earliest") == list(range(moved_low, high))
     with ZkOffsetStore(earliest) as store:
         record = store.read(0)
