@@ -28,7 +28,7 @@ from functools import cache
 
 import redis
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from dedup import Effects, IdempotencyBolt
 from kspout.bolts import BasicBolt, BasicCollector, Fields, TaskContext, Tuple

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from kspout.devstack.components import START_TIMEOUT, Component
 from kspout.devstack.ports import LOOPBACK, free_port
