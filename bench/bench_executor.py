@@ -64,7 +64,6 @@ from typing import Any
 
 import confluent_kafka
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.serializers import CPickleSerializer
 from pyspark.sql import SparkSession
 
@@ -72,7 +71,7 @@ from bench.report import table
 from kspout import BasicBolt, Fields, KafkaSpout, TaskContext, Tuple
 from kspout.bolts import BasicCollector
 from kspout.config import TopicConfig, parse_config
-from kspout.devstack import DevStack
+from kspout.devstack import DevStack, create_topic
 from kspout.driver import Driver, Progress
 from kspout.kafka import PartitionFetcher, Record
 from kspout.local_executor import LocalExecutor
@@ -121,26 +120,6 @@ def value_of(i: int) -> bytes:
     head += NOTE.decode()
     words = " ".join(WORDS[(i * 7 + k) % len(WORDS)] for k in range(1 + i % 4))
     return (head + words.ljust(VALUE_BYTES - len(head) - 2) + '"}').encode()
-
-
-def create_topic(
-    brokers: str, topic: str, partitions: int = PARTITIONS, timeout: float = 60.0
-) -> None:
-    """Create `topic` with `partitions` partitions (replication 1) through the admin API, and
-    return once every partition has a leader. The broker would auto-create a topic on first
-    produce, but with one partition (`num.partitions`), so every bench creates its own."""
-    admin = AdminClient({"bootstrap.servers": brokers})
-    new = NewTopic(topic, partitions, 1)
-    admin.create_topics([new], operation_timeout=timeout)[topic].result(timeout)
-    deadline = time.monotonic() + timeout
-    while True:
-        known = admin.list_topics(topic, timeout=timeout).topics[topic]
-        led = [q for q in known.partitions.values() if q.leader >= 0 and q.error is None]
-        if known.error is None and len(led) == partitions:
-            return
-        if time.monotonic() > deadline:
-            raise SystemExit(f"topic {topic}: {len(led)} of {partitions} partitions have a leader")
-        time.sleep(0.05)
 
 
 def produce(
@@ -610,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
         run_id = uuid.uuid4().hex[:6]
         topics = Topics(*(f"bench-{k}-{run_id}" for k in ("data", "warm", "tiny")))
         for topic in (topics.data, topics.warm, topics.tiny):
-            create_topic(setup.brokers, topic)
+            create_topic(setup.brokers, topic, PARTITIONS)
         produce_s = produce(setup.brokers, topics.data, n, args.compression)
         wait_all_in(setup.brokers, topics.data, n)
         produce(setup.brokers, topics.warm, WARM_N, args.compression)

@@ -33,7 +33,6 @@ from typing import Any
 
 from bench.bench_executor import (
     Setup,
-    create_topic,
     load_note,
     produce,
     sample,
@@ -42,7 +41,7 @@ from bench.bench_executor import (
 )
 from bench.bench_scaling import session
 from bench.report import table
-from kspout.devstack import DevStack, SparkStandalone
+from kspout.devstack import DevStack, SparkStandalone, create_topic
 from kspout.kafka import Record
 
 BATCH_SIZE = 20_000

@@ -36,7 +36,6 @@ from pyspark.sql import SparkSession
 from bench.bench_executor import (
     Setup,
     bare_values,
-    create_topic,
     load_note,
     produce,
     sample,
@@ -46,7 +45,7 @@ from bench.bench_executor import (
 )
 from bench.report import table
 from kspout.config import TopicConfig
-from kspout.devstack import DevStack, SparkStandalone
+from kspout.devstack import DevStack, SparkStandalone, create_topic
 
 PARTITION_COUNTS = (1, 2, 4)
 WORKER_COUNTS = (1, 2)

@@ -65,7 +65,7 @@ class DemoStream:
 def produce_sentences(config: TopicConfig, messages: int, seed: int = 7) -> DemoStream:
     """Write `messages` sentences with injected failures to the demo topic (created first,
     with `PARTITIONS` partitions, unless it exists)."""
-    create_topic(config, PARTITIONS)
+    ensure_topic(config, PARTITIONS)
     rng = random.Random(seed)
     stream = DemoStream(messages)
     slow_at = set(rng.sample(range(messages), min(SLOW_MESSAGES, messages)))
@@ -96,7 +96,7 @@ def produce_sentences(config: TopicConfig, messages: int, seed: int = 7) -> Demo
     return stream
 
 
-def create_topic(config: TopicConfig, partitions: int) -> None:
+def ensure_topic(config: TopicConfig, partitions: int) -> None:
     """Create the config's topic through the admin API; one that exists is kept as it is."""
     admin = AdminClient(config.kafka_config())
     future = admin.create_topics([NewTopic(config.topic, partitions)])[config.topic]

@@ -22,13 +22,12 @@ from confluent_kafka import Producer
 from kazoo.client import KazooClient
 
 from kspout.config import TopicConfig, parse_config
-from kspout.devstack import DevStack, PostgresServer
+from kspout.devstack import DevStack, PostgresServer, create_topic
 from tests.integration.helpers import (
     FAST_BACKOFF,
     PARTITIONS,
     ZK_ROOT,
     TopicFactory,
-    create_topic,
 )
 
 if TYPE_CHECKING:

@@ -19,6 +19,7 @@ from kspout.devstack.state import (
     default_dir,
     load_stack_info,
 )
+from kspout.devstack.topics import create_topic
 
 __all__ = [
     "Component",
@@ -32,6 +33,7 @@ __all__ = [
     "StackInfo",
     "StackState",
     "ZooKeeperServer",
+    "create_topic",
     "default_dir",
     "load_stack_info",
 ]

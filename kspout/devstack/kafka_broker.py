@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import base64
 import subprocess
-import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from typing import Any
 
 from kspout.devstack.components import START_TIMEOUT, Component
 from kspout.devstack.ports import LOOPBACK, free_port
 from kspout.devstack.processes import GRACE, log_tail
 from kspout.devstack.tools import find_java, kafka_classpath
+from kspout.devstack.topics import create_topic
 from kspout.errors import StackError
 
 HEAP = ["-Xms256m", "-Xmx768m"]  # a dev broker on a 2-core, 24 GiB machine: room, not a lot
@@ -239,31 +238,9 @@ class KafkaCluster:
         """The handle of node `node_id` (Kafka's broker id, from 1)."""
         return self.nodes[node_id - 1]
 
-    def create_topic(
-        self,
-        topic: str,
-        leaders: Sequence[int],
-        *,
-        config: Mapping[str, str] | None = None,
-        timeout: float = 60.0,
-    ) -> None:
-        """Create `topic` with one partition per entry of `leaders`, partition `p` held by node
-        `leaders[p]` alone (replication 1), so a test or benchmark chooses which node's stop
-        or crash takes which partitions away; return once each has its leader."""
-        admin = AdminClient({"bootstrap.servers": self.brokers})
-        assignment = [[node] for node in leaders]
-        new = NewTopic(topic, replica_assignment=assignment, config=dict(config or {}))
-        admin.create_topics([new], operation_timeout=timeout)[topic].result(timeout)
-        deadline = time.monotonic() + timeout
-        while True:
-            found = admin.list_topics(topic, timeout=timeout).topics[topic].partitions
-            if len(found) == len(leaders) and all(
-                found[p].leader == node for p, node in enumerate(leaders)
-            ):
-                return
-            if time.monotonic() > deadline:
-                raise StackError(f"topic {topic}: its partitions got no leaders in {timeout:g} s")
-            time.sleep(0.05)
+    def create_topic(self, topic: str, placement: Sequence[int], **kwargs: Any) -> None:
+        """`create_topic` on this cluster: partition `p` on node `placement[p]` alone."""
+        create_topic(self.brokers, topic, placement=placement, **kwargs)
 
     def start(self) -> None:
         """Start every node that is not running, and return once all serve (they wait for a

@@ -57,7 +57,7 @@ from confluent_kafka.admin import AdminClient
 
 from dedup import IdempotencyBolt
 from kspout.config import TopicConfig, parse_config
-from kspout.devstack import DevStack
+from kspout.devstack import DevStack, create_topic
 from kspout.devstack.kafka_broker import KafkaBroker, KafkaCluster
 from kspout.driver import Driver, Progress
 from kspout.kafka import KafkaMetadata
@@ -65,7 +65,7 @@ from kspout.local_executor import LocalExecutor
 from kspout.outcomes import describe_error
 from kspout.output import ID_HEADER, KafkaOutput
 from tests.chaos.broker_faults_jobs import PublishOnce, encode
-from tests.integration.helpers import FAST_BACKOFF, create_topic, stored
+from tests.integration.helpers import FAST_BACKOFF, stored
 
 ZK_ROOT = "/broker-faults"
 PARTITIONS = (0, 1, 2, 3)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
@@ -38,30 +38,6 @@ class TopicFactory(Protocol):
         config: Mapping[str, str] | None = None,
         create: bool = True,
     ) -> str: ...
-
-
-def create_topic(
-    brokers: str,
-    topic: str,
-    partitions: int = len(PARTITIONS),
-    *,
-    replication: int = 1,
-    config: Mapping[str, str] | None = None,
-    timeout: float = 30.0,
-) -> None:
-    """Create `topic` through the admin API and return once every partition has a leader."""
-    admin = AdminClient({"bootstrap.servers": brokers})
-    new = NewTopic(topic, partitions, replication, config=dict(config or {}))
-    admin.create_topics([new], operation_timeout=timeout)[topic].result(timeout)
-    deadline = time.monotonic() + timeout
-    while True:
-        known = admin.list_topics(topic, timeout=timeout).topics[topic]
-        led = [p for p in known.partitions.values() if p.leader >= 0 and p.error is None]
-        if known.error is None and len(led) == partitions:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"topic {topic}: {len(led)} of {partitions} partitions led")
-        time.sleep(0.05)
 
 
 def delete_records(brokers: str, topic: str, before: Mapping[int, int]) -> None:

@@ -30,7 +30,7 @@ from examples.chained.stages import (
     struck,
 )
 from kspout.config import TopicConfig
-from kspout.devstack import DevStack, KafkaBroker
+from kspout.devstack import DevStack, KafkaBroker, create_topic
 from kspout.driver import Driver, Progress
 from kspout.kafka import Record
 from kspout.local_executor import LocalExecutor
@@ -39,7 +39,6 @@ from kspout.spout import KafkaSpout
 from kspout.topology import ChainItem
 from tests.integration.helpers import (
     TopicFactory,
-    create_topic,
     dead_letter_headers,
     highs,
     produce,

@@ -24,12 +24,12 @@ from kspout.devstack import (
     PostgresServer,
     StackInfo,
     ZooKeeperServer,
+    create_topic,
     load_stack_info,
 )
 from kspout.devstack.ports import port_open
 from kspout.devstack.processes import pid_alive
 from kspout.errors import StackError
-from tests.integration.helpers import create_topic
 
 pytestmark = pytest.mark.integration
 

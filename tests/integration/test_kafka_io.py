@@ -13,7 +13,7 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from kspout.config import TopicConfig, parse_config
-from kspout.devstack import DevStack
+from kspout.devstack import DevStack, create_topic
 from kspout.errors import FetchTimeout
 from kspout.kafka import (
     DeadLetter,
@@ -25,7 +25,7 @@ from kspout.kafka import (
 )
 from kspout.policy import Position
 from tests.conftest import TopicFactory
-from tests.integration.helpers import create_topic, read_topic
+from tests.integration.helpers import read_topic
 
 Produce = Callable[..., None]
 

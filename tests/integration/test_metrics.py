@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kspout.bolts import Bolt, Collector, Tuple
 from kspout.config import TopicConfig, parse_config
-from kspout.devstack import DevStack
+from kspout.devstack import DevStack, create_topic
 from kspout.devstack.ports import LOOPBACK, free_port
 from kspout.driver import Driver, PartitionView, Progress
 from kspout.driver.metrics import MetricsExporter
@@ -31,7 +31,7 @@ from kspout.errors import ConfigError
 from kspout.kafka import Record
 from kspout.kafka.group_mirror import GroupMirror
 from kspout.local_executor import LocalExecutor
-from tests.integration.helpers import PARTITIONS, TopicFactory, create_topic, produce, stored
+from tests.integration.helpers import PARTITIONS, TopicFactory, produce, stored
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
