@@ -31,7 +31,6 @@ exception: the writer fetches their payload again, so the DLQ record carries the
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import threading
@@ -200,11 +199,6 @@ class Driver(Lifecycle):
                 stored = self._membership.claim(p, start)
             except KafkaUnavailable as exc:  # its start position: claimed at a later poll
                 log.warning("%s[%d] not claimed yet: %s", topic, p, exc)
-                # Only the leader lists the topic; here a partition added since may be unknown
-                # to this client's cached metadata (librdkafka refreshes it every 5 minutes):
-                # listing the topic refreshes it, so the next poll's claim can succeed.
-                with contextlib.suppress(KafkaUnavailable):
-                    self._metadata.partitions(topic)
                 continue
             if stored is not None:  # None: its last owner has not released it yet
                 self._adopt(p, stored)
