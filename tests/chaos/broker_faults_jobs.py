@@ -23,20 +23,13 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from functools import cache
-
-import redis
 
 from dedup import Effects
 from kspout.kafka import Record
 from kspout.output import KafkaOutput
+from tests.chaos.faults import worker_redis
 
 KINDS = ("ok", "poison")
-
-
-@cache
-def _redis(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=5.0)
 
 
 def encode(id_: str, kind: str = "ok") -> bytes:
@@ -58,13 +51,13 @@ class PublishOnce:
         try:
             if message["kind"] == "poison":
                 raise RuntimeError(f"poison message {message['id']}")
-            _redis(self.redis_url).incr(f"{self.topic}:runs")
+            worker_redis(self.redis_url).incr(f"{self.topic}:runs")
             if self.pace:
                 time.sleep(self.pace)
             self.output.send(record, message["id"].encode(), key=record.key, source_id=effects.id)
             self.output.flush()
         except Exception as exc:
-            client = _redis(self.redis_url)
+            client = worker_redis(self.redis_url)
             client.hincrby(f"{self.topic}:raised", effects.id, 1)
             client.hset(f"{self.topic}:errors", effects.id, type(exc).__name__)
             raise

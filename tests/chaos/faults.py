@@ -52,7 +52,9 @@ PACE_SECONDS = 0.01  # a `pace` message is no fault: it takes this long, so a ba
 
 
 @cache
-def _redis(url: str) -> redis.Redis:
+def worker_redis(url: str) -> redis.Redis:
+    """One client per worker process and URL, with timeouts: a handler's ledger writes must
+    not hang on a Redis that a test stopped."""
     return redis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=5.0)
 
 
@@ -70,12 +72,12 @@ def decode(record: Record) -> tuple[str, str]:
 
 def strike(redis_url: str, topic: str, fault: str) -> None:
     """Count one strike of `fault` in `<topic>:struck`."""
-    _redis(redis_url).hincrby(f"{topic}:struck", fault, 1)
+    worker_redis(redis_url).hincrby(f"{topic}:struck", fault, 1)
 
 
 def apply(redis_url: str, topic: str, id_: str) -> None:
     """The message's effect (at least once: a plain write, no dedup)."""
-    _redis(redis_url).hincrby(f"{topic}:applied", id_, 1)
+    worker_redis(redis_url).hincrby(f"{topic}:applied", id_, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +104,7 @@ class FaultyHandler:
         apply(self.redis_url, self.topic, id_)
 
     def _first_run(self, id_: str) -> bool:
-        return _redis(self.redis_url).hincrby(f"{self.topic}:runs", id_, 1) == 1
+        return worker_redis(self.redis_url).hincrby(f"{self.topic}:runs", id_, 1) == 1
 
 
 class CleanupFailsOnce(BasicBolt):
@@ -121,7 +123,7 @@ class CleanupFailsOnce(BasicBolt):
         apply(self.redis_url, self.topic, id_)
 
     def cleanup(self) -> None:
-        if _redis(self.redis_url).incr(f"{self.topic}:cleanups") == 1:
+        if worker_redis(self.redis_url).incr(f"{self.topic}:cleanups") == 1:
             strike(self.redis_url, self.topic, "cleanup")
             raise RuntimeError("injected: cleanup() fails once")
 
