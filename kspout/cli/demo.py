@@ -25,9 +25,8 @@ from rich.live import Live
 from rich.table import Table
 
 from kspout.cli import main
-from kspout.cli.options import kspout_errors
+from kspout.cli.options import kspout_errors, use_dev_stack
 from kspout.cli.report import progress_table
-from kspout.cli.run import use_dev_stack
 from kspout.config import TopicConfig, load_config
 from kspout.demo import (
     DemoStream,
@@ -59,7 +58,13 @@ if TYPE_CHECKING:
 )
 @click.option("--messages", default=20_000, show_default=True, type=click.IntRange(min=1))
 @click.option("--spark", "master", default="local[2]", show_default=True, help="Spark master.")
-@click.option("--dev", "dev_stack", is_flag=True, help="Use the running `kspout dev up` stack.")
+@click.option(
+    "--dev",
+    "dev_stack",
+    is_flag=True,
+    help="Use the running `kspout dev up` stack (in ./.kspout-dev or the nearest parent "
+    "folder's) instead of starting one.",
+)
 def demo(config_path: str, messages: int, master: str, dev_stack: bool) -> None:
     """Produce sentences with injected failures and count their words on Spark."""
     console = Console(stderr=True)

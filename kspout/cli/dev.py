@@ -2,7 +2,9 @@
 
 `up` prints a table on stderr and `export KSPOUT_...=...` on stdout, so `eval "$(kspout dev up)"`
 points kspout's config at the stack. The servers outlive the command; `<dir>/stack.json` tells
-`status`, `down` and `kspout run` where they are.
+`status`, `down` and every command's `--dev` where they are. Without `--dir`, each looks for
+`.kspout-dev` in the working directory and then its parents, so a stack started in a project's
+folder serves its subfolders too, and `up` there reports it instead of starting a second one.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ from kspout.devstack.state import (
     StackState,
     clear,
     default_dir,
+    find_dir,
+    not_found,
     read_state,
+    search_dirs,
     write_state,
 )
 from kspout.devstack.tools import KAFKA_VERSION
@@ -35,7 +40,8 @@ _dir_option = click.option(
     "workdir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help=f"State, data and logs of the stack [default: ${ENV_DEV_DIR} or ./.kspout-dev].",
+    help=f"State, data and logs of the stack [default: ${ENV_DEV_DIR}, else the nearest "
+    ".kspout-dev in this folder or a parent, else ./.kspout-dev].",
 )
 _json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead.")
 
@@ -51,9 +57,10 @@ def dev() -> None:
 def up(workdir: Path | None, as_json: bool) -> None:
     """Start the dev stack in the background (or report the one already running).
 
-    Use `eval "$(kspout dev up)"` to export its addresses into the shell.
+    Other commands reach it with `--dev` from this folder or any below it; or use
+    `eval "$(kspout dev up)"` to export its addresses into the shell.
     """
-    workdir = (workdir or default_dir()).absolute()
+    workdir = _where(workdir)
     state = read_state(workdir)
     if state is not None and all(_health(state).values()):
         _report(workdir, state, as_json, note="already up")
@@ -76,13 +83,13 @@ def up(workdir: Path | None, as_json: bool) -> None:
 @_json_option
 def status(workdir: Path | None, as_json: bool) -> None:
     """Show each server of the dev stack, up or down; exit code 1 unless all are up."""
-    workdir = (workdir or default_dir()).absolute()
+    workdir = _where(workdir)
     state = read_state(workdir)
     if state is None:
         if as_json:
             click.echo(json.dumps({"dir": str(workdir), "up": False, "components": {}}))
         else:
-            click.echo(f"no dev stack in {workdir}; start one with `kspout dev up`", err=True)
+            click.echo(_absent(workdir), err=True)
         raise SystemExit(1)
     if not _report(workdir, state, as_json, note="status"):
         raise SystemExit(1)
@@ -96,10 +103,10 @@ def status(workdir: Path | None, as_json: bool) -> None:
 @click.option("--keep-data", is_flag=True, help="Keep the servers' data and logs.")
 def down(workdir: Path | None, grace: float, keep_data: bool) -> None:
     """Stop the dev stack (SIGTERM, then SIGKILL after --grace seconds) and remove its state."""
-    workdir = (workdir or default_dir()).absolute()
+    workdir = _where(workdir)
     state = read_state(workdir)
     if state is None:
-        click.echo(f"no dev stack in {workdir}", err=True)
+        click.echo(f"nothing to stop: {_absent(workdir)}", err=True)
         return
     _stop(state, grace)
     clear(workdir, keep_data=keep_data)
@@ -107,6 +114,19 @@ def down(workdir: Path | None, grace: float, keep_data: bool) -> None:
 
 
 _LABELS = {"kafka": f"kafka {KAFKA_VERSION}"}  # Apache Kafka, KRaft
+
+
+def _where(workdir: Path | None) -> Path:
+    """`--dir`, else the nearest stack's folder (`find_dir`), else `default_dir()`."""
+    return (workdir or find_dir() or default_dir()).absolute()
+
+
+def _absent(workdir: Path) -> str:
+    """No stack in `workdir`: where was looked, and what to do."""
+    looked_in = search_dirs()
+    if workdir != looked_in[0]:  # --dir named it
+        return f"no dev stack in {workdir}; start one with `kspout dev up --dir {workdir}`"
+    return not_found(looked_in)
 
 
 def _health(state: StackState) -> dict[str, bool]:

@@ -27,7 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kspout.cli import main
-from kspout.cli.options import config_option, json_option, kspout_errors
+from kspout.cli.options import config_option, dev_option, json_option, kspout_errors
 from kspout.config import TopicConfig, load_config
 from kspout.kafka.dead_letter_log import (
     DeadLetterLog,
@@ -282,6 +282,7 @@ def _print_replays(results: list[Replay], dry_run: bool, as_json: bool) -> None:
 
 @dlq.command()
 @config_option
+@dev_option()
 @_filter_options
 @json_option
 def show(
@@ -310,6 +311,7 @@ def show(
 
 @dlq.command()
 @config_option
+@dev_option()
 @_filter_options
 @click.option(
     "--offset",

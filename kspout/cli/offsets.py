@@ -29,6 +29,7 @@ from kspout.cli import main
 from kspout.cli.options import (
     chosen_partitions,
     config_option,
+    dev_option,
     json_option,
     kspout_errors,
     partition_options,
@@ -173,6 +174,7 @@ def _print_table(
 
 @offsets.command()
 @config_option
+@dev_option()
 @json_option
 def show(config_path: str, as_json: bool) -> None:
     """Stored offset, watermarks, lag, stop and last writer of every partition of the topic."""
@@ -261,6 +263,7 @@ def _past_window(store: ZkOffsetStore, moves: dict[int, int]) -> dict[int, tuple
 
 @offsets.command(name="set")
 @config_option
+@dev_option()
 @partition_options
 @click.option(
     "--to",
@@ -290,6 +293,7 @@ def set_offsets(
 
 @offsets.command(name="reset")
 @config_option
+@dev_option()
 @partition_options
 @click.option("--force", is_flag=True, help="As for `set`.")
 @json_option

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
+from kspout.devstack.state import find_stack
 from kspout.errors import KspoutError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -20,6 +24,13 @@ config_option = click.option(
     help="The topic's TOML file.",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead.")
+DEV_HELP = (
+    "Connect to the running `kspout dev up` stack, found in ./.kspout-dev or the nearest "
+    "parent folder's (as git finds a repository): its addresses replace the topic file's and "
+    "KSPOUT_BROKERS, KSPOUT_ZOOKEEPER, KSPOUT_REDIS_URL. Without --dev no stack is used."
+)
+
+log = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -29,6 +40,29 @@ def kspout_errors() -> Iterator[None]:
         yield
     except KspoutError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def use_dev_stack() -> Path:
+    """Point the connection settings (`KSPOUT_BROKERS`, ...) at the nearest running dev stack;
+    its folder. Raises StackError naming where it looked when none runs."""
+    workdir, info = find_stack()
+    os.environ.update(info.env())
+    log.info("using the dev stack in %s", workdir)
+    return workdir
+
+
+def dev_option(
+    errors: Callable[[], AbstractContextManager[None]] = kspout_errors,
+) -> Callable[[F], F]:
+    """`--dev`: `use_dev_stack()` before the command runs. `errors` turns a missing stack into
+    the command's own kind of error (`could_not_tell` for `status` and `lag`: exit code 3)."""
+
+    def apply(_ctx: click.Context, _param: click.Parameter, wanted: bool) -> None:
+        if wanted:
+            with errors():
+                use_dev_stack()
+
+    return click.option("--dev", is_flag=True, expose_value=False, callback=apply, help=DEV_HELP)
 
 
 def partition_options(f: F) -> F:

@@ -22,6 +22,7 @@ from kspout.cli import main
 from kspout.cli.options import (
     chosen_partitions,
     config_option,
+    dev_option,
     json_option,
     kspout_errors,
     partition_options,
@@ -43,6 +44,7 @@ class RebalanceError(KspoutError):
 
 @main.command(name="pause")
 @config_option
+@dev_option()
 @partition_options
 @click.option("--wait/--no-wait", default=True, help="Wait for the owners' acks (default).")
 @json_option
@@ -76,6 +78,7 @@ def pause_partitions(
 
 @main.command(name="resume")
 @config_option
+@dev_option()
 @partition_options
 @json_option
 def resume_partitions(
@@ -95,6 +98,7 @@ def resume_partitions(
 
 @main.command()
 @config_option
+@dev_option()
 @click.option("--move", "move", help="Partitions to move, e.g. 3,5 (with --to).")
 @click.option("--to", "target", help="The live instance (id or a unique prefix) to move them to.")
 @click.option("--dry-run", is_flag=True, help="Print what would move; change nothing.")

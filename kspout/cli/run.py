@@ -19,12 +19,11 @@ from rich.console import Console
 from rich.live import Live
 
 from kspout.cli import main
-from kspout.cli.options import config_option, json_option, kspout_errors
+from kspout.cli.options import config_option, dev_option, json_option, kspout_errors
 from kspout.cli.report import progress_json, progress_table
 from kspout.config import TopicConfig, load_config
-from kspout.devstack import load_stack_info
 from kspout.driver import Driver, Progress
-from kspout.errors import ChainError, StackError
+from kspout.errors import ChainError
 from kspout.local_executor import LocalExecutor
 from kspout.stopping import stop_on_signals
 from kspout.tasks import Executor
@@ -66,14 +65,6 @@ def make_executor(config: TopicConfig, chain: Topology, master: str | None) -> E
     return SparkExecutor(spark, config, chain)
 
 
-def use_dev_stack() -> None:
-    """Point the connection settings at the stack `kspout dev up` started."""
-    info = load_stack_info()
-    if info is None:
-        raise StackError("no running dev stack here: start one with `kspout dev up`")
-    os.environ.update(info.env())
-
-
 @main.command()
 @config_option
 @click.option(
@@ -89,7 +80,7 @@ def use_dev_stack() -> None:
 )
 @click.option("--max-batches", type=click.IntRange(min=1), help="Stop after this many batches.")
 @click.option("--until-caught-up", is_flag=True, help="Stop once every offset is finished.")
-@click.option("--dev", "dev_stack", is_flag=True, help="Use the running `kspout dev up` stack.")
+@dev_option()
 @click.option(
     "--replay-past-window",
     is_flag=True,
@@ -103,7 +94,6 @@ def run(
     master: str | None,
     max_batches: int | None,
     until_caught_up: bool,
-    dev_stack: bool,
     replay_past_window: bool,
     as_json: bool,
 ) -> None:
@@ -113,8 +103,6 @@ def run(
     per the config; the commit point goes to ZooKeeper every `commit_interval` and on exit.
     """
     with kspout_errors():
-        if dev_stack:
-            use_dev_stack()
         config = load_config(config_path)
         chain = load_chain(handler)
         executor = make_executor(config, chain, master)

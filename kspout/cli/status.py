@@ -30,7 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kspout.cli import main
-from kspout.cli.options import config_option, json_option
+from kspout.cli.options import config_option, dev_option, json_option
 from kspout.cli.views import PartitionMarks, age, iso, read_marks
 from kspout.config import TopicConfig, load_config
 from kspout.errors import KspoutError, TopicNotFound, resume_command
@@ -434,6 +434,7 @@ def _notes(status: Status, config_path: str, now: int) -> list[str]:
 
 @main.command()
 @config_option
+@dev_option(could_not_tell)
 @json_option
 def status(config_path: str, as_json: bool) -> None:
     """Live instances, and each partition's owner, commit point, lag, counts and state.
@@ -472,6 +473,7 @@ def status(config_path: str, as_json: bool) -> None:
 
 @main.command(name="lag")
 @config_option
+@dev_option(could_not_tell)
 @click.option(
     "--threshold",
     type=click.IntRange(min=0),

@@ -1,7 +1,9 @@
 """A dev stack's addresses, and `<dir>/stack.json`, through which later commands find it.
 
 `kspout dev up` writes the file and leaves the servers running; `kspout dev status|down`,
-`kspout run` and tests read it back with `read_state` or `load_stack_info`.
+every command's `--dev` and tests read it back with `read_state`, `load_stack_info` or
+`find_stack`, which looks in the working directory and then its parents, as git finds its
+repository.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from typing import Any
 from kspout.config import ENV_OVERRIDES, ENV_REDIS_URL
 from kspout.devstack.ports import LOOPBACK, port_open
 from kspout.devstack.processes import pid_alive
+from kspout.errors import StackError
 
 COMPONENTS = ("kafka", "zookeeper", "redis")  # also the start order; stopped in reverse
 STATE_FILE = "stack.json"
 ENV_DEV_DIR = "KSPOUT_DEV_DIR"
+DIR_NAME = ".kspout-dev"
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,7 @@ class StackState:
 
 def default_dir() -> Path:
     """`$KSPOUT_DEV_DIR`, else `.kspout-dev` in the current directory."""
-    return Path(os.environ.get(ENV_DEV_DIR) or ".kspout-dev")
+    return Path(os.environ.get(ENV_DEV_DIR) or DIR_NAME)
 
 
 def read_state(workdir: Path) -> StackState | None:
@@ -117,3 +121,52 @@ def load_stack_info(workdir: Path | None = None) -> StackInfo | None:
     if state is None or not all(c.up() for c in state.components.values()):
         return None
     return state.info
+
+
+def search_dirs(start: Path | None = None) -> list[Path]:
+    """Where `find_stack` looks, nearest first: `$KSPOUT_DEV_DIR` alone when it is set, else
+    `.kspout-dev` in `start` (default: the working directory) and in each of its parents."""
+    if os.environ.get(ENV_DEV_DIR):
+        return [default_dir().absolute()]
+    here = (start if start is not None else Path.cwd()).absolute()
+    return [folder / DIR_NAME for folder in (here, *here.parents)]
+
+
+def find_dir(start: Path | None = None) -> Path | None:
+    """The nearest of `search_dirs(start)` that holds a `stack.json` (running or not)."""
+    return next((d for d in search_dirs(start) if (d / STATE_FILE).is_file()), None)
+
+
+def find_stack(start: Path | None = None) -> tuple[Path, StackInfo]:
+    """The nearest dev stack (its folder and addresses), if every server of it is up.
+
+    Raises StackError naming where it looked when there is none, or which servers are down in
+    the one it found; both say where to run `kspout dev up`.
+    """
+    found = find_dir(start)
+    state = None if found is None else read_state(found)
+    if found is None or state is None:
+        raise StackError(not_found(search_dirs(start)))
+    down = [name for name, component in state.components.items() if not component.up()]
+    if down:
+        raise StackError(
+            f"the dev stack in {found} is not running ({', '.join(down)} down): "
+            f"start it again with `kspout dev up` in {found.parent} "
+            f"(`cd {found.parent} && kspout dev up`)"
+        )
+    return found, state.info
+
+
+def not_found(looked_in: list[Path]) -> str:
+    """What to say when `search_dirs` found no stack: where it looked, and what to do."""
+    if os.environ.get(ENV_DEV_DIR):
+        return (
+            f"no dev stack in {looked_in[0]} (${ENV_DEV_DIR}): start one there with "
+            f"`kspout dev up`, or unset {ENV_DEV_DIR} to look in the working directory and its "
+            "parents"
+        )
+    return (
+        f"no dev stack found: looked for {DIR_NAME}/{STATE_FILE} in {looked_in[0].parent} and "
+        "its parents. If one runs elsewhere, `cd` into the directory where it was started (or "
+        "one below it); else start one with `kspout dev up` in your project directory"
+    )
