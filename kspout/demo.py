@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 from functools import cache
 
 import redis
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from dedup import Effects, IdempotencyBolt
 from kspout.bolts import BasicBolt, BasicCollector, Fields, TaskContext, Tuple
 from kspout.config import TopicConfig
 from kspout.kafka import Record
+from kspout.kafka.topics import ensure_topic
 from kspout.offsets import ZkOffsetStore
 from kspout.topology import ChainItem
 
@@ -94,17 +94,6 @@ def produce_sentences(config: TopicConfig, messages: int, seed: int = 7) -> Demo
         producer.poll(0)
     producer.flush(30)
     return stream
-
-
-def ensure_topic(config: TopicConfig, partitions: int) -> None:
-    """Create the config's topic through the admin API; one that exists is kept as it is."""
-    admin = AdminClient(config.kafka_config())
-    future = admin.create_topics([NewTopic(config.topic, partitions)])[config.topic]
-    try:
-        future.result(30)
-    except KafkaException as exc:
-        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise
 
 
 @cache

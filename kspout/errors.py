@@ -255,6 +255,21 @@ class DeadLetterWriteFailed(KafkaUnavailable):
         )
 
 
+class ProduceFailed(KspoutError):
+    """Kafka refused, or did not acknowledge, messages written to a topic (`kspout produce`)."""
+
+    def __init__(self, topic: str, written: int, failed: int, error: str) -> None:
+        self.topic = topic
+        self.written = written
+        self.failed = failed
+        self.error = error
+        super().__init__(
+            f"{topic}: {failed} message(s) not written ({error}); the {written} acknowledged "
+            "before stay in the topic. Check the brokers, that this client may write to the "
+            "topic, and the message size (the brokers' message.max.bytes)"
+        )
+
+
 class TopicNotFound(KafkaUnavailable):
     """The topic has no partitions on the brokers the config names."""
 

@@ -1,5 +1,5 @@
-"""The `kspout` command: `run`, `demo`, `status`, `lag`, `rebalance`, `pause`, `resume`,
-`offsets show|set|reset`, `dlq show|replay`, `dev up|down|status`.
+"""The `kspout` command: `run`, `produce`, `demo`, `status`, `lag`, `rebalance`, `pause`,
+`resume`, `offsets show|set|reset`, `dlq show|replay`, `dev up|down|status`.
 
 Each sub-command lives in its own module and registers itself on `main` here.
 """
@@ -31,5 +31,6 @@ from kspout.cli import dev as _dev  # noqa: E402,F401
 from kspout.cli import dlq as _dlq  # noqa: E402,F401
 from kspout.cli import offsets as _offsets  # noqa: E402,F401
 from kspout.cli import ownership as _ownership  # noqa: E402,F401
+from kspout.cli import produce as _produce  # noqa: E402,F401
 from kspout.cli import run as _run  # noqa: E402,F401
 from kspout.cli import status as _status  # noqa: E402,F401
