@@ -263,10 +263,11 @@ class ProduceFailed(KspoutError):
         self.written = written
         self.failed = failed
         self.error = error
+        kept = f"the {written} acknowledged stay in the topic" if written else "none was written"
         super().__init__(
-            f"{topic}: {failed} message(s) not written ({error}); the {written} acknowledged "
-            "before stay in the topic. Check the brokers, that this client may write to the "
-            "topic, and the message size (the brokers' message.max.bytes)"
+            f"{topic}: {failed} message(s) not written ({error}); {kept}. Check the brokers, "
+            "that this client may write to the topic, and the message size (the topic's "
+            "max.message.bytes)"
         )
 
 
