@@ -56,6 +56,11 @@ def test_dev_from_a_subdirectory_finds_the_stack_in_a_parent(
     assert json.loads(shown.stdout)["dir"] == str(tmp_path / DIR_NAME)
     assert json.loads(shown.stdout)["env"]["KSPOUT_BROKERS"] == stack.info.brokers
 
+    again = kspout(deep, "dev", "up", "--json")  # reports the parent's stack, starts none
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["dir"] == str(tmp_path / DIR_NAME)
+    assert not (deep / DIR_NAME).exists()
+
 
 def test_the_nearest_stack_wins_and_dev_replaces_the_environment(
     tmp_path: Path, stack: DevStack, topic_name: str
@@ -116,7 +121,7 @@ def test_a_stack_that_is_down_is_named_with_where_to_start_it(
 
 
 def _dead(state: StackState) -> StackState:
-    """`state` with every server's process gone (pid 0 is never a server's)."""
+    """`state` with every server's process gone (a pid above Linux's largest)."""
     return dataclasses.replace(
         state,
         components={
