@@ -6,7 +6,6 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -42,13 +41,12 @@ def kspout_errors() -> Iterator[None]:
         raise click.ClickException(str(exc)) from None
 
 
-def use_dev_stack() -> Path:
-    """Point the connection settings (`KSPOUT_BROKERS`, ...) at the nearest running dev stack;
-    its folder. Raises StackError naming where it looked when none runs."""
+def use_dev_stack() -> None:
+    """Point the connection settings (`KSPOUT_BROKERS`, ...) at the nearest running dev stack.
+    Raises StackError naming where it looked when none runs."""
     workdir, info = find_stack()
     os.environ.update(info.env())
     log.info("using the dev stack in %s", workdir)
-    return workdir
 
 
 def dev_option(

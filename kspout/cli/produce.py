@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
+from dataclasses import asdict
 from typing import BinaryIO
 
 import click
@@ -25,20 +26,20 @@ from kspout.kafka import KafkaMetadata
 from kspout.kafka.topics import ensure_topic
 from kspout.kafka.writer import TopicWriter, Written
 
-Message = tuple[bytes | None, bytes]  # (key, value)
+KeyValue = tuple[bytes | None, bytes]  # one message: its key, its value
 
 
-def numbered_messages(count: int) -> Iterator[Message]:
+def numbered_messages(count: int) -> Iterator[KeyValue]:
     """`count` JSON messages with ids msg-000001, msg-000002, ... as their keys."""
     for n in range(1, count + 1):
         msg_id = f"msg-{n:06d}"
         yield msg_id.encode(), json.dumps({"id": msg_id, "n": n}).encode()
 
 
-def file_messages(lines: BinaryIO, keyed: bool) -> list[Message]:
+def file_messages(lines: BinaryIO, keyed: bool) -> list[KeyValue]:
     """One message per non-empty line (without its line ending); with `keyed`, each line is
     `KEY<TAB>VALUE`, split at the first tab. Read whole first, so a bad line writes nothing."""
-    messages: list[Message] = []
+    messages: list[KeyValue] = []
     for number, raw in enumerate(lines, start=1):
         line = raw.rstrip(b"\r\n")
         if not line:
@@ -70,16 +71,8 @@ def _partitions(config: TopicConfig, create: int | None) -> list[int]:
 
 
 def _json(topic: str, rows: list[Written]) -> dict[str, object]:
-    partitions = [
-        {
-            "partition": w.partition,
-            "messages": w.messages,
-            "first_offset": w.first_offset,
-            "last_offset": w.last_offset,
-        }
-        for w in rows
-    ]
-    return {"topic": topic, "messages": sum(w.messages for w in rows), "partitions": partitions}
+    total = sum(w.messages for w in rows)
+    return {"topic": topic, "messages": total, "partitions": [asdict(w) for w in rows]}
 
 
 def _table(topic: str, rows: list[Written]) -> Table:
@@ -140,7 +133,7 @@ def produce(
     how many messages each partition received and their first and last offsets.
     """
     if source is not None and count is None:
-        messages: Iterable[Message] = file_messages(source, keyed)
+        messages: Iterable[KeyValue] = file_messages(source, keyed)
     elif count is not None and source is None and not keyed:
         messages = numbered_messages(count)
     else:

@@ -123,36 +123,35 @@ def load_stack_info(workdir: Path | None = None) -> StackInfo | None:
     return state.info
 
 
-def search_dirs(start: Path | None = None) -> list[Path]:
+def search_dirs() -> list[Path]:
     """Where `find_stack` looks, nearest first: `$KSPOUT_DEV_DIR` alone when it is set, else
-    `.kspout-dev` in `start` (default: the working directory) and in each of its parents."""
+    `.kspout-dev` in the working directory and in each of its parents."""
     if os.environ.get(ENV_DEV_DIR):
         return [default_dir().absolute()]
-    here = (start if start is not None else Path.cwd()).absolute()
+    here = Path.cwd()
     return [folder / DIR_NAME for folder in (here, *here.parents)]
 
 
-def find_dir(start: Path | None = None) -> Path | None:
-    """The nearest of `search_dirs(start)` that holds a `stack.json` (running or not)."""
-    return next((d for d in search_dirs(start) if (d / STATE_FILE).is_file()), None)
+def find_dir() -> Path | None:
+    """The nearest of `search_dirs()` that holds a `stack.json` (running or not)."""
+    return next((d for d in search_dirs() if (d / STATE_FILE).is_file()), None)
 
 
-def find_stack(start: Path | None = None) -> tuple[Path, StackInfo]:
+def find_stack() -> tuple[Path, StackInfo]:
     """The nearest dev stack (its folder and addresses), if every server of it is up.
 
     Raises StackError naming where it looked when there is none, or which servers are down in
     the one it found; both say where to run `kspout dev up`.
     """
-    found = find_dir(start)
+    found = find_dir()
     state = None if found is None else read_state(found)
     if found is None or state is None:
-        raise StackError(not_found(search_dirs(start)))
+        raise StackError(not_found(search_dirs()))
     down = [name for name, component in state.components.items() if not component.up()]
     if down:
         raise StackError(
-            f"the dev stack in {found} is not running ({', '.join(down)} down): "
-            f"start it again with `kspout dev up` in {found.parent} "
-            f"(`cd {found.parent} && kspout dev up`)"
+            f"the dev stack in {found} is not running ({', '.join(down)} down): start it "
+            f"again with `cd {found.parent} && kspout dev up`"
         )
     return found, state.info
 
