@@ -19,7 +19,9 @@ config_option = click.option(
     type=click.Path(dir_okay=False),
     help="The topic's TOML file.",
 )
-json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead.")
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead (for scripts)."
+)
 
 
 @contextmanager
