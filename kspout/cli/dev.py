@@ -103,7 +103,7 @@ def status(workdir: Path | None, as_json: bool) -> None:
 def down(workdir: Path | None, grace: float, keep_data: bool, as_json: bool) -> None:
     """Stop the dev stack (SIGTERM, then SIGKILL after --grace seconds) and remove its state.
 
-    Says on stderr what it stopped; with --json, `{"dir", "up": false, "stopped", "kept_data"}`
+    Prints on stderr what it stopped; with --json, `{"dir", "up": false, "stopped", "kept_data"}`
     on stdout (`stopped` is false when there was no stack to stop).
     """
     workdir = (workdir or default_dir()).absolute()

@@ -233,7 +233,7 @@ def replays_answer(config: TopicConfig, results: list[Replay], dry_run: bool) ->
     }
 
 
-def _letters_table(config: TopicConfig, config_path: str, scan: LetterScan) -> Table:
+def _letters_table(config: TopicConfig, scan: LetterScan) -> Table:
     table = Table(title=f"{scan.dlq_topic}: dead letters of {config.topic}", title_justify="left")
     for name in ("dlq p:o", "dead-lettered", "partition", "offset", "attempts"):
         table.add_column(name, justify="right")
@@ -252,9 +252,7 @@ def _letters_table(config: TopicConfig, config_path: str, scan: LetterScan) -> T
         )
     foreign = f" ({count(scan.foreign, 'other record')} skipped)" if scan.foreign else ""
     table.caption = (
-        f"{count(len(scan.letters), 'letter')}, {count(scan.read, 'offset')} read{foreign}; "
-        f"replay one with `kspout dlq replay --config {shlex.quote(config_path)} "
-        "--offset <dlq p:o>`"
+        f"{count(len(scan.letters), 'letter')}, {count(scan.read, 'offset')} read{foreign}"
     )
     return table
 
@@ -328,7 +326,12 @@ def show(
         if not scan.letters:
             click.echo(_nothing(config, scan, chosen), err=True)
     elif scan.letters:
-        stdout_console().print(_letters_table(config, config_path, scan))
+        stdout_console().print(_letters_table(config, scan))
+        # Plain echo, not rich: a command must not be wrapped or read as markup.
+        click.echo(
+            f"replay one with: kspout dlq replay --config {shlex.quote(config_path)} "
+            "--offset <dlq p:o>"
+        )
     else:
         click.echo(_nothing(config, scan, chosen))
 

@@ -89,6 +89,7 @@ def progress_table(progress: Progress, title: str | None = None, width: int | No
     return table
 
 
+MEASURE_WIDTH = 10_000  # wider than any table: what a table would take, uncut
 Column = tuple[list[str], str]  # each partition's cell, and the totals row's
 
 
@@ -140,8 +141,8 @@ def _table(
 
 def _fits(table: Table, width: int) -> bool:
     """The table's widest rendering fits `width` columns."""
-    console = Console(width=width)  # only the width matters to a measurement
-    return console.measure(table).maximum <= width
+    unbounded = Console(width=MEASURE_WIDTH)  # a measurement is capped at the console's width
+    return unbounded.measure(table).maximum <= width
 
 
 def _stalls(view: PartitionView) -> str:
