@@ -112,8 +112,8 @@ class PartitionStatus:
     partition: int
     owner: str | None  # the live instance holding its claim
     last_writer: str | None  # the instance (or operator) that last wrote its record
-    assigned: str | None  # the live instance the assignment gives it to
-    moving_to: str | None  # `assigned`, when another instance is taking it over
+    assigned: str | None  # the instance the assignment gives it to (perhaps a stopped one)
+    moving_to: str | None  # `assigned`, when another live instance is taking it over
     committed: int | None  # the record's offset
     start: dict[str, Any] | None  # where `start` begins, when there is no record
     low: int | None  # None: the partition is not in Kafka's metadata
@@ -221,11 +221,10 @@ def _partition(
     now: int,
 ) -> PartitionStatus:
     owner = own.claims.get(m.partition)
-    # The assignment node outlives the instances it names: a stopped one is nobody's target.
     assigned = own.assignment.owners.get(m.partition)
-    if assigned not in instances:
-        assigned = None
     live = instances.get(owner) if owner is not None else None
+    # The assignment node outlives the instances it names: a stopped one is nobody's target.
+    moving_to = assigned if assigned in instances and assigned != owner else None
     reported: dict[str, Any] = {}
     if live is not None:
         report = _dict(own.instances[live.id].get("report"))
@@ -240,7 +239,7 @@ def _partition(
         owner=owner,
         last_writer=None if record is None else record.writer_id,
         assigned=assigned,
-        moving_to=assigned if assigned is not None and assigned != owner else None,
+        moving_to=moving_to,
         committed=record.offset if record is not None else None,
         start=_start(config, m),
         low=None if m.watermarks is None else m.watermarks[0],
@@ -340,12 +339,12 @@ def _instances_table(status: Status) -> Table:
     return table
 
 
-def _owner_text(row: PartitionStatus, anyone: bool) -> Text:
+def _owner_text(row: PartitionStatus, live: set[str]) -> Text:
     """The owner; `unowned` while instances run but none holds it, `none` when none runs,
     with the last writer of its record when that one is gone."""
     if row.owner is None:
-        text = Text("unowned", style="yellow") if anyone else Text("none")
-        if row.last_writer is not None:
+        text = Text("unowned", style="yellow") if live else Text("none")
+        if row.last_writer is not None and row.last_writer not in live:
             text.append(f" (last: {row.last_writer}, not running)")
     else:
         text = Text(row.owner + (" (stale)" if row.report_stale else ""))
@@ -382,7 +381,7 @@ def _partitions_table(status: Status) -> Table:
     for row in status.partitions:
         table.add_row(
             str(row.partition),
-            _owner_text(row, bool(status.instances)),
+            _owner_text(row, {i.id for i in status.instances}),
             _committed_text(row.committed, row.start),
             _dash(row.low),
             _dash(row.high),

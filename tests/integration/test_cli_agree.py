@@ -219,7 +219,7 @@ def test_status_after_every_instance_stopped_names_no_owner(
     answer: dict[str, Any] = json.loads(kspout("status", "--config", str(toml), "--json").stdout)
     assert answer["instances"] == []
     for row in answer["partitions"]:
-        assert (row["owner"], row["assigned"], row["moving_to"]) == (None, None, None)
+        assert (row["owner"], row["moving_to"]) == (None, None)
         assert row["last_writer"] == gone
     table = kspout("status", "--config", str(toml))
     assert table.exit_code == 0, table.output
