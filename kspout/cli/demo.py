@@ -44,6 +44,7 @@ from kspout.devstack import DevStack
 from kspout.driver import Progress
 from kspout.spout import KafkaSpout
 from kspout.topology import ChainItem
+from kspout.wording import count
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -194,7 +195,7 @@ def timeout_check(config: TopicConfig, stream: DemoStream, final: Progress) -> d
     """The per-message timeout check: only the slow messages time out, not their batch."""
     slow = stream.injected["slow"]
     name = (
-        f"timed out: {final.total('timed_out')} = the {slow} slow message(s) past "
+        f"timed out: {final.total('timed_out')} = the {count(slow, 'slow message')} past "
         f"message_timeout ({config.message_timeout:g}s), not the batch queued behind them"
     )
     return {name: final.total("timed_out") == slow}

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import textwrap
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,8 +81,11 @@ def place(producer: Producer, topic: str, placed: list[dict[str, object]]) -> No
 
 @pytest.fixture
 def workdir(
-    tmp_path: Path, stack: DevStack, make_config: Callable[..., TopicConfig]
-) -> Iterator[Path]:
+    tmp_path: Path,
+    stack: DevStack,
+    make_config: Callable[..., TopicConfig],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Path:
     """A directory with the snippets' topic files; the current directory while the test runs."""
     dedup = textwrap.dedent(
         f"""\
@@ -99,12 +102,8 @@ def workdir(
     topic_file(tmp_path / "orders.toml", stack, config, dedup)
     revenue_config = config.model_copy(update={"spout_id": f"{config.spout_id}-revenue"})
     topic_file(tmp_path / "orders-revenue.toml", stack, revenue_config, dedup)
-    here = Path.cwd()
-    os.chdir(tmp_path)
-    try:
-        yield tmp_path
-    finally:
-        os.chdir(here)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
 
 
 def test_the_readme_marks_its_fragments_and_runs_the_rest() -> None:
