@@ -107,6 +107,7 @@ from kspout.errors import (
     ZooKeeperUnavailable,
 )
 from kspout.lifecycle import Lifecycle
+from kspout.wording import count
 
 log = logging.getLogger(__name__)
 
@@ -406,7 +407,8 @@ class ZkOffsetStore(Lifecycle):
         wanted = sorted(set(partitions))
         paths = [self.partition_path(p) for p in wanted]
         where = paths[0] if len(paths) == 1 else self.path
-        action = f"read {where}" if len(paths) == 1 else f"read {len(paths)} records under {where}"
+        many = f"read {count(len(paths), 'record')} under {where}"
+        action = f"read {where}" if len(paths) == 1 else many
         found = self.call(action, where, lambda zk: self._get_all(zk, paths))
         return {
             p: self.decode(p, path, *node)
@@ -479,7 +481,8 @@ class ZkOffsetStore(Lifecycle):
         chunks = _chunks(writes, payloads, chunk_writes, chunk_bytes)
         commit = _CommitRound(self, payloads, chunks)
         where = self.partition_path(writes[0].partition) if len(writes) == 1 else self.path
-        self.call(f"commit {len(writes)} record(s) under {where}", where, commit.send_unanswered)
+        action = f"commit {count(len(writes), 'record')} under {where}"
+        self.call(action, where, commit.send_unanswered)
         return {w.partition: commit.outcome(w) for w in writes}
 
     def _payload(self, write: OffsetWrite) -> bytes:
@@ -978,18 +981,18 @@ def _refusal(chunk: Chunk, results: Sequence[Any]) -> str:
             result, RolledBackError | RuntimeInconsistency
         ):
             return (
-                f"a commit of {len(chunk)} partitions refused at partition {partition} "
+                f"a commit of {count(len(chunk), 'partition')} refused at partition {partition} "
                 f"({type(result).__name__})"
             )
-    return f"a commit of {len(chunk)} partitions refused"
+    return f"a commit of {count(len(chunk), 'partition')} refused"
 
 
 def describe_replay(stored: StoredOffset, ranges: Sequence[Range], now: int) -> str:
     """One line for people: a partition's offsets that would apply again, and since when at
     least the first of them was finished."""
-    count = sum(hi - lo for lo, hi in ranges)
+    again = sum(hi - lo for lo, hi in ranges)
     shown = ", ".join(f"[{lo}, {hi})" for lo, hi in ranges[:5])
-    more = f" and {len(ranges) - 5} more ranges" if len(ranges) > 5 else ""
+    more = f" and {count(len(ranges) - 5, 'more range')}" if len(ranges) > 5 else ""
     passed = stored.passed_at(ranges[0][0])
     when = (
         "finished above the commit point at an unknown time"
@@ -997,8 +1000,8 @@ def describe_replay(stored: StoredOffset, ranges: Sequence[Range], now: int) -> 
         else f"finished by {_iso(passed)} ({(now - passed) / 1000:.0f}s ago)"
     )
     return (
-        f"partition {stored.partition}: offsets {shown}{more} ({count} offsets, those finished "
-        f"among them; offset {ranges[0][0]} {when})"
+        f"partition {stored.partition}: offsets {shown}{more} ({count(again, 'offset')}, those "
+        f"finished among them; offset {ranges[0][0]} {when})"
     )
 
 

@@ -48,6 +48,7 @@ from kspout.errors import KafkaUnavailable, KspoutError
 from kspout.kafka import Record
 from kspout.kafka.deadletter import FLUSH_MARGIN, HEADER_PREFIX, IdempotentProducer
 from kspout.outcomes import describe_error
+from kspout.wording import count
 
 ID_HEADER = HEADER_PREFIX + "id"
 NO_REPORT = "no delivery report before the timeout"
@@ -90,9 +91,9 @@ class OutputFailed(KspoutError):
         self.failures = failures  # (output id, Kafka's error) per unacknowledged output
         output, error = failures[0]
         super().__init__(
-            f"{len(failures)} output(s) to {topic} not acknowledged by Kafka (first: {output}: "
-            f"{error}); the source message fails and is retried, its outputs re-sent with the "
-            "same ids; check that the topic exists and this client may write to it"
+            f"{count(len(failures), 'output')} to {topic} not acknowledged by Kafka (first: "
+            f"{output}: {error}); the source message fails and is retried, its outputs re-sent "
+            "with the same ids; check that the topic exists and this client may write to it"
         )
 
 
@@ -104,9 +105,10 @@ class OutputUnavailable(OutputFailed, KafkaUnavailable):
         super().__init__(topic, failures)
         output, error = failures[0]
         self.args = (
-            f"{len(failures)} output(s) to {topic} not acknowledged: its Kafka is unreachable "
-            f"or has no leader for them (first: {output}: {error}); the source message is "
-            "released, no attempt spent, and its outputs are sent again once Kafka answers",
+            f"{count(len(failures), 'output')} to {topic} not acknowledged: its Kafka is "
+            f"unreachable or has no leader for them (first: {output}: {error}); the source "
+            "message is released, no attempt spent, and its outputs are sent again once Kafka "
+            "answers",
         )
 
 

@@ -69,6 +69,7 @@ from kspout.errors import PartitionStopped
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
 from kspout.policy import BehindPolicy, ExhaustedPolicy, PartitionPolicy, PositionKind
 from kspout.spans import Due, Schedule, SpanMap, runs
+from kspout.wording import count as count_of
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -837,12 +838,12 @@ class PartitionManager:
             if target > emitted:
                 lost.append((emitted, target))
             self._reset(target)
-        count = sum(b - a for a, b in lost)
-        self._c.lost += count
+        lost_offsets = sum(b - a for a, b in lost)
+        self._c.lost += lost_offsets
         reset = OutOfRangeReset(low, high, cp, emitted, target, tuple(lost))
         log.warning(
             "%s[%s] out of range: needed [%d, %d), Kafka holds [%d, %d); policy %s moved to %d; "
-            "lost %d offsets %s",
+            "lost %s %s",
             self.topic,
             self.partition,
             cp,
@@ -851,7 +852,7 @@ class PartitionManager:
             high,
             position,
             target,
-            count,
+            count_of(lost_offsets, "offset"),
             lost,
         )
         return reset

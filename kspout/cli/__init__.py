@@ -17,7 +17,10 @@ from rich.logging import RichHandler
 @click.version_option(package_name="kspout")
 @click.option("-v", "--verbose", count=True, help="Log more (-v: info, -vv: debug).")
 def main(verbose: int) -> None:
-    """kspout: consume Kafka topics with Storm's guarantees, for Spark jobs."""
+    """kspout: consume Kafka topics with Storm's guarantees, for Spark jobs.
+
+    Every command prints a table for people, or one JSON object with --json for scripts.
+    """
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
     handler = RichHandler(console=Console(stderr=True), show_path=False, show_time=verbose > 0)
     logging.basicConfig(level=level, format="%(message)s", handlers=[handler], force=True)

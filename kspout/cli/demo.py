@@ -25,8 +25,9 @@ from rich.live import Live
 from rich.table import Table
 
 from kspout.cli import main
-from kspout.cli.options import kspout_errors, use_dev_stack
-from kspout.cli.report import progress_table
+from kspout.cli.answers import echo_json, stdout_console
+from kspout.cli.options import json_option, kspout_errors, use_dev_stack
+from kspout.cli.report import progress_json, progress_table
 from kspout.config import TopicConfig, load_config
 from kspout.demo import (
     DemoStream,
@@ -42,6 +43,7 @@ from kspout.devstack import DevStack
 from kspout.driver import Progress
 from kspout.spout import KafkaSpout
 from kspout.topology import ChainItem
+from kspout.wording import count
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -65,12 +67,16 @@ if TYPE_CHECKING:
     help="Use the running `kspout dev up` stack (in ./.kspout-dev or the nearest parent "
     "folder's) instead of starting one.",
 )
-def demo(config_path: str, messages: int, master: str, dev_stack: bool) -> None:
-    """Produce sentences with injected failures and count their words on Spark."""
+@json_option
+def demo(config_path: str, messages: int, master: str, dev_stack: bool, as_json: bool) -> None:
+    """Produce sentences with injected failures and count their words on Spark.
+
+    Prints each job's figures and OK/FAIL checks, and exits 1 if a check failed (--json: the
+    report goes to stderr, and {"ok", "messages", "seconds", "jobs"} to stdout, each job with
+    "spout", "ok", "seconds" and its final "progress").
+    """
     console = Console(stderr=True)
-    out = Console()
-    if not out.is_terminal:
-        out.width = 120
+    out = Console(stderr=True) if as_json else stdout_console()
     started = time.perf_counter()
     with kspout_errors(), ExitStack() as stack:
         if dev_stack:
@@ -105,17 +111,30 @@ def demo(config_path: str, messages: int, master: str, dev_stack: bool) -> None:
         counts = read_counts(storm, f"{job}:counts")
         ok = report_word_count(out, storm, stream, final, took, counts)
         timings = [(job, took)]
+        jobs = [job_json(job, ok, took, final)]
 
         job = "demo-exactly-once" + run
         once = job_config(config, job)
         bolt = exactly_once_chain(once, job, slow)
         console.print(f"running {job}: the dedup bolt around a counting handler")
         final, took = run_job(console, spark, once, bolt)
-        ok = report_exactly_once(out, once, stream, final, took, bolt.warnings) and ok
+        passed = report_exactly_once(out, once, stream, final, took, bolt.warnings)
         timings.append((job, took))
-        print_timings(out, stream.messages, timings, time.perf_counter() - started)
+        jobs.append(job_json(job, passed, took, final))
+        ok = ok and passed
+        total = time.perf_counter() - started
+        print_timings(out, stream.messages, timings, total)
+        if as_json:
+            echo_json(
+                {"ok": ok, "messages": stream.messages, "seconds": round(total, 3), "jobs": jobs}
+            )
         if not ok:
             raise SystemExit(1)
+
+
+def job_json(job: str, ok: bool, seconds: float, final: Progress) -> dict[str, object]:
+    """One job of `demo --json`: its checks passed or not, its wall time, its final progress."""
+    return {"spout": job, "ok": ok, "seconds": round(seconds, 3), "progress": progress_json(final)}
 
 
 def job_config(config: TopicConfig, job: str) -> TopicConfig:
@@ -131,7 +150,8 @@ def run_job(
     with Live(console=console, transient=True, auto_refresh=False) as live:
 
         def show(progress: Progress) -> None:
-            live.update(progress_table(progress, title=config.spout_id), refresh=True)
+            table = progress_table(progress, title=config.spout_id, width=console.width)
+            live.update(table, refresh=True)
 
         started = time.perf_counter()
         final = KafkaSpout(config, spark).run(chain, until_caught_up=True, on_progress=show)
@@ -163,7 +183,7 @@ def print_figures(
 ) -> dict[int, int]:
     """The final table, the totals, the job's wall time and the commit points; returns the
     commit points."""
-    out.print(progress_table(final, title=f"{config.spout_id}: final"))
+    out.print(progress_table(final, title=f"{config.spout_id}: final", width=out.width))
     stored = stored_offsets(config)
     out.print(
         f"acked {final.total('acked')}, duplicates {final.total('duplicates')}, "
@@ -180,7 +200,7 @@ def timeout_check(config: TopicConfig, stream: DemoStream, final: Progress) -> d
     """The per-message timeout check: only the slow messages time out, not their batch."""
     slow = stream.injected["slow"]
     name = (
-        f"timed out: {final.total('timed_out')} = the {slow} slow message(s) past "
+        f"timed out: {final.total('timed_out')} = the {count(slow, 'slow message')} past "
         f"message_timeout ({config.message_timeout:g}s), not the batch queued behind them"
     )
     return {name: final.total("timed_out") == slow}

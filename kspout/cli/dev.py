@@ -9,7 +9,6 @@ folder serves its subfolders too, and `up` there reports it instead of starting 
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,8 @@ from rich.console import Console
 from rich.table import Table
 
 from kspout.cli import main
+from kspout.cli.answers import echo_json
+from kspout.cli.options import json_option
 from kspout.devstack.processes import GRACE, pid_alive, stop_pid
 from kspout.devstack.stack import DevStack
 from kspout.devstack.state import (
@@ -43,7 +44,6 @@ _dir_option = click.option(
     help=f"State, data and logs of the stack [default: ${ENV_DEV_DIR}, else the nearest "
     ".kspout-dev in this folder or a parent, else ./.kspout-dev].",
 )
-_json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead.")
 
 
 @main.group()
@@ -53,12 +53,13 @@ def dev() -> None:
 
 @dev.command()
 @_dir_option
-@_json_option
+@json_option
 def up(workdir: Path | None, as_json: bool) -> None:
     """Start the dev stack in the background (or report the one already running).
 
-    Other commands reach it with `--dev` from this folder or any below it; or use
-    `eval "$(kspout dev up)"` to export its addresses into the shell.
+    Prints a table of the servers on stderr and `export KSPOUT_...` lines on stdout: use
+    `eval "$(kspout dev up)"` to export its addresses into the shell (--json: {"dir", "up",
+    "components", "env"}). Other commands reach it with `--dev` from this folder or any below it.
     """
     workdir = _where(workdir)
     state = read_state(workdir)
@@ -80,14 +81,17 @@ def up(workdir: Path | None, as_json: bool) -> None:
 
 @dev.command()
 @_dir_option
-@_json_option
+@json_option
 def status(workdir: Path | None, as_json: bool) -> None:
-    """Show each server of the dev stack, up or down; exit code 1 unless all are up."""
+    """Show each server of the dev stack, up or down; exit code 1 unless all are up.
+
+    Prints what `dev up` prints (--json: the same object).
+    """
     workdir = _where(workdir)
     state = read_state(workdir)
     if state is None:
         if as_json:
-            click.echo(json.dumps({"dir": str(workdir), "up": False, "components": {}}))
+            echo_json({"dir": str(workdir), "up": False, "components": {}})
         else:
             click.echo(_absent(workdir), err=True)
         raise SystemExit(1)
@@ -101,16 +105,25 @@ def status(workdir: Path | None, as_json: bool) -> None:
     "--grace", type=float, default=GRACE, show_default=True, help="Seconds before SIGKILL."
 )
 @click.option("--keep-data", is_flag=True, help="Keep the servers' data and logs.")
-def down(workdir: Path | None, grace: float, keep_data: bool) -> None:
-    """Stop the dev stack (SIGTERM, then SIGKILL after --grace seconds) and remove its state."""
+@json_option
+def down(workdir: Path | None, grace: float, keep_data: bool, as_json: bool) -> None:
+    """Stop the dev stack (SIGTERM, then SIGKILL after --grace seconds) and remove its state.
+
+    Prints on stderr what it stopped; with --json, `{"dir", "up": false, "stopped", "kept_data"}`
+    on stdout (`stopped` is false when there was no stack to stop).
+    """
     workdir = _where(workdir)
     state = read_state(workdir)
     if state is None:
         click.echo(f"nothing to stop: {_absent(workdir)}", err=True)
-        return
-    _stop(state, grace)
-    clear(workdir, keep_data=keep_data)
-    click.echo(f"dev stack in {workdir} stopped", err=True)
+    else:
+        _stop(state, grace)
+        clear(workdir, keep_data=keep_data)
+        click.echo(f"dev stack in {workdir} stopped", err=True)
+    if as_json:
+        echo_json(
+            {"dir": str(workdir), "up": False, "stopped": state is not None, "kept_data": keep_data}
+        )
 
 
 _LABELS = {"kafka": f"kafka {KAFKA_VERSION}"}  # Apache Kafka, KRaft
@@ -150,7 +163,7 @@ def _report(workdir: Path, state: StackState, as_json: bool, note: str) -> bool:
         for name, fields in out["components"].items():
             fields["up"] = health[name]
         out.update(dir=str(workdir), up=all_up, env=env)
-        click.echo(json.dumps(out, indent=2))
+        echo_json(out)
         return all_up
     table = Table(
         title=f"kspout dev stack ({note}): {workdir}",

@@ -14,7 +14,7 @@ to do next (a replay Kafka did not acknowledge lists what to replay again); 2 a 
 
 from __future__ import annotations
 
-import json
+import shlex
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -27,6 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kspout.cli import main
+from kspout.cli.answers import echo_json, stdout_console
 from kspout.cli.options import config_option, dev_option, json_option, kspout_errors
 from kspout.config import TopicConfig, load_config
 from kspout.kafka.dead_letter_log import (
@@ -39,6 +40,7 @@ from kspout.kafka.dead_letter_log import (
     StoredLetter,
     replay_target,
 )
+from kspout.wording import count
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -209,11 +211,26 @@ def replay_json(result: Replay) -> dict[str, Any]:
     }
 
 
-def _console() -> Console:
-    out = Console()
-    if not out.is_terminal:
-        out.width = 120  # whole cells in logs and pipes
-    return out
+def letters_answer(config: TopicConfig, scan: LetterScan) -> dict[str, Any]:
+    """`dlq show --json`: the letters found, and how many offsets were read for them."""
+    return {
+        "topic": config.topic,
+        "dlq_topic": scan.dlq_topic,
+        "read": scan.read,
+        "foreign": scan.foreign,
+        "letters": [letter_json(letter) for letter in scan.letters],
+    }
+
+
+def replays_answer(config: TopicConfig, results: list[Replay], dry_run: bool) -> dict[str, Any]:
+    """`dlq replay --json`: each chosen letter and where it went (or would go)."""
+    return {
+        "topic": config.topic,
+        "dlq_topic": config.dlq_topic,
+        "action": "replay",
+        "dry_run": dry_run,
+        "letters": [replay_json(result) for result in results],
+    }
 
 
 def _letters_table(config: TopicConfig, scan: LetterScan) -> Table:
@@ -233,10 +250,9 @@ def _letters_table(config: TopicConfig, scan: LetterScan) -> Table:
             Text(_clip(letter.error or None, ERROR_WIDTH)),
             Text(_clip(printable(letter.key), KEY_WIDTH)),
         )
-    foreign = f" ({scan.foreign} other record(s) skipped)" if scan.foreign else ""
+    foreign = f" ({count(scan.foreign, 'other record')} skipped)" if scan.foreign else ""
     table.caption = (
-        f"{len(scan.letters)} letter(s), {scan.read} offsets read{foreign}; "
-        "replay one with `kspout dlq replay --offset <dlq p:o>`"
+        f"{count(len(scan.letters), 'letter')}, {count(scan.read, 'offset')} read{foreign}"
     )
     return table
 
@@ -251,7 +267,8 @@ def _destination(result: Replay, dry_run: bool) -> Text:
 
 def _replays_table(results: list[Replay], dry_run: bool) -> Table:
     done = sum(result.error is None for result in results)
-    title = f"dry run: would replay {done} letter(s)" if dry_run else f"replayed {done} letter(s)"
+    letters = count(done, "letter")
+    title = f"dry run: would replay {letters}" if dry_run else f"replayed {letters}"
     table = Table(title=title, title_justify="left")
     for name in ("dlq p:o", "partition", "offset"):
         table.add_column(name, justify="right")
@@ -270,11 +287,13 @@ def _replays_table(results: list[Replay], dry_run: bool) -> Table:
     return table
 
 
-def _print_replays(results: list[Replay], dry_run: bool, as_json: bool) -> None:
+def _print_replays(
+    config: TopicConfig, results: list[Replay], dry_run: bool, as_json: bool
+) -> None:
     if as_json:
-        click.echo(json.dumps([replay_json(result) for result in results], indent=2))
+        echo_json(replays_answer(config, results, dry_run))
     else:
-        _console().print(_replays_table(results, dry_run))
+        stdout_console().print(_replays_table(results, dry_run))
 
 
 # -- commands --------------------------------------------------------------------------------
@@ -294,17 +313,26 @@ def show(
     limit: int | None,
     as_json: bool,
 ) -> None:
-    """List the topic's dead letters: where each lies, where it came from, why it failed."""
+    """List the topic's dead letters: where each lies, where it came from, why it failed.
+
+    Prints a table, one letter a row (--json: {"topic", "dlq_topic", "read", "foreign",
+    "letters"}, each letter with its whole error).
+    """
     chosen = LetterFilter(frozenset(partitions), reason, since_ms, until_ms)
     with kspout_errors():
         config = load_config(config_path)
         scan = _find(config, chosen, limit)
     if as_json:
-        click.echo(json.dumps([letter_json(letter) for letter in scan.letters], indent=2))
+        echo_json(letters_answer(config, scan))
         if not scan.letters:
             click.echo(_nothing(config, scan, chosen), err=True)
     elif scan.letters:
-        _console().print(_letters_table(config, scan))
+        stdout_console().print(_letters_table(config, scan))
+        # Plain echo, not rich: a command must not be wrapped or read as markup.
+        click.echo(
+            f"replay one with: kspout dlq replay --config {shlex.quote(config_path)} "
+            "--offset <dlq p:o>"
+        )
     else:
         click.echo(_nothing(config, scan, chosen))
 
@@ -346,7 +374,9 @@ def replay(
     """Produce chosen dead letters again: same key, value and headers, plus a replay mark.
 
     The producer is idempotent (acks=all) and every delivery is checked; under the dedup bolt
-    a replayed letter applies at most once, however often it is replayed.
+    a replayed letter applies at most once, however often it is replayed. Prints a table of the
+    letters and where each went (--json: {"topic", "dlq_topic", "action", "dry_run",
+    "letters"}).
     """
     chosen = LetterFilter(frozenset(partitions), reason, since_ms, until_ms, offsets)
     if not chosen.narrows and not all_letters:
@@ -361,7 +391,7 @@ def replay(
         scan = _find(config, chosen, limit)
         if not scan.letters:
             if as_json:
-                click.echo("[]")
+                echo_json(replays_answer(config, [], dry_run))
             click.echo(_nothing(config, scan, chosen), err=as_json)
             return
         if dry_run:
@@ -370,7 +400,7 @@ def replay(
             ]
         else:
             results = _replay(config, scan.letters, to_topic, as_json)
-    _print_replays(results, dry_run, as_json)
+    _print_replays(config, results, dry_run, as_json)
 
 
 def _replay(
@@ -381,5 +411,5 @@ def _replay(
         with LetterReplayer(config) as replayer:
             return replayer.replay(letters, to_topic)
     except ReplayFailed as exc:
-        _print_replays(exc.results, False, as_json)
+        _print_replays(config, exc.results, False, as_json)
         raise

@@ -15,17 +15,16 @@ that too, and the command then says what will apply again.
 
 from __future__ import annotations
 
-import json
 import socket
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from kspout.cli import main
+from kspout.cli.answers import change, echo_json, stdout_console
 from kspout.cli.options import (
     chosen_partitions,
     config_option,
@@ -48,6 +47,7 @@ from kspout.kafka import KafkaMetadata
 from kspout.offsets import StoredOffset, ZkOffsetStore, describe_replay, now_ms
 from kspout.ownership.tree import read_ownership
 from kspout.policy import Position
+from kspout.wording import count
 
 
 @main.group()
@@ -160,13 +160,13 @@ def _print_table(
             "yes" if view.writer_live else ("-" if view.writer_id is None else "no"),
         )
     table.caption = f"live instances: {', '.join(live)}" if live else "no live instance registered"
-    Console().print(table)
+    stdout_console().print(table)
     stopped = [view for view in views if view.stopped is not None]
     if stopped:
         # Plain echo, not rich: a command must not be wrapped or read as markup.
         click.echo(
-            f'{len(stopped)} partition(s) stopped by out_of_range = "fail"; moving the offset '
-            "resumes one (--to latest, an offset or timestamp:<ms> work too):"
+            f'{count(len(stopped), "partition")} stopped by out_of_range = "fail"; moving the '
+            "offset resumes one (--to latest, an offset or timestamp:<ms> work too):"
         )
         for view in stopped:
             click.echo(f"  {resume_command(config_path, view.partition)}")
@@ -177,12 +177,23 @@ def _print_table(
 @dev_option()
 @json_option
 def show(config_path: str, as_json: bool) -> None:
-    """Stored offset, watermarks, lag, stop and last writer of every partition of the topic."""
+    """Stored offset, watermarks, lag, stop and last writer of every partition of the topic.
+
+    Prints a table, and the command that resumes each stopped partition (--json:
+    {"topic", "spout", "live_instances", "partitions"}).
+    """
     with kspout_errors():
         config = load_config(config_path)
         views, live = _collect(config)
     if as_json:
-        click.echo(json.dumps([asdict(view) for view in views], indent=2))
+        echo_json(
+            {
+                "topic": config.topic,
+                "spout": config.zk_spout_path,
+                "live_instances": live,
+                "partitions": [asdict(view) for view in views],
+            }
+        )
     else:
         _print_table(config, config_path, views, live)
 
@@ -287,8 +298,12 @@ def set_offsets(
     force: bool,
     as_json: bool,
 ) -> None:
-    """Move the stored offset (the next offset to process) of some or all partitions."""
-    _move(config_path, chosen, every, target, force, as_json)
+    """Move the stored offset (the next offset to process) of some or all partitions.
+
+    Prints `topic[partition]: from -> to` per partition (--json: {"topic", "spout", "action",
+    "dry_run", "partitions"}, each with "changed", "from", "to", "applies_again").
+    """
+    _move(config_path, chosen, every, target, force, as_json, "set")
 
 
 @offsets.command(name="reset")
@@ -304,10 +319,13 @@ def reset_offsets(
     force: bool,
     as_json: bool,
 ) -> None:
-    """Move the stored offset of some or all partitions to the topic file's `start`."""
+    """Move the stored offset of some or all partitions to the topic file's `start`.
+
+    Prints and answers --json as `offsets set` does.
+    """
     with kspout_errors():
         start = load_config(config_path).start
-    _move(config_path, chosen, every, start, force, as_json)
+    _move(config_path, chosen, every, start, force, as_json, "reset")
 
 
 def _move(
@@ -317,8 +335,10 @@ def _move(
     target: int | Position,
     force: bool,
     as_json: bool,
+    action: str,
 ) -> None:
-    """`set` and `reset`: check, then move each chosen partition (see the module docstring)."""
+    """`set` and `reset` (the `action`): check, then move each chosen partition (see the
+    module docstring)."""
     with kspout_errors():
         config = load_config(config_path)
         with (
@@ -345,6 +365,7 @@ def _move(
     report = [
         {
             "partition": p,
+            "changed": moved.data["kspout"]["moved_from"] != moved.offset,
             "from": moved.data["kspout"]["moved_from"],
             "to": moved.offset,
             "applies_again": again[p][1] if p in again else None,
@@ -352,7 +373,7 @@ def _move(
         for p, moved in done
     ]
     if as_json:
-        click.echo(json.dumps(report, indent=2))
+        echo_json(change(config.topic, config.zk_spout_path, action, report, dry_run=False))
         return
     for row in report:
         click.echo(f"{config.topic}[{row['partition']}]: {_dash(row['from'])} -> {row['to']}")

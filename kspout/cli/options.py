@@ -22,7 +22,9 @@ config_option = click.option(
     type=click.Path(dir_okay=False),
     help="The topic's TOML file.",
 )
-json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead.")
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead (for scripts)."
+)
 DEV_HELP = (
     "Connect to the running `kspout dev up` stack, found in ./.kspout-dev or the nearest "
     "parent folder's (as git finds a repository): its addresses replace the topic file's and "

@@ -9,16 +9,15 @@ commit, while the other partitions keep flowing).
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 import click
 from kazoo.exceptions import BadVersionError, NodeExistsError
 from rich.console import Console
-from rich.table import Table
 
 from kspout.cli import main
+from kspout.cli.answers import change, echo_json, rows_table, stdout_console
 from kspout.cli.options import (
     chosen_partitions,
     config_option,
@@ -34,6 +33,7 @@ from kspout.kafka import KafkaMetadata
 from kspout.offsets import ZkOffsetStore, now_ms
 from kspout.ownership.assignment import Assignment, balance, moves
 from kspout.ownership.tree import SpoutTree, read_ownership, write_assignment
+from kspout.wording import count
 
 CLAIM_POLL = 0.2  # seconds between reads while waiting for moved partitions' new claims
 
@@ -51,7 +51,11 @@ class RebalanceError(KspoutError):
 def pause_partitions(
     config_path: str, chosen: tuple[int, ...], every: bool, wait: bool, as_json: bool
 ) -> None:
-    """Stop planning new offsets on partitions; what runs there finishes and is committed."""
+    """Stop planning new offsets on partitions; what runs there finishes and is committed.
+
+    Prints a table: per partition, whether this call paused it, its owner and whether it acked
+    (--json: {"topic", "spout", "action", "dry_run", "partitions"}).
+    """
     with kspout_errors():
         config = load_config(config_path)
         with ZkOffsetStore(config) as store, KafkaMetadata(config) as kafka:
@@ -65,15 +69,16 @@ def pause_partitions(
     rows = [
         {
             "partition": p,
+            "changed": p in created,
             "paused": True,
-            "already": p not in created,
             "owner": own.claims.get(p),
             "acked": p in own.paused and own.paused[p].acked_by is not None,
             "offset": own.paused[p].acked_offset if p in own.paused else None,
         }
         for p in partitions
     ]
-    _print(rows, as_json, f"{config.topic}: paused")
+    answer = change(config.topic, config.zk_spout_path, "pause", rows, dry_run=False)
+    _print(answer, as_json, f"{config.topic}: paused {count(len(created), 'partition')}", PAUSED)
 
 
 @main.command(name="resume")
@@ -84,7 +89,10 @@ def pause_partitions(
 def resume_partitions(
     config_path: str, chosen: tuple[int, ...], every: bool, as_json: bool
 ) -> None:
-    """Resume paused partitions (their owners plan them again)."""
+    """Resume paused partitions (their owners plan them again).
+
+    Prints a table: per partition, whether it was paused (--json as for `pause`).
+    """
     with kspout_errors():
         config = load_config(config_path)
         with ZkOffsetStore(config) as store, KafkaMetadata(config) as kafka:
@@ -92,8 +100,9 @@ def resume_partitions(
                 config.topic, kafka.partitions(config.topic), chosen, every
             )
             resumed = resume(store, partitions)
-    rows = [{"partition": p, "resumed": p in resumed} for p in partitions]
-    _print(rows, as_json, f"{config.topic}: resumed")
+    rows = [{"partition": p, "changed": p in resumed, "paused": False} for p in partitions]
+    answer = change(config.topic, config.zk_spout_path, "resume", rows, dry_run=False)
+    _print(answer, as_json, f"{config.topic}: resumed {count(len(resumed), 'partition')}", RESUMED)
 
 
 @main.command()
@@ -117,8 +126,9 @@ def rebalance(
     """Balance the partitions over the live instances now, or move some to one instance.
 
     Moved partitions are committed by their old owner before it lets them go, and resumed from
-    that commit by the new one; the others keep flowing. Exit code 1 when the moves did not
-    finish within --timeout.
+    that commit by the new one; the others keep flowing. Prints the moves, partition, from and
+    to (--json: {"topic", "spout", "action", "dry_run", "partitions"}). Exit code 1 when the
+    moves did not finish within --timeout.
     """
     if (move is None) != (target is None):
         raise click.UsageError("--move and --to go together")
@@ -146,14 +156,14 @@ def rebalance(
                 _write(store, new, None if found is None else found[1])
                 if wait:
                     _wait_for_claims(store, {p: to for p, _, to in changes}, timeout)
-    rows = [{"partition": p, "from": old, "to": to} for p, old, to in changes]
-    if as_json:
-        click.echo(json.dumps({"dry_run": dry_run, "moves": rows}, indent=2))
-    elif not rows:
-        click.echo(f"{config.topic}: balanced already; nothing moves")
+    rows = [{"partition": p, "changed": True, "from": old, "to": to} for p, old, to in changes]
+    answer = change(config.topic, config.zk_spout_path, "rebalance", rows, dry_run=dry_run)
+    if rows or as_json:
+        moved = count(len(rows), "partition")
+        title = f"{config.topic}: {'would move' if dry_run else 'moved'} {moved}"
+        _print(answer, as_json, title, MOVED)
     else:
-        title = f"{config.topic}: {'would move' if dry_run else 'moved'} {len(rows)} partitions"
-        _print(rows, False, title)
+        click.echo(f"{config.topic}: balanced already; nothing moves")
 
 
 def _parse_move(text: str, partitions: list[int]) -> list[int]:
@@ -202,7 +212,7 @@ def _write(store: ZkOffsetStore, new: Assignment, version: int | None) -> None:
 def _wait_for_claims(store: ZkOffsetStore, wanted: dict[int, str], timeout: float) -> None:
     """Until each moved partition is claimed by its new owner (`RebalanceError` on timeout)."""
     deadline = time.monotonic() + timeout
-    with Console(stderr=True).status(f"moving {len(wanted)} partitions"):
+    with Console(stderr=True).status(f"moving {count(len(wanted), 'partition')}"):
         while True:
             claims = read_ownership(store).claims
             late = {p: to for p, to in wanted.items() if claims.get(p) != to}
@@ -217,16 +227,20 @@ def _wait_for_claims(store: ZkOffsetStore, wanted: dict[int, str], timeout: floa
             time.sleep(CLAIM_POLL)
 
 
-def _print(rows: list[dict[str, Any]], as_json: bool, title: str) -> None:
+# The table columns of each answer: row key -> header.
+PAUSED = {
+    "partition": "partition",
+    "changed": "newly paused",
+    "owner": "owner",
+    "acked": "owner acked",
+    "offset": "at offset",
+}
+RESUMED = {"partition": "partition", "changed": "was paused"}
+MOVED = {"partition": "partition", "from": "from", "to": "to"}
+
+
+def _print(answer: dict[str, Any], as_json: bool, title: str, headers: dict[str, str]) -> None:
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
-        return
-    table = Table(title=title, title_justify="left")
-    for name in rows[0] if rows else ():
-        table.add_column(name)
-    for row in rows:
-        table.add_row(*("-" if v is None else str(v) for v in row.values()))
-    console = Console()
-    if not console.is_terminal:
-        console.width = 120
-    console.print(table)
+        echo_json(answer)
+    else:
+        stdout_console().print(rows_table(title, answer["partitions"], headers))

@@ -15,10 +15,10 @@ from dataclasses import asdict
 from typing import BinaryIO
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from kspout.cli import main
+from kspout.cli.answers import echo_json, stdout_console
 from kspout.cli.options import config_option, dev_option, json_option, kspout_errors
 from kspout.config import TopicConfig, load_config
 from kspout.errors import TopicNotFound
@@ -130,7 +130,9 @@ def produce(
     """Write messages to the topic file's topic, and wait until Kafka acknowledged each.
 
     Give --file FILE (one message per line, - for stdin) or --count N (test messages). Prints
-    how many messages each partition received and their first and last offsets.
+    how many messages each partition received and their first and last offsets (--json:
+    {"topic", "messages", "partitions": [{"partition", "messages", "first_offset",
+    "last_offset"}]}).
     """
     if source is not None and count is None:
         messages: Iterable[KeyValue] = file_messages(source, keyed)
@@ -147,6 +149,6 @@ def produce(
             written = writer.write(messages)
     rows = [written.get(p, Written(p)) for p in sorted(set(partitions) | set(written))]
     if as_json:
-        click.echo(json.dumps(_json(config.topic, rows), indent=2))
+        echo_json(_json(config.topic, rows))
     else:
-        Console().print(_table(config.topic, rows))
+        stdout_console().print(_table(config.topic, rows))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.console import Console
 from rich.table import Table
 
 from kspout.driver import PartitionView, Progress
@@ -44,48 +45,104 @@ HEADERS = {
 }
 
 
-def progress_table(progress: Progress, title: str | None = None) -> Table:
-    """Per-partition table: commit point, high watermark, lag, counts; a totals row last."""
+# Columns a narrow terminal hides, first the first: the rare counts, then the details that
+# `kspout status` and `--json` also give. Partition, lag and acked always stay.
+HIDE_FIRST = (
+    "restored",
+    "gaps",
+    "duplicates",
+    "deferred",
+    "released",
+    "crashed",
+    "skipped",
+    "invalid",
+    "stalls",
+    "lost",
+    "timed_out",
+    "exceptions",
+    "retried",
+    "high",
+    "committed",
+    "in flight",
+    "dead_lettered",
+    "status",
+    "failed",
+)
+
+
+def progress_table(progress: Progress, title: str | None = None, width: int | None = None) -> Table:
+    """Per-partition table: commit point, high watermark, lag, counts; a totals row last.
+
+    Given a `width` (the terminal's), columns are hidden in `HIDE_FIRST` order until the table
+    fits it whole, and the caption names them: numbers are never cut to an ellipsis.
+    """
+    columns = _columns(progress)
+    hidden: list[str] = []
+    table = _table(progress, title, columns, hidden)
+    for name in HIDE_FIRST:
+        if width is None or _fits(table, width):
+            break
+        if name in columns:
+            del columns[name]
+            hidden.append(name)
+            table = _table(progress, title, columns, hidden)
+    return table
+
+
+MEASURE_WIDTH = 10_000  # wider than any table: what a table would take, uncut
+Column = tuple[list[str], str]  # each partition's cell, and the totals row's
+
+
+def _columns(progress: Progress) -> dict[str, Column]:
+    """Every column the progress calls for, in order: name -> cells."""
+    views = progress.partitions
+    out: dict[str, Column] = {"partition": ([str(v.partition) for v in views], "all")}
+    if any(view.status != "running" for view in views):
+        out["status"] = ([_status(v) for v in views], "")
+    out["committed"] = (["-" if v.committed is None else str(v.committed) for v in views], "")
+    out["high"] = ([str(v.high) for v in views], "")
+    out["lag"] = ([str(v.lag) for v in views], str(progress.lag))
+    out["in flight"] = ([str(v.stats.in_flight) for v in views], str(progress.total("in_flight")))
+    failed = [str(v.stats.failed + v.stats.dead_letter_pending) for v in views]
+    out["failed"] = (failed, str(progress.total("failed") + progress.total("dead_letter_pending")))
+    for name in COUNTERS:
+        if name not in OCCASIONAL or progress.total(name):
+            cells = [str(getattr(v.stats, name)) for v in views]
+            out[name] = (cells, str(progress.total(name)))
+    if any(view.stalls for view in views):
+        out["stalls"] = ([_stalls(v) for v in views], str(sum(v.stalls for v in views)))
+    return out
+
+
+def _table(
+    progress: Progress, title: str | None, columns: dict[str, Column], hidden: list[str]
+) -> Table:
     table = Table(
         title=title or f"{progress.topic}: batch {progress.batches}, {progress.elapsed:.1f}s",
         title_justify="left",
     )
-    counters = [c for c in COUNTERS if c not in OCCASIONAL or progress.total(c)]
-    status = any(view.status != "running" for view in progress.partitions)
-    stalls = any(view.stalls for view in progress.partitions)
-    names = ("partition", *(("status",) if status else ()), "committed", "high", "lag")
-    for name in (*names, "in flight", "failed", *counters, *(("stalls",) if stalls else ())):
-        table.add_column(HEADERS.get(name, name), justify="right")
-    for view in progress.partitions:
-        s = view.stats
-        table.add_row(
-            str(view.partition),
-            *((_status(view),) if status else ()),
-            "-" if view.committed is None else str(view.committed),
-            str(view.high),
-            str(view.lag),
-            str(s.in_flight),
-            str(s.failed + s.dead_letter_pending),
-            *(str(getattr(s, name)) for name in counters),
-            *((_stalls(view),) if stalls else ()),
-        )
+    for name in columns:
+        table.add_column(HEADERS.get(name, name), justify="right", no_wrap=True)
+    for i in range(len(progress.partitions)):
+        table.add_row(*(cells[i] for cells, _ in columns.values()))
     table.add_section()
-    table.add_row(
-        "all",
-        *(("",) if status else ()),
-        "",
-        "",
-        str(progress.lag),
-        str(progress.total("in_flight")),
-        str(progress.total("failed") + progress.total("dead_letter_pending")),
-        *(str(progress.total(name)) for name in counters),
-        *((str(sum(view.stalls for view in progress.partitions)),) if stalls else ()),
-        style="bold",
-    )
+    table.add_row(*(total for _, total in columns.values()), style="bold")
     caption = [f"{view.partition}: {view.stopped}" for view in progress.partitions if view.stopped]
+    notes = []
     if caption:
-        table.caption = "stopped (resume with `kspout offsets set`): " + "; ".join(caption)
+        notes.append("stopped (resume with `kspout offsets set`): " + "; ".join(caption))
+    if hidden:
+        shown = ", ".join(HEADERS.get(name, name) for name in hidden)
+        notes.append(f"hidden to fit the terminal: {shown} (widen it, or see --json)")
+    if notes:
+        table.caption = "\n".join(notes)
     return table
+
+
+def _fits(table: Table, width: int) -> bool:
+    """The table's widest rendering fits `width` columns."""
+    unbounded = Console(width=MEASURE_WIDTH)  # a measurement is capped at the console's width
+    return unbounded.measure(table).maximum <= width
 
 
 def _stalls(view: PartitionView) -> str:

@@ -10,7 +10,6 @@ next start).
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import sys
 
@@ -19,6 +18,7 @@ from rich.console import Console
 from rich.live import Live
 
 from kspout.cli import main
+from kspout.cli.answers import echo_json, stdout_console
 from kspout.cli.options import config_option, dev_option, json_option, kspout_errors
 from kspout.cli.report import progress_json, progress_table
 from kspout.config import TopicConfig, load_config
@@ -101,6 +101,9 @@ def run(
 
     Failed records are retried with backoff up to `max_retries`, then dead-lettered or skipped
     per the config; the commit point goes to ZooKeeper every `commit_interval` and on exit.
+
+    Prints a live progress table on stderr in a terminal, the metrics URL with `[metrics]`, and
+    the final table per partition on stdout (--json: the final progress as JSON).
     """
     with kspout_errors():
         config = load_config(config_path)
@@ -113,7 +116,7 @@ def run(
         ):
 
             def show(progress: Progress) -> None:
-                live.update(progress_table(progress), refresh=True)
+                live.update(progress_table(progress, width=console.width), refresh=True)
 
             driver = Driver(
                 config,
@@ -123,13 +126,13 @@ def run(
                 replay_past_window=replay_past_window,
             )
             with driver:
+                if driver.metrics_url is not None:  # the bound port, also for `port = 0`
+                    console.print(f"metrics at {driver.metrics_url}", markup=False)
                 final = driver.run(
                     max_batches=max_batches, until_caught_up=until_caught_up, stop=stop
                 )
         if as_json:
-            click.echo(json.dumps(progress_json(final), indent=2))
+            echo_json(progress_json(final))
         else:
-            out = Console()
-            if not out.is_terminal:
-                out.width = 120  # whole numbers in logs and pipes, not ellipses
-            out.print(progress_table(final, title=f"{config.topic}: final"))
+            out = stdout_console()
+            out.print(progress_table(final, title=f"{config.topic}: final", width=out.width))

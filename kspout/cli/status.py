@@ -16,8 +16,6 @@ the topic file is invalid), with a message that says what to check.
 
 from __future__ import annotations
 
-import json
-import os
 import shlex
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -25,11 +23,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from kspout.cli import main
+from kspout.cli.answers import echo_json, stdout_console
 from kspout.cli.options import config_option, dev_option, json_option
 from kspout.cli.views import PartitionMarks, age, iso, read_marks
 from kspout.config import TopicConfig, load_config
@@ -37,10 +35,10 @@ from kspout.errors import KspoutError, TopicNotFound, resume_command
 from kspout.kafka import KafkaMetadata
 from kspout.offsets import ZkOffsetStore, now_ms
 from kspout.ownership.tree import Ownership, Pause, read_ownership
+from kspout.wording import count
 
 STALE_AFTER = 3  # commit intervals: a live driver reports at least every 2 (REPORT_EVERY)
 COULD_NOT_TELL = 3  # exit code (1 is `lag`'s "above the threshold", 2 click's usage error)
-WIDTH = 140  # columns for tables written to a pipe or file (rich's default there is 80)
 
 
 class CouldNotTell(click.ClickException):
@@ -112,9 +110,10 @@ class PartitionStatus:
     """One partition (also its JSON shape). The counts are None when no live owner reports it."""
 
     partition: int
-    owner: str | None  # the instance holding its claim
-    assigned: str | None  # the instance the assignment gives it to
-    moving_to: str | None  # `assigned`, when another instance is taking it over
+    owner: str | None  # the live instance holding its claim
+    last_writer: str | None  # the instance (or operator) that last wrote its record
+    assigned: str | None  # the instance the assignment gives it to (perhaps a stopped one)
+    moving_to: str | None  # `assigned`, when another live instance is taking it over
     committed: int | None  # the record's offset
     start: dict[str, Any] | None  # where `start` begins, when there is no record
     low: int | None  # None: the partition is not in Kafka's metadata
@@ -224,6 +223,8 @@ def _partition(
     owner = own.claims.get(m.partition)
     assigned = own.assignment.owners.get(m.partition)
     live = instances.get(owner) if owner is not None else None
+    # The assignment node outlives the instances it names: a stopped one is nobody's target.
+    moving_to = assigned if assigned in instances and assigned != owner else None
     reported: dict[str, Any] = {}
     if live is not None:
         report = _dict(own.instances[live.id].get("report"))
@@ -236,8 +237,9 @@ def _partition(
     return PartitionStatus(
         partition=m.partition,
         owner=owner,
+        last_writer=None if record is None else record.writer_id,
         assigned=assigned,
-        moving_to=assigned if assigned is not None and assigned != owner else None,
+        moving_to=moving_to,
         committed=record.offset if record is not None else None,
         start=_start(config, m),
         low=None if m.watermarks is None else m.watermarks[0],
@@ -308,17 +310,11 @@ def _ranges(partitions: list[int]) -> str:
     return ", ".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in runs) or "-"
 
 
-def _console() -> Console:
-    console = Console()
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console.width = WIDTH
-    return console
-
-
 def _instances_table(status: Status) -> Table:
     metrics = any(i.metrics for i in status.instances)
     table = Table(
-        title=f"{status.topic}: spout {status.spout}, {len(status.instances)} live instance(s)",
+        title=f"{status.topic}: spout {status.spout}, "
+        f"{count(len(status.instances), 'live instance')}",
         title_justify="left",
     )
     names = ("instance", "host", "pid", "since", "owns", "report", "refused")
@@ -343,9 +339,13 @@ def _instances_table(status: Status) -> Table:
     return table
 
 
-def _owner_text(row: PartitionStatus, anyone: bool) -> Text:
+def _owner_text(row: PartitionStatus, live: set[str]) -> Text:
+    """The owner; `unowned` while instances run but none holds it, `none` when none runs,
+    with the last writer of its record when that one is gone."""
     if row.owner is None:
-        text = Text("unowned", style="yellow") if anyone else Text("-")
+        text = Text("unowned", style="yellow") if live else Text("none")
+        if row.last_writer is not None and row.last_writer not in live:
+            text.append(f" (last: {row.last_writer}, not running)")
     else:
         text = Text(row.owner + (" (stale)" if row.report_stale else ""))
     if row.moving_to is not None:
@@ -381,7 +381,7 @@ def _partitions_table(status: Status) -> Table:
     for row in status.partitions:
         table.add_row(
             str(row.partition),
-            _owner_text(row, bool(status.instances)),
+            _owner_text(row, {i.id for i in status.instances}),
             _committed_text(row.committed, row.start),
             _dash(row.low),
             _dash(row.high),
@@ -439,7 +439,9 @@ def _notes(status: Status, config_path: str, now: int) -> list[str]:
 def status(config_path: str, as_json: bool) -> None:
     """Live instances, and each partition's owner, commit point, lag, counts and state.
 
-    Counts (in flight, waiting, dead-lettered, lost) come from the owner's last report.
+    Prints a table of the instances and one of the partitions with a totals row (--json:
+    {"topic", "spout", "instances", "partitions", "totals"}). Counts (in flight, waiting,
+    dead-lettered, lost) come from the owner's last report.
 
     \b
     Exit codes:
@@ -453,9 +455,9 @@ def status(config_path: str, as_json: bool) -> None:
         now = now_ms()
         found = collect_status(config, now=now)
     if as_json:
-        click.echo(json.dumps(asdict(found), indent=2))
+        echo_json(asdict(found))
         return
-    console = _console()
+    console = stdout_console()
     if found.instances:
         console.print(_instances_table(found))
     else:
@@ -486,7 +488,8 @@ def lag_command(ctx: click.Context, config_path: str, threshold: int | None, as_
     """Each partition's lag and the total, from the records and Kafka's high watermarks only.
 
     Lag is Kafka's high watermark minus the stored commit point; a partition without a record
-    counts from where the topic file's `start` begins.
+    counts from where the topic file's `start` begins. Prints a table with a totals row (--json:
+    {"topic", "spout", "lag", "threshold", "above", "behind", "partitions"}).
 
     \b
     Exit codes, for cron alerts:
@@ -518,9 +521,9 @@ def lag_command(ctx: click.Context, config_path: str, threshold: int | None, as_
     if as_json:
         report = {"topic": config.topic, "spout": config.zk_spout_path, "lag": total}
         report |= {"threshold": threshold, "above": above, "behind": behind, "partitions": rows}
-        click.echo(json.dumps(report, indent=2))
+        echo_json(report)
     else:
-        _console().print(_lag_table(config, rows, total))
+        stdout_console().print(_lag_table(config, rows, total))
         if above:
             shown = ", ".join(f"{p} ({lags[p]})" for p in behind)
             click.echo(f"total lag {total} is above {threshold}; partitions behind: {shown}")

@@ -519,6 +519,12 @@ class Driver(Lifecycle):
         )
 
     @property
+    def metrics_url(self) -> str | None:
+        """Where Prometheus scrapes this driver (the bound port, for `port = 0`); None when
+        it serves no metrics or has not started."""
+        return self._metrics.url
+
+    @property
     def partition_managers(self) -> Mapping[int, PartitionManager]:
         """The partitions this driver runs, read-only (for tools and benchmarks)."""
         return MappingProxyType(self._pms)

@@ -41,6 +41,7 @@ from kspout.kafka.fetcher import PartitionFetcher
 from kspout.kafka.metadata import KafkaMetadata
 from kspout.kafka.records import Headers, Record
 from kspout.lifecycle import Lifecycle
+from kspout.wording import count
 
 REPLAYED_FROM = HEADER_PREFIX + "replayed_from"  # `<dlq topic>/<partition>/<offset>`
 REPLAYED_AT = HEADER_PREFIX + "replayed_at"  # ms since the epoch
@@ -63,7 +64,7 @@ class LetterNotFound(KspoutError):
         self.offset = offset
         super().__init__(
             f"{dlq_topic}: no dead letter at {partition}:{offset} ({why}); list the letters "
-            "with `kspout dlq show` and name them as DLQ_PARTITION:OFFSET"
+            "with `kspout dlq show --config <topic file>` and name them as DLQ_PARTITION:OFFSET"
         )
 
 
@@ -78,7 +79,7 @@ class ReplayFailed(KafkaUnavailable):
             f"--offset {r.letter.dlq_partition}:{r.letter.dlq_offset}" for r in failed
         )
         super().__init__(
-            f"{len(failed)} of {len(self.results)} dead letter(s) were not replayed to "
+            f"{len(failed)} of {count(len(self.results), 'dead letter')} not replayed to "
             f"{first.topic} (first: {first.letter.address}: {first.error}); check that the topic "
             f"exists and this client may write to it, then replay those alone: {offsets}. A "
             "letter reported failed may still have been written (a timeout is in doubt): under "

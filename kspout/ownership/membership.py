@@ -37,6 +37,7 @@ from kspout.ownership.tree import (
     partitions_named,
     write_assignment,
 )
+from kspout.wording import count
 
 log = logging.getLogger(__name__)
 
@@ -141,12 +142,13 @@ class Membership:
         moved = sum(
             1 for p in self.assignment.owners if self.assignment.owners[p] != new.owners.get(p)
         )
-        log.log(
-            logging.WARNING if moved else logging.INFO,
-            "balanced %d partitions over %d instances (%d move)",
-            len(new.owners),
-            len(self.live),
-            moved,
+        # Info, not a warning: a balance follows every start, join and departure, and a lone
+        # instance restarting takes its partitions over from its own earlier, stopped self.
+        log.info(
+            "balanced %s over %s (%s)",
+            count(len(new.owners), "partition"),
+            count(len(self.live), "instance"),
+            f"{count(moved, 'partition')} moved" if moved else "none moved",
         )
         self.assignment = new
 

@@ -89,7 +89,7 @@ def test_an_operators_move_behind_the_dedup_window_is_refused_without_force(
 
     forced = kspout("--all", "--to", "earliest", "--force", "--json")
     assert forced.exit_code == 0, forced.output
-    rows = json.loads(forced.output)
+    rows = json.loads(forced.output)["partitions"]
     assert {row["partition"] for row in rows if row["applies_again"]} == set(PARTITIONS)
     assert stored(config) == dict.fromkeys(PARTITIONS, 0)
 

@@ -184,7 +184,7 @@ def test_an_output_kafka_refuses_fails_its_source_message(
         for h in dead_letter_headers(config, stack.info.brokers)
     }
     for offset in ("0", "1"):
-        assert errors[offset].startswith(f"OutputFailed: 1 output(s) to {notes} not acknowledged")
+        assert errors[offset].startswith(f"OutputFailed: 1 output to {notes} not acknowledged")
         assert f"{config.topic}@0:{offset}#0" in errors[offset]
     assert stored(config)[0] == 2
     assert read_topic(stack.info.brokers, notes, expected=1) == []

@@ -76,9 +76,12 @@ def dlq(toml: Path, *args: str) -> Result:
 
 
 def dlq_json(toml: Path, *args: str) -> list[dict[str, Any]]:
+    """The letters of `dlq show|replay --json`, after checking the answer's shape."""
     result = dlq(toml, *args, "--json")
     assert result.exit_code == 0, result.output
-    rows: list[dict[str, Any]] = json.loads(result.stdout)
+    answer = json.loads(result.stdout)
+    assert {"topic", "dlq_topic", "letters"} <= answer.keys()
+    rows: list[dict[str, Any]] = answer["letters"]
     return rows
 
 
@@ -144,14 +147,15 @@ def test_show_lists_the_letters_of_a_run_and_filters_them(
     assert at(dlq_json(toml, "show", "--until", str(newest + 1))) == LETTERS
 
     none = dlq(toml, "show", "--reason", "timeout", "--json")
-    assert none.exit_code == 0 and json.loads(none.stdout) == []
+    assert none.exit_code == 0 and json.loads(none.stdout)["letters"] == []
     assert "matches the filters" in none.stderr
 
     table = dlq(toml, "show")
     assert table.exit_code == 0, table.output
     assert "dead letters of" in table.stdout and id_of(0, 3) in table.stdout
     assert table.stdout.count("exception") == 2 and table.stdout.count("invalid") == 1
-    assert "3 letter(s)" in table.stdout and "1 other record(s)" in table.stdout
+    assert "3 letters" in table.stdout and "1 other record skipped" in table.stdout
+    assert f"kspout dlq replay --config {toml} --offset" in table.stdout  # runs as printed
 
 
 def test_show_says_so_when_nothing_was_dead_lettered(
@@ -234,7 +238,7 @@ def test_a_dry_run_writes_nothing(dead_lettered: tuple[TopicConfig, Path]) -> No
     assert dlq_json(toml, "replay", "--offset", letter, "--since", later, "--dry-run") == []
     table = dlq(toml, "replay", "--all", "--dry-run")
     assert table.exit_code == 0, table.output
-    assert "would replay 3 letter(s)" in table.stdout
+    assert "would replay 3 letters" in table.stdout
     assert highs(config) == before
 
 
@@ -276,10 +280,11 @@ def test_a_letter_kafka_refuses_fails_the_replay_and_is_named(
 
     assert result.exit_code == 1
     rows = {
-        (row["source_partition"], row["source_offset"]): row for row in json.loads(result.stdout)
+        (row["source_partition"], row["source_offset"]): row
+        for row in json.loads(result.stdout)["letters"]
     }
     assert set(rows) == LETTERS | {(9, 0)}
     assert all(rows[at]["replayed"] for at in LETTERS)
     assert not rows[9, 0]["replayed"] and "partition" in rows[9, 0]["replay_error"].lower()
-    assert "1 of 4 dead letter(s) were not replayed" in result.stderr
+    assert "1 of 4 dead letters not replayed" in result.stderr
     assert f"--offset {letter}" in result.stderr

@@ -64,7 +64,9 @@ def test_show_reports_lag_and_where_start_would_begin(
         spout.register_instance()
         result = kspout("show", "--json")
         assert result.exit_code == 0, result.output
-        rows = {row["partition"]: row for row in json.loads(result.stdout)}
+        answer = json.loads(result.stdout)
+        assert answer["live_instances"] == ["orders-run1"]
+        rows = {row["partition"]: row for row in answer["partitions"]}
         assert sorted(rows) == [0, 1, 2, 3]
         assert rows[0] == {
             "partition": 0,
@@ -99,8 +101,9 @@ def test_set_to_a_number_prints_old_and_new(
     assert result.exit_code == 0, result.output
     assert result.stdout.strip().endswith("[0]: 4 -> 7")
     created = kspout("set", "--partition", "1", "--to", "2", "--json")
-    moved = {"partition": 1, "from": None, "to": 2, "applies_again": None}
-    assert json.loads(created.stdout) == [moved]
+    moved = {"partition": 1, "changed": True, "from": None, "to": 2, "applies_again": None}
+    answer = json.loads(created.stdout)
+    assert (answer["action"], answer["dry_run"], answer["partitions"]) == ("set", False, [moved])
     assert stored_offsets(topic_file) == {0: 7, 1: 2}
 
 
@@ -113,7 +116,8 @@ def test_set_to_earliest_latest_and_timestamp(
     assert stored_offsets(topic_file) == {0: 0, 1: 0, 2: 0, 3: 0}
     at = kspout("set", "--partition", "0", "--to", f"timestamp:{BASE_MS + 5000}", "--json")
     assert at.exit_code == 0, at.output
-    assert json.loads(at.stdout) == [{"partition": 0, "from": 0, "to": 5, "applies_again": None}]
+    moved = {"partition": 0, "changed": True, "from": 0, "to": 5, "applies_again": None}
+    assert json.loads(at.stdout)["partitions"] == [moved]
 
 
 def claim(spout: ZkOffsetStore, partition: int) -> None:
@@ -170,7 +174,7 @@ def test_show_marks_a_stopped_partition_and_its_resume_command_resumes_it(
 
         result = kspout("show", "--json")
         assert result.exit_code == 0, result.output
-        rows = {row["partition"]: row for row in json.loads(result.stdout)}
+        rows = {row["partition"]: row for row in json.loads(result.stdout)["partitions"]}
         assert rows[0]["stopped"] == REASON and rows[0]["out_of_range"] is True
         assert rows[1]["stopped"] is None and rows[2]["stopped"] is None
 
@@ -195,7 +199,8 @@ def test_show_marks_a_stopped_partition_and_its_resume_command_resumes_it(
         after = kspout("show")
         assert after.exit_code == 0, after.output
         assert "STOPPED" not in after.stdout and "kspout offsets set" not in after.stdout
-        rows = {row["partition"]: row for row in json.loads(kspout("show", "--json").stdout)}
+        shown = json.loads(kspout("show", "--json").stdout)
+        rows = {row["partition"]: row for row in shown["partitions"]}
         assert rows[0]["stopped"] is None and rows[0]["stored_offset"] == 0
 
 

@@ -51,6 +51,10 @@ def by_partition(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     return {row["partition"]: row for row in rows}
 
 
+def by_id(instances: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {instance["id"]: instance for instance in instances}
+
+
 def with_commit_interval(path: Path, seconds: float) -> Path:
     """`path`'s topic file with another commit interval (which sets when a report is stale)."""
     text = path.read_text().replace("commit_interval = 0.5", f"commit_interval = {seconds}")
@@ -181,13 +185,20 @@ def test_status_marks_a_partition_another_instance_takes_over(
     moved = Assignment(owners, (me, "other-1"), PARTITIONS, "operator@test", 0)
     zk.set(SpoutTree(config.zk_spout_path).assignment, moved.encode())
 
-    data = status_json(config_file)
+    with ZkOffsetStore(config, instance_id="other-1") as other:
+        other.register_instance()  # live, not holding partition 3 yet
+        data = status_json(config_file)
+        table = kspout(config_file, "status").stdout
     rows = by_partition(data["partitions"])
     assert rows[3]["owner"] == me and rows[3]["assigned"] == rows[3]["moving_to"] == "other-1"
     assert all(rows[p]["moving_to"] is None for p in (0, 1, 2))
-    assert data["instances"][0]["assigned"] == [0, 1, 2]
-    table = kspout(config_file, "status").stdout
+    assert by_id(data["instances"])[me]["assigned"] == [0, 1, 2]
     assert f"{me} -> other-1" in table and "0-3 (assigned 0-2)" in table
+
+    # Once other-1 is gone, the assignment naming it moves nothing.
+    rows = by_partition(status_json(config_file)["partitions"])
+    assert rows[3]["owner"] == me and rows[3]["moving_to"] is None
+    assert "->" not in kspout(config_file, "status").stdout
 
 
 def test_status_without_instances_shows_records_stops_and_start(

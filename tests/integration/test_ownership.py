@@ -126,7 +126,7 @@ def test_two_drivers_divide_the_partitions_and_rebalance_move_moves_them_while_f
         )
         flowing.join()
         assert moved.exit_code == 0, moved.output
-        rows = json.loads(moved.stdout)["moves"]
+        rows = json.loads(moved.stdout)["partitions"]
         assert sorted(r["partition"] for r in rows) == mine_a
         assert {r["to"] for r in rows} == {b.progress().instance}
         assert claims(config) == dict.fromkeys(PARTITIONS, b.progress().instance)
@@ -153,7 +153,7 @@ def test_pause_resume_and_offsets_set_force_go_through_the_owner(
 
         paused = cli("pause", toml, "--partition", "0", "--json")
         assert paused.exit_code == 0, paused.output
-        (row,) = json.loads(paused.stdout)
+        (row,) = json.loads(paused.stdout)["partitions"]
         assert row["acked"] and row["owner"] == driver.progress().instance and row["offset"] == 100
         produce(producer, config.topic, {0: range(100, 150), 1: range(100, 150)})
         eventually(lambda: stored(config)[1] == 150, what="partition 1 flows")
@@ -163,7 +163,9 @@ def test_pause_resume_and_offsets_set_force_go_through_the_owner(
         assert status[0] == "paused" and status[1] == "running"
 
         resumed = cli("resume", toml, "--partition", "0", "--json")
-        assert json.loads(resumed.stdout) == [{"partition": 0, "resumed": True}]
+        answer = json.loads(resumed.stdout)
+        assert answer["action"] == "resume"
+        assert answer["partitions"] == [{"partition": 0, "changed": True, "paused": False}]
         eventually(lambda: stored(config)[0] == 150, what="partition 0 resumes")
 
         refused = cli("offsets set", toml, "--partition", "2", "--to", "50")
@@ -171,7 +173,7 @@ def test_pause_resume_and_offsets_set_force_go_through_the_owner(
         assert driver.progress().instance in refused.stderr
         forced = cli("offsets set", toml, "--partition", "2", "--to", "50", "--force", "--json")
         assert forced.exit_code == 0, forced.output
-        assert json.loads(forced.stdout)[0]["to"] == 50
+        assert json.loads(forced.stdout)["partitions"][0]["to"] == 50
         eventually(lambda: all(handler.counts[(2, o)] == 2 for o in range(50, 100)), what="replay")
         eventually(lambda: caught_up(config), what="caught up after the move")
         assert read_paused(config) == {}  # --force resumed what it paused

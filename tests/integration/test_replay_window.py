@@ -153,6 +153,6 @@ def test_an_operators_move_behind_the_window_needs_force(
 
     code, output = kspout("--partition", "0", "--to", "10", "--force", "--json")
     assert code == 0, output
-    (row,) = json.loads(output)
+    (row,) = json.loads(output)["partitions"]
     assert row["to"] == 10 and "partition 0: offsets [10, 30)" in row["applies_again"]
     assert stored(config)[0] == 10

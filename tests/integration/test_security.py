@@ -450,7 +450,7 @@ password_env = "T_REDIS_PASSWORD"
     table = kspout("offsets", "show")
 
     assert json.loads(ran.stdout)["lag"] == 0
-    rows = json.loads(shown.stdout)
+    rows = json.loads(shown.stdout)["partitions"]
     assert [row["stored_offset"] for row in rows] == [MESSAGES] * len(PARTITIONS)
     for result in (ran, shown, table):
         printed = result.output + result.stderr

@@ -60,3 +60,17 @@ def test_json_carries_status_breaker_and_stop() -> None:
     }
     assert parts[2]["stopped"] == STOP and parts[0]["breaker"] is None
     assert {"released", "crashed"} <= data["totals"].keys()
+
+
+def test_a_narrow_terminal_gets_fewer_columns_never_cut_numbers() -> None:
+    views = [view(p, breaker=OPEN if p == 1 else None) for p in range(4)]
+    progress = Progress("orders", 12345, 678.9, views)
+    for width in (60, 80, 120):
+        console = Console(width=width, record=True)
+        console.print(progress_table(progress, width=width))
+        text = console.export_text()
+        assert max(len(line) for line in text.splitlines()) <= width
+        assert "…" not in text, text
+        header = next(line for line in text.splitlines() if "partition" in line)
+        assert "lag" in header and "acked" in header  # what always stays
+    assert "hidden to fit the terminal" not in render(progress)  # 200 columns: all shown

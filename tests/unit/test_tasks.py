@@ -55,7 +55,7 @@ def test_a_kafka_outage_in_the_handler_releases_its_record_and_tells_the_breaker
             raise OutputFailed("notes", [("t@0:2#0", "Broker: Message size too large")])
 
     result = settle(PartitionTask("t", 0, plan), fetched, handler)
-    refused = "OutputFailed: 1 output(s) to notes not acknowledged by Kafka"
+    refused = "OutputFailed: 1 output to notes not acknowledged by Kafka"
     assert result.outcomes[0] == Outcome(0, ACK, 2, count=1)
     assert result.outcomes[1] == Outcome(1, RELEASED, 2, None, describe_error(outage))
     assert result.outcomes[2].kind is FAIL and result.outcomes[2].error.startswith(refused)
