@@ -254,8 +254,9 @@ class TopicConfig(_Section):
     redis: RedisSettings = RedisSettings()
     dedup: DedupSettings = DedupSettings()
 
-    # Where each connection setting came from (`CONNECTIONS` key -> file path or variable),
-    # set by `parse_config`; absent: the default.
+    # Set by `parse_config`: the file read, and where each connection setting came from
+    # (`CONNECTIONS` key -> the file or the variable; absent: the default).
+    _path: str = PrivateAttr("<config>")
     _origins: dict[str, str] = PrivateAttr(default_factory=dict)
 
     @field_validator("spout_id")
@@ -310,10 +311,15 @@ class TopicConfig(_Section):
         that asks to fix it: `brokers` in the file, its variable, or the default."""
         env, source = CONNECTIONS[key], self._origins.get(key)
         if source == env:
-            return f"`{key}` from the environment variable {env} (it overrides the topic file)"
+            return f"`{key}` from the environment variable {env} (it overrides {self.path})"
         if source is not None:
             return f"`{key}` in {source} (or the environment variable {env})"
-        return f"`{key}`, not set in the topic file: the default (set it there or in {env})"
+        return f"`{key}`, not set in {self.path}: the default (set it there or in {env})"
+
+    @property
+    def path(self) -> str:
+        """The topic file this config was read from (`<config>`: built from a table)."""
+        return self._path
 
     @property
     def dlq_topic(self) -> str:
@@ -486,7 +492,7 @@ def parse_config(data: dict[str, Any], path: str = "<config>") -> TopicConfig:
         if more:
             message += f" (and {more} more problem{'s' if more > 1 else ''})"
         raise ConfigError(path, key, message) from None
-    config._origins = origins
+    config._path, config._origins = path, origins
     return config
 
 

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import click
 
-from kspout.errors import KspoutError
+from kspout.errors import KafkaUnreachable, KspoutError, TopicNotFound, ZooKeeperUnavailable
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -22,11 +22,26 @@ config_option = click.option(
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead.")
 
 
+# Exit code of every command whose topic does not exist, or whose Kafka or ZooKeeper does not
+# answer (what `status` and `lag` call "could not tell"); other errors exit 1, usage errors 2.
+NOT_THERE = 3
+NOT_THERE_ERRORS = (TopicNotFound, KafkaUnreachable, ZooKeeperUnavailable)
+
+
+class NotThere(click.ClickException):
+    """The topic, Kafka or ZooKeeper is not there: exit code `NOT_THERE`."""
+
+    exit_code = NOT_THERE
+
+
 @contextmanager
 def kspout_errors() -> Iterator[None]:
-    """kspout errors become one line on stderr and exit code 1, without a traceback."""
+    """kspout errors become one line on stderr, without a traceback: exit code `NOT_THERE`
+    for a missing topic or a server that does not answer, 1 for any other."""
     try:
         yield
+    except NOT_THERE_ERRORS as exc:
+        raise NotThere(str(exc)) from None
     except KspoutError as exc:
         raise click.ClickException(str(exc)) from None
 

@@ -54,7 +54,7 @@ def pause_partitions(
         config = load_config(config_path)
         with ZkOffsetStore(config) as store, KafkaMetadata(config) as kafka:
             partitions = chosen_partitions(
-                config.topic, kafka.partitions(config.topic), chosen, every
+                config.topic, kafka.require_topic(config.topic), chosen, every
             )
             created = pause(store, partitions, "kspout pause")
             if wait:
@@ -86,7 +86,7 @@ def resume_partitions(
         config = load_config(config_path)
         with ZkOffsetStore(config) as store, KafkaMetadata(config) as kafka:
             partitions = chosen_partitions(
-                config.topic, kafka.partitions(config.topic), chosen, every
+                config.topic, kafka.require_topic(config.topic), chosen, every
             )
             resumed = resume(store, partitions)
     rows = [{"partition": p, "resumed": p in resumed} for p in partitions]
@@ -121,7 +121,7 @@ def rebalance(
     with kspout_errors():
         config = load_config(config_path)
         with ZkOffsetStore(config) as store, KafkaMetadata(config) as kafka:
-            partitions = kafka.partitions(config.topic)
+            partitions = kafka.require_topic(config.topic)
             live = store.live_instances()
             if not live:
                 raise RebalanceError(
