@@ -129,6 +129,18 @@ class KafkaUnavailable(KspoutError):
     """Kafka did not answer (metadata, watermarks, fetch) after the configured retries."""
 
 
+class RedisUnavailable(KspoutError):
+    """The dedup bolt's Redis did not answer at start (down, unreachable, or a wrong address)."""
+
+    def __init__(self, url: str, url_origin: str, cause: str) -> None:
+        self.url = url
+        self.cause = cause
+        super().__init__(
+            f"cannot reach Redis at {url} ({cause}); the address is {url_origin}: check that "
+            "the server runs and this host can reach it, or correct the address"
+        )
+
+
 class StackError(KspoutError):
     """The embedded development stack could not start, or a part of it is missing."""
 

@@ -8,7 +8,13 @@ from typing import Any, TypeVar
 
 import click
 
-from kspout.errors import KafkaUnreachable, KspoutError, TopicNotFound, ZooKeeperUnavailable
+from kspout.errors import (
+    KafkaUnreachable,
+    KspoutError,
+    RedisUnavailable,
+    TopicNotFound,
+    ZooKeeperUnavailable,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -22,10 +28,11 @@ config_option = click.option(
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead.")
 
 
-# Exit code of every command whose topic does not exist, or whose Kafka or ZooKeeper does not
-# answer (what `status` and `lag` call "could not tell"); other errors exit 1, usage errors 2.
+# Exit code of every command whose topic does not exist, or whose Kafka, ZooKeeper or Redis
+# does not answer (what `status` and `lag` call "could not tell"); other errors exit 1, usage
+# errors 2.
 NOT_THERE = 3
-NOT_THERE_ERRORS = (TopicNotFound, KafkaUnreachable, ZooKeeperUnavailable)
+NOT_THERE_ERRORS = (TopicNotFound, KafkaUnreachable, ZooKeeperUnavailable, RedisUnavailable)
 
 
 class NotThere(click.ClickException):
