@@ -35,7 +35,10 @@ from kspout.errors import KafkaRequestFailed, KafkaUnreachable
 T = TypeVar("T")
 
 # librdkafka's own log (confluent-kafka's `logger` setting); served on the thread that polls.
+# Silent where logging is not configured (a Spark worker) rather than printed by Python's
+# last-resort handler; an application's own handlers still get it.
 LIBRDKAFKA_LOG = logging.getLogger("librdkafka")
+LIBRDKAFKA_LOG.addHandler(logging.NullHandler())
 
 # Seconds a first contact waits for a broker before the brokers count as unreachable: short
 # enough that a command run from cron answers within ~10 s, long enough for a TLS handshake

@@ -389,7 +389,7 @@ def test_origin_says_where_a_connection_setting_came_from(
     )
     monkeypatch.setenv("KSPOUT_BROKERS", "env-kafka:19092")
     assert load_config(path).origin("brokers") == (
-        "`brokers` from the environment variable KSPOUT_BROKERS (it overrides the topic file)"
+        f"`brokers` from the environment variable KSPOUT_BROKERS (it overrides {path})"
     )
     monkeypatch.setenv("KSPOUT_REDIS_URL", "redis://env-redis:16379/2")
     assert "KSPOUT_REDIS_URL" in load_config(path).origin("redis.url")
