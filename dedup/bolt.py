@@ -127,13 +127,18 @@ class Effects:
 
 EffectHandler = Callable[[Record, Effects], object]
 
+# Seconds a connection to Redis may take: an address that drops packets (a firewall, a host
+# that is gone) is then an error in seconds, not after the OS's TCP timeout of minutes.
+REDIS_CONNECT_TIMEOUT = 10.0
+
 
 @cache
 def _redis(args: tuple[tuple[str, object], ...], cluster: bool) -> Client:
     """This worker's client for `[redis]` (`cluster = true`: a Redis Cluster's)."""
+    settings = dict(args) | {"socket_connect_timeout": REDIS_CONNECT_TIMEOUT}
     if cluster:
-        return RedisCluster.from_url(**dict(args))  # type: ignore[arg-type]
-    return redis.Redis.from_url(**dict(args))  # type: ignore[arg-type]
+        return RedisCluster.from_url(**settings)  # type: ignore[arg-type]
+    return redis.Redis.from_url(**settings)  # type: ignore[arg-type]
 
 
 def redis_client(config: TopicConfig) -> Client:
