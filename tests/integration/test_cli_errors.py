@@ -20,6 +20,7 @@ from confluent_kafka import Producer
 from kspout.cli import main
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
+from kspout.errors import KspoutError
 from tests.integration.helpers import kspout_command, produce, topic_file
 
 # An unreachable Kafka must be told within about 10 s (`lag` runs from cron); the bound leaves
@@ -225,3 +226,19 @@ def test_a_handler_module_that_is_not_there_says_where_it_looked(
     done, _ = kspout(config_file, ["run", "--handler", "hanlders:handle"], cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert f"no module 'hanlders' in {tmp_path}" in done.stderr
+
+
+def test_an_unreachable_postgresql_is_one_line_naming_the_server_not_the_password() -> None:
+    """What `PostgresSink.create_table` (before a job) and `write` (in a handler) raise: a
+    KspoutError, so the `kspout` command prints it as one line."""
+    from dedup.postgres import PostgresSink, PostgresUnavailable
+
+    port = closed_port()
+    sink = PostgresSink(f"host=127.0.0.1 port={port} dbname=orders password=s3cret", "ns")
+    with pytest.raises(PostgresUnavailable) as raised:
+        sink.create_table()
+    message = str(raised.value)
+    assert isinstance(raised.value, KspoutError)
+    assert f"cannot connect to PostgreSQL at 127.0.0.1:{port}/orders" in message
+    assert "Connection refused" in message and "check that the server runs" in message
+    assert "s3cret" not in message and "\n" not in message
