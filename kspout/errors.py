@@ -289,6 +289,6 @@ class KafkaUnreachable(KafkaUnavailable):
         self.cause = cause
         super().__init__(
             f"cannot reach Kafka at {brokers} ({cause}); the address is "
-            f"{brokers_origin}: check that the brokers run and this host can reach them, or "
-            "correct the address"
+            f"{brokers_origin}: check that the brokers run and this host can reach them (and the "
+            "[kafka] security settings, with TLS or SASL), or correct the address"
         )

@@ -36,7 +36,8 @@ NOT_THERE_ERRORS = (TopicNotFound, KafkaUnreachable, ZooKeeperUnavailable, Redis
 
 
 class NotThere(click.ClickException):
-    """The topic, Kafka or ZooKeeper is not there: exit code `NOT_THERE`."""
+    """The topic is missing, or Kafka, ZooKeeper or Redis does not answer: exit code
+    `NOT_THERE`."""
 
     exit_code = NOT_THERE
 
