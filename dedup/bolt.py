@@ -41,6 +41,7 @@ from functools import cache
 import redis
 from kazoo.client import KazooClient
 from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 
 from dedup.epoch import ZkEpoch
 from dedup.ids import IdReader, id_reader
@@ -59,7 +60,7 @@ from dedup.store import (
 from kspout.bolts import Bolt, Collector, TaskContext, Tuple
 from kspout.channel.beacon import BEACON
 from kspout.config import TopicConfig
-from kspout.errors import KafkaUnavailable
+from kspout.errors import KafkaUnavailable, RedisUnavailable
 from kspout.kafka import Record
 from kspout.outcomes import describe_error
 
@@ -126,13 +127,18 @@ class Effects:
 
 EffectHandler = Callable[[Record, Effects], object]
 
+# Seconds a connection to Redis may take: an address that drops packets (a firewall, a host
+# that is gone) is then an error in seconds, not after the OS's TCP timeout of minutes.
+REDIS_CONNECT_TIMEOUT = 10.0
+
 
 @cache
 def _redis(args: tuple[tuple[str, object], ...], cluster: bool) -> Client:
     """This worker's client for `[redis]` (`cluster = true`: a Redis Cluster's)."""
+    settings = dict(args) | {"socket_connect_timeout": REDIS_CONNECT_TIMEOUT}
     if cluster:
-        return RedisCluster.from_url(**dict(args))  # type: ignore[arg-type]
-    return redis.Redis.from_url(**dict(args))  # type: ignore[arg-type]
+        return RedisCluster.from_url(**settings)  # type: ignore[arg-type]
+    return redis.Redis.from_url(**settings)  # type: ignore[arg-type]
 
 
 def redis_client(config: TopicConfig) -> Client:
@@ -219,12 +225,17 @@ class IdempotencyBolt(Bolt):
 
     def start(self) -> None:
         """On the driver: warn when a Redis server (each master of a cluster) could lose
-        acknowledged records; refuse `wait_aof` on a server without WAITAOF."""
+        acknowledged records; refuse `wait_aof` on a server without WAITAOF; `RedisUnavailable`
+        when Redis does not answer."""
         self.warnings = []
-        for server in primaries(redis_client(self.config)):
-            if self.config.dedup.wait_aof:
-                require_wait_aof(server)
-            self.warnings += server_durability_warnings(server)
+        try:
+            for server in primaries(redis_client(self.config)):
+                if self.config.dedup.wait_aof:
+                    require_wait_aof(server)
+                self.warnings += server_durability_warnings(server)
+        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
+            url = self.config.redis.url
+            raise RedisUnavailable(url, self.config.origin("redis.url"), str(exc)) from None
         for warning in dict.fromkeys(self.warnings):
             log.warning("dedup Redis %s: %s", self.config.redis.url, warning)
 

@@ -58,9 +58,11 @@ from functools import cache
 from typing import Any, Protocol
 
 import psycopg
+import psycopg.conninfo
 from psycopg import sql
 
 from dedup.store import DedupError
+from kspout.errors import KspoutError
 
 FENCE_TABLE = "kspout_fence"
 
@@ -109,6 +111,32 @@ class FenceRowMissing(DedupError):
         )
 
 
+class PostgresUnavailable(DedupError, KspoutError):
+    """No connection to PostgreSQL could be made (the server is down or unreachable, or it
+    refused the login). Names the server, never the conninfo, which may hold a password."""
+
+    def __init__(self, server: str, cause: str) -> None:
+        self.server = server
+        self.cause = cause
+        super().__init__(
+            f"cannot connect to PostgreSQL at {server} ({cause}): check that the server runs and "
+            "this host can reach it, and the conninfo given to PostgresSink (host, port, dbname, "
+            "user, password)"
+        )
+
+
+def connect(conninfo: str) -> psycopg.Connection[Any]:
+    """An autocommit connection to `conninfo`; `PostgresUnavailable` when none can be made."""
+    try:
+        return psycopg.connect(conninfo, autocommit=True)
+    except psycopg.OperationalError as exc:
+        parts = psycopg.conninfo.conninfo_to_dict(conninfo)
+        server = f"{parts.get('host', 'localhost')}:{parts.get('port', 5432)}"
+        server += f"/{parts['dbname']}" if "dbname" in parts else ""
+        cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PostgresUnavailable(server, cause) from None
+
+
 class Claimed(Protocol):
     """What a write is fenced by: `dedup.Effects` is one."""
 
@@ -138,7 +166,7 @@ class PostgresSink:
 
     def create_table(self) -> None:
         """Create the fence table if it does not exist; run it once, before the job starts."""
-        with psycopg.connect(self.conninfo, autocommit=True) as conn:
+        with connect(self.conninfo) as conn:
             conn.execute(_queries(self.table).create)
 
     def write(self, claim: Claimed, apply: Apply) -> SinkOutcome:
@@ -219,7 +247,7 @@ def _connection(conninfo: str) -> psycopg.Connection[Any]:
     conn = connections.get(key)
     if conn is None or conn.closed:
         # autocommit: each `transaction()` block is the only transaction, with its own BEGIN
-        conn = psycopg.connect(conninfo, autocommit=True)
+        conn = connect(conninfo)
         conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
         connections[key] = conn
     return conn

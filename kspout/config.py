@@ -1,13 +1,18 @@
 """Per-topic configuration: one TOML file per topic, loaded into frozen, validated settings.
 
 `load_config(path)` is the only way in. Every problem is a `ConfigError` naming the file, the
-key and what is allowed. Connection settings may be overridden from the environment
-(`KSPOUT_BROKERS`, `KSPOUT_ZOOKEEPER`, `KSPOUT_REDIS_URL`), so one file serves every stage.
-Converters at the bottom turn the settings into each client's own dialect.
+key and what is allowed, in kspout's words: values are strict (`batch_size = "100"` or `= true`
+is refused, not coerced; an integer is fine where a number is), and an unknown key or table
+gets the nearest known one ("did you mean"). Connection settings may be overridden from the
+environment (`KSPOUT_BROKERS`, `KSPOUT_ZOOKEEPER`, `KSPOUT_REDIS_URL`), so one file serves every
+stage; `TopicConfig.origin` says where each came from, for the errors of a server that does not
+answer. Converters at the bottom turn the settings into each client's own dialect.
 """
 
 from __future__ import annotations
 
+import difflib
+import json
 import os
 import tomllib
 from pathlib import Path
@@ -20,6 +25,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     ValidationInfo,
@@ -44,6 +50,12 @@ ENV_OVERRIDES = {
     "KSPOUT_ZOOKEEPER": "zookeeper",
 }
 ENV_REDIS_URL = "KSPOUT_REDIS_URL"
+# The connection settings, by dotted key, with the environment variable that overrides each.
+CONNECTIONS = {
+    "brokers": "KSPOUT_BROKERS",
+    "zookeeper": "KSPOUT_ZOOKEEPER",
+    "redis.url": ENV_REDIS_URL,
+}
 
 
 def _start_position(value: object) -> Position:
@@ -64,7 +76,8 @@ def _retry_limit(value: object) -> object:
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # strict: no coercion of strings or booleans into numbers (an int is still a float).
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
 
 class RetryBackoff(_Section):
@@ -194,9 +207,9 @@ class TopicConfig(_Section):
     """Everything kspout needs to consume one topic. See deploy/topics/ for annotated examples."""
 
     topic: str = Field(min_length=1)
-    spout_id: str = Field(min_length=1, pattern=r"^[^/]+$")
+    spout_id: str = Field(min_length=1)
     topology_name: str = "kspout"
-    zk_root: str = Field("/kspout", pattern=r"^/.*[^/]$|^/[^/]+$")
+    zk_root: str = "/kspout"
     brokers: str = "127.0.0.1:9092"
     zookeeper: str = "127.0.0.1:2181"
 
@@ -241,6 +254,28 @@ class TopicConfig(_Section):
     redis: RedisSettings = RedisSettings()
     dedup: DedupSettings = DedupSettings()
 
+    # Set by `parse_config`: the file read, and where each connection setting came from
+    # (`CONNECTIONS` key -> the file or the variable; absent: the default).
+    _path: str = PrivateAttr("<config>")
+    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @field_validator("spout_id")
+    @classmethod
+    def _spout_id(cls, value: str) -> str:
+        if "/" in value:
+            raise ValueError("must not contain '/': it names one ZooKeeper node under zk_root")
+        return value
+
+    @field_validator("zk_root")
+    @classmethod
+    def _zk_root(cls, value: str) -> str:
+        if not value.startswith("/") or value.endswith("/"):
+            raise ValueError(
+                "must be a ZooKeeper path that starts with '/' and does not end with it, "
+                "e.g. /kspout"
+            )
+        return value
+
     @field_validator("kafka")
     @classmethod
     def _kafka(cls, value: dict[str, Any]) -> dict[str, Any]:
@@ -270,6 +305,21 @@ class TopicConfig(_Section):
         return value
 
     # -- derived values ---------------------------------------------------------------------
+
+    def origin(self, key: str) -> str:
+        """Where the connection setting `key` (a `CONNECTIONS` key) came from, for a message
+        that asks to fix it: `brokers` in the file, its variable, or the default."""
+        env, source = CONNECTIONS[key], self._origins.get(key)
+        if source == env:
+            return f"`{key}` from the environment variable {env} (it overrides {self.path})"
+        if source is not None:
+            return f"`{key}` in {source} (or the environment variable {env})"
+        return f"`{key}`, not set in {self.path}: the default (set it there or in {env})"
+
+    @property
+    def path(self) -> str:
+        """The topic file this config was read from (`<config>`: built from a table)."""
+        return self._path
 
     @property
     def dlq_topic(self) -> str:
@@ -340,43 +390,110 @@ class TopicConfig(_Section):
         return args
 
 
+# What a value of the wrong type must be, by pydantic's error type.
+_TYPES = {
+    "int_type": "must be an integer (a whole number, not in quotes)",
+    "float_type": "must be a number (not in quotes)",
+    "bool_type": "must be true or false (not in quotes)",
+    "string_type": "must be a string (in quotes)",
+    "model_type": "must be a table",
+    "dict_type": "must be a table",
+}
+# Bounds on a number, by pydantic's error type: (its context key, how to say it).
+_BOUNDS = {
+    "greater_than": ("gt", "greater than"),
+    "greater_than_equal": ("ge", "greater than or equal to"),
+    "less_than": ("lt", "less than"),
+    "less_than_equal": ("le", "at most"),
+}
+
+
+def _section(loc: list[str]) -> type[BaseModel]:
+    """The model of the table that holds the key at `loc`."""
+    model: type[BaseModel] = TopicConfig
+    for part in loc[:-1]:
+        annotation = model.model_fields[part].annotation
+        nested = [a for a in getattr(annotation, "__args__", (annotation,)) if a]
+        model = next(a for a in nested if isinstance(a, type) and issubclass(a, BaseModel))
+    return model
+
+
+def _unknown(loc: list[str], table: bool) -> str:
+    """An unknown key or table: the nearest known one ("did you mean"), and every allowed."""
+    allowed = sorted(_section(loc).model_fields)
+    section = f"[{'.'.join(loc[:-1])}]" if loc[:-1] else "top-level"
+    close = difflib.get_close_matches(loc[-1], allowed, n=1)
+    if table:
+        said = f"unknown table [{'.'.join(loc)}]"
+        guess = f"[{'.'.join([*loc[:-1], close[0]])}]" if close else ""
+    else:
+        said, guess = "unknown key", f"`{close[0]}`" if close else ""
+    hint = f"; did you mean {guess}?" if guess else ""
+    return f"{said}{hint} (allowed {section} keys: {', '.join(allowed)})"
+
+
+def _shown(value: object) -> str:
+    """A value as the file wrote it: true, "text", 12."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
 def _describe(error: ErrorDetails) -> tuple[str, str]:
-    """Turn one pydantic error into (dotted key, message naming what is allowed)."""
+    """Turn one pydantic error into (dotted key, message naming what is allowed), in kspout's
+    words: pydantic's own wording ("Input should be ...") never reaches the user."""
     loc = [str(part) for part in error["loc"]]
-    key = ".".join(loc)
-    kind = error["type"]
+    if loc[0] == "kafka":
+        loc = loc[:2]  # past the key: pydantic's names of the union's types
+    key, kind, value = ".".join(loc), error["type"], error.get("input")
+    ctx = error.get("ctx") or {}
     if kind == "extra_forbidden":
-        model: type[BaseModel] = TopicConfig
-        for part in loc[:-1]:
-            annotation = model.model_fields[part].annotation
-            nested = [a for a in getattr(annotation, "__args__", (annotation,)) if a]
-            model = next(a for a in nested if isinstance(a, type) and issubclass(a, BaseModel))
-        section = f"[{'.'.join(loc[:-1])}]" if loc[:-1] else "top-level"
-        return key, f"unknown key; allowed {section} keys: {', '.join(sorted(model.model_fields))}"
+        return key, _unknown(loc, isinstance(value, dict))
     if kind == "missing":
         return key, "required key is missing"
-    message = str(error["msg"]).removeprefix("Value error, ")
-    if "got " in message or isinstance(error.get("input"), dict):
+    if loc[0] == "kafka" and kind != "value_error":
+        return key, "must be a string, a number or true/false"  # never echoed: may be secret
+    if kind in _TYPES:
+        message = _TYPES[kind]
+    elif kind in _BOUNDS:
+        name, words = _BOUNDS[kind]
+        message = f"must be {words} {ctx[name]}"
+    elif kind == "literal_error":
+        message = f"must be one of {ctx['expected']}"
+    elif kind == "string_too_short":
+        message = "must not be empty"
+    else:
+        message = str(error["msg"]).removeprefix("Value error, ")
+    if "got " in message or isinstance(value, dict) or loc[0] == "kafka":
         return key, message  # a table's contents may hold secrets: never echo them
-    return key, f"{message} (got {error.get('input')!r})"
+    return key, f"{message} (got {_shown(value)})"
 
 
 def parse_config(data: dict[str, Any], path: str = "<config>") -> TopicConfig:
     """Validate an already-parsed TOML table (env overrides applied) into a TopicConfig."""
     data = dict(data)
+    origins: dict[str, str] = {key: path for key in ("brokers", "zookeeper") if key in data}
+    redis = data.get("redis", {})
+    if isinstance(redis, dict) and "url" in redis:
+        origins["redis.url"] = path
     for env, key in ENV_OVERRIDES.items():
         if os.environ.get(env):
             data[key] = os.environ[env]
-    if os.environ.get(ENV_REDIS_URL) and isinstance(data.get("redis", {}), dict):
-        data["redis"] = {**data.get("redis", {}), "url": os.environ[ENV_REDIS_URL]}
+            origins[key] = env
+    if os.environ.get(ENV_REDIS_URL) and isinstance(redis, dict):
+        data["redis"] = {**redis, "url": os.environ[ENV_REDIS_URL]}
+        origins["redis.url"] = ENV_REDIS_URL
     try:
-        return TopicConfig.model_validate(data)
+        config = TopicConfig.model_validate(data)
     except ValidationError as exc:
-        key, message = _describe(exc.errors()[0])
-        more = len(exc.errors()) - 1
+        problems = [_describe(error) for error in exc.errors()]
+        key, message = problems[0]
+        more = len({key for key, _ in problems}) - 1  # a union's types err apart: one problem
         if more:
             message += f" (and {more} more problem{'s' if more > 1 else ''})"
         raise ConfigError(path, key, message) from None
+    config._path, config._origins = path, origins
+    return config
 
 
 def load_config(path: str | os.PathLike[str]) -> TopicConfig:

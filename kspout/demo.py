@@ -32,7 +32,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from dedup import Effects, IdempotencyBolt
 from kspout.bolts import BasicBolt, BasicCollector, Fields, TaskContext, Tuple
 from kspout.config import TopicConfig
-from kspout.kafka import Record
+from kspout.kafka import Record, client_settings
 from kspout.kafka.topics import ensure_topic
 from kspout.offsets import ZkOffsetStore
 from kspout.topology import ChainItem
@@ -69,7 +69,7 @@ def produce_sentences(config: TopicConfig, messages: int, seed: int = 7) -> Demo
     rng = random.Random(seed)
     stream = DemoStream(messages)
     slow_at = set(rng.sample(range(messages), min(SLOW_MESSAGES, messages)))
-    producer = Producer(config.kafka_config(**{"linger.ms": 20}))
+    producer = Producer(client_settings(config, **{"linger.ms": 20}))
     for n in range(messages):
         inject = "slow" if n in slow_at else "none"
         roll = rng.random()
@@ -208,7 +208,7 @@ def _text(value: bytes | str) -> str:
 
 def count_dead_letters(config: TopicConfig, timeout: float = 10.0) -> int:
     """How many records the dead-letter topic holds (all partitions)."""
-    consumer = Consumer(config.kafka_config(**{"group.id": f"{config.spout_id}-demo-report"}))
+    consumer = Consumer(client_settings(config, **{"group.id": f"{config.spout_id}-demo-report"}))
     try:
         metadata = consumer.list_topics(config.dlq_topic, timeout=timeout)
         topic = metadata.topics.get(config.dlq_topic)

@@ -8,7 +8,8 @@ Classes are grouped by the caller's next move:
 * ownership errors (`OffsetConflict`, `TopicMismatch`) — never retried: another writer or
   another topic owns the stored record, so writing would corrupt it;
 * infrastructure errors (`ZooKeeperUnavailable`, `KafkaUnavailable`, `StackError`) — raised
-  after transient failures were already retried.
+  after transient failures were already retried; `KafkaUnreachable` and `TopicNotFound` end a
+  command at its first contact with Kafka.
 """
 
 from __future__ import annotations
@@ -126,6 +127,18 @@ class ZooKeeperUnavailable(OffsetStoreError):
 
 class KafkaUnavailable(KspoutError):
     """Kafka did not answer (metadata, watermarks, fetch) after the configured retries."""
+
+
+class RedisUnavailable(KspoutError):
+    """The dedup bolt's Redis did not answer at start (down, unreachable, or a wrong address)."""
+
+    def __init__(self, url: str, url_origin: str, cause: str) -> None:
+        self.url = url
+        self.cause = cause
+        super().__init__(
+            f"cannot reach Redis at {url} ({cause}); the address is {url_origin}: check that "
+            "the server runs and this host can reach it, or correct the address"
+        )
 
 
 class StackError(KspoutError):
@@ -272,12 +285,26 @@ class ProduceFailed(KspoutError):
 
 
 class TopicNotFound(KafkaUnavailable):
-    """The topic has no partitions on the brokers the config names."""
+    """The topic does not exist on the brokers the config names (every command refuses it)."""
 
-    def __init__(self, topic: str, brokers: str) -> None:
+    def __init__(self, topic: str, brokers: str, path: str, brokers_origin: str) -> None:
         self.topic = topic
         self.brokers = brokers
         super().__init__(
-            f"topic {topic!r} has no partitions on {brokers}: check `topic` and `brokers` in the "
-            "config (or KSPOUT_BROKERS), or create the topic first"
+            f"topic {topic!r} does not exist on {brokers}: check `topic` in {path}, and "
+            f"{brokers_origin}, or create the topic first"
+        )
+
+
+class KafkaUnreachable(KafkaUnavailable):
+    """No broker answered a first request: none runs at the address, it is wrong, or the
+    network or the `[kafka]` security settings keep this client out."""
+
+    def __init__(self, brokers: str, brokers_origin: str, cause: str) -> None:
+        self.brokers = brokers
+        self.cause = cause
+        super().__init__(
+            f"cannot reach Kafka at {brokers} ({cause}); the address is "
+            f"{brokers_origin}: check that the brokers run and this host can reach them (and the "
+            "[kafka] security settings, with TLS or SASL), or correct the address"
         )

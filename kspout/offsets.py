@@ -372,7 +372,7 @@ class ZkOffsetStore(Lifecycle):
             raise ZooKeeperUnavailable(
                 f"could not connect to ZooKeeper at {self._hosts} within "
                 f"{self._connect_timeout:g}s; check that the ensemble is running and reachable "
-                "from this host, and the `zookeeper` setting (or KSPOUT_ZOOKEEPER)"
+                f"from this host; the address is {self.config.origin('zookeeper')}"
             ) from None
         client.add_listener(self._on_state)
         self._client = client

@@ -115,15 +115,17 @@ def produce(messages: int, partitions: int, seed: int = 11) -> None:
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+    from kspout.kafka import client_settings
+
     config = _config()
-    admin = AdminClient(config.kafka_config())
+    admin = AdminClient(client_settings(config))
     for future in admin.create_topics([NewTopic(config.topic, partitions)]).values():
         try:
             future.result()
         except Exception as exc:  # already there, or a broker that auto-creates topics
             print(f"example_job: topic {config.topic}: {exc}")
     rng = random.Random(seed)
-    producer = Producer(config.kafka_config(**{"linger.ms": 20}))
+    producer = Producer(client_settings(config, **{"linger.ms": 20}))
     for n in range(messages):
         sentence = " ".join(rng.choices(WORDS, k=rng.randint(3, 8)))
         producer.produce(config.topic, key=f"msg-{n}", value=sentence)

@@ -30,7 +30,7 @@ from confluent_kafka import Producer
 
 from dedup import Effects, IdempotencyBolt
 from kspout.config import TopicConfig
-from kspout.kafka import KafkaMetadata, PartitionFetcher, Record
+from kspout.kafka import KafkaMetadata, PartitionFetcher, Record, client_settings
 from kspout.output import ID_HEADER, KafkaOutput, Publish
 
 FAULTS = {"flaky": 8, "late": 6, "slow": 1, "poison": 2}  # trades of each kind, at random
@@ -61,7 +61,7 @@ def produce_trades(
         for _ in range(count):
             kinds[next(planned)] = kind
     stream = TradeStream()
-    producer = Producer(config.kafka_config(**{"linger.ms": 20}))
+    producer = Producer(client_settings(config, **{"linger.ms": 20}))
     for n in range(trades):
         buyer, seller = rng.sample(range(USERS), 2)
         trade: dict[str, Any] = {

@@ -27,6 +27,9 @@ def main(verbose: int) -> None:
     # kazoo warns at every dropped connection while it retries; kspout's own error says what
     # failed, so its chatter shows only with -v.
     logging.getLogger("kazoo").setLevel(level if verbose else logging.ERROR)
+    # librdkafka logs every failed connection attempt (`kspout.kafka.LIBRDKAFKA_LOG`), dozens a
+    # second while a broker is down; kspout's own error names the address: -vv shows them.
+    logging.getLogger("librdkafka").setLevel(logging.DEBUG if verbose > 1 else logging.CRITICAL)
 
 
 from kspout.cli import demo as _demo  # noqa: E402,F401

@@ -346,7 +346,7 @@ def _move(
             KafkaMetadata(config) as kafka,
         ):
             partitions = chosen_partitions(
-                config.topic, kafka.partitions(config.topic), chosen, every
+                config.topic, kafka.require_topic(config.topic), chosen, every
             )
             moves = _targets(config, kafka, partitions, target)
             again = _past_window(store, moves)

@@ -11,7 +11,13 @@ from typing import Any, TypeVar
 import click
 
 from kspout.devstack.state import find_stack
-from kspout.errors import KspoutError
+from kspout.errors import (
+    KafkaUnreachable,
+    KspoutError,
+    RedisUnavailable,
+    TopicNotFound,
+    ZooKeeperUnavailable,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -34,11 +40,28 @@ DEV_HELP = (
 log = logging.getLogger(__name__)
 
 
+# Exit code of every command whose topic does not exist, or whose Kafka, ZooKeeper or Redis
+# does not answer (what `status` and `lag` call "could not tell"); other errors exit 1, usage
+# errors 2.
+NOT_THERE = 3
+NOT_THERE_ERRORS = (TopicNotFound, KafkaUnreachable, ZooKeeperUnavailable, RedisUnavailable)
+
+
+class NotThere(click.ClickException):
+    """The topic is missing, or Kafka, ZooKeeper or Redis does not answer: exit code
+    `NOT_THERE`."""
+
+    exit_code = NOT_THERE
+
+
 @contextmanager
 def kspout_errors() -> Iterator[None]:
-    """kspout errors become one line on stderr and exit code 1, without a traceback."""
+    """kspout errors become one line on stderr, without a traceback: exit code `NOT_THERE`
+    for a missing topic or a server that does not answer, 1 for any other."""
     try:
         yield
+    except NOT_THERE_ERRORS as exc:
+        raise NotThere(str(exc)) from None
     except KspoutError as exc:
         raise click.ClickException(str(exc)) from None
 

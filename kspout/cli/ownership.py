@@ -60,7 +60,7 @@ def pause_partitions(
         config = load_config(config_path)
         with ZkOffsetStore(config) as store, KafkaMetadata(config) as kafka:
             partitions = chosen_partitions(
-                config.topic, kafka.partitions(config.topic), chosen, every
+                config.topic, kafka.require_topic(config.topic), chosen, every
             )
             created = pause(store, partitions, "kspout pause")
             if wait:
@@ -97,7 +97,7 @@ def resume_partitions(
         config = load_config(config_path)
         with ZkOffsetStore(config) as store, KafkaMetadata(config) as kafka:
             partitions = chosen_partitions(
-                config.topic, kafka.partitions(config.topic), chosen, every
+                config.topic, kafka.require_topic(config.topic), chosen, every
             )
             resumed = resume(store, partitions)
     rows = [{"partition": p, "changed": p in resumed, "paused": False} for p in partitions]
@@ -135,7 +135,7 @@ def rebalance(
     with kspout_errors():
         config = load_config(config_path)
         with ZkOffsetStore(config) as store, KafkaMetadata(config) as kafka:
-            partitions = kafka.partitions(config.topic)
+            partitions = kafka.require_topic(config.topic)
             live = store.live_instances()
             if not live:
                 raise RebalanceError(

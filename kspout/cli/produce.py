@@ -19,7 +19,7 @@ from rich.table import Table
 
 from kspout.cli import main
 from kspout.cli.answers import echo_json, stdout_console
-from kspout.cli.options import config_option, dev_option, json_option, kspout_errors
+from kspout.cli.options import NotThere, config_option, dev_option, json_option, kspout_errors
 from kspout.config import TopicConfig, load_config
 from kspout.errors import TopicNotFound
 from kspout.kafka import KafkaMetadata
@@ -58,14 +58,15 @@ def file_messages(lines: BinaryIO, keyed: bool) -> list[KeyValue]:
 
 
 def _partitions(config: TopicConfig, create: int | None) -> list[int]:
-    """The topic's partitions; a missing topic is created with `create` partitions, or refused."""
+    """The topic's partitions; a missing topic is created with `create` partitions, or refused
+    as every command refuses it (exit code 3), naming the option that creates it."""
     with KafkaMetadata(config) as kafka:
         found = kafka.partitions(config.topic)
     if found:
         return found
     if create is None:
-        missing = TopicNotFound(config.topic, config.brokers)
-        raise click.ClickException(f"{missing} (--create-topic PARTITIONS creates it)")
+        missing = TopicNotFound(config.topic, config.brokers, config.path, config.origin("brokers"))
+        raise NotThere(f"{missing} (--create-topic PARTITIONS creates it)")
     ensure_topic(config, create)
     return list(range(create))
 

@@ -19,6 +19,7 @@ from rich.live import Live
 
 from kspout.cli import main
 from kspout.cli.answers import echo_json, stdout_console
+from kspout.cli.imports import import_failure
 from kspout.cli.options import config_option, dev_option, json_option, kspout_errors
 from kspout.cli.report import progress_json, progress_table
 from kspout.config import TopicConfig, load_config
@@ -44,9 +45,12 @@ def load_chain(spec: str) -> Topology:
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
     try:
         target: object = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module failed to import, whatever the reason
+        raise click.BadParameter(import_failure(module_name, exc), param_hint="--handler") from None
+    try:
         for part in attr.split("."):
             target = getattr(target, part)
-    except (ImportError, AttributeError) as exc:
+    except AttributeError as exc:
         raise click.BadParameter(f"cannot load {spec!r}: {exc}", param_hint="--handler") from None
     try:
         return Topology.of(target)  # type: ignore[arg-type]

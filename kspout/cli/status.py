@@ -31,7 +31,7 @@ from kspout.cli.answers import echo_json, stdout_console
 from kspout.cli.options import config_option, dev_option, json_option
 from kspout.cli.views import PartitionMarks, age, iso, read_marks
 from kspout.config import TopicConfig, load_config
-from kspout.errors import KspoutError, TopicNotFound, resume_command
+from kspout.errors import KspoutError, resume_command
 from kspout.kafka import KafkaMetadata
 from kspout.offsets import ZkOffsetStore, now_ms
 from kspout.ownership.tree import Ownership, Pause, read_ownership
@@ -61,11 +61,6 @@ def _start(config: TopicConfig, m: PartitionMarks) -> dict[str, Any] | None:
     if m.start_offset is None:
         return None
     return {"position": str(config.start), "offset": m.start_offset}
-
-
-def _require_topic(config: TopicConfig, marks: list[PartitionMarks]) -> None:
-    if not any(m.watermarks is not None for m in marks):
-        raise TopicNotFound(config.topic, config.brokers)
 
 
 # -- status: what it shows -------------------------------------------------------------------
@@ -276,7 +271,6 @@ def collect_status(config: TopicConfig, *, now: int | None = None) -> Status:
     with ZkOffsetStore(config) as store, KafkaMetadata(config) as kafka:
         own = read_ownership(store)
         marks = read_marks(config, store, kafka)
-    _require_topic(config, marks)
     now = now_ms() if now is None else now
     stale_ms = int(STALE_AFTER * config.commit_interval * 1000)
     names = sorted(own.instances)
@@ -503,7 +497,6 @@ def lag_command(ctx: click.Context, config_path: str, threshold: int | None, as_
         config = load_config(config_path)
         with ZkOffsetStore(config) as store, KafkaMetadata(config) as kafka:
             marks = read_marks(config, store, kafka)
-        _require_topic(config, marks)
     rows = [
         {
             "partition": m.partition,

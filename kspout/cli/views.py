@@ -49,9 +49,10 @@ class PartitionMarks:
 def read_marks(
     config: TopicConfig, store: ZkOffsetStore, kafka: KafkaMetadata
 ) -> list[PartitionMarks]:
-    """Every partition Kafka knows, plus any stored record for a partition it does not."""
+    """Every partition Kafka knows, plus any stored record for a partition it does not;
+    `TopicNotFound` when Kafka does not have the topic."""
     stored = store.read_all()
-    in_kafka = kafka.watermarks_of(config.topic, kafka.partitions(config.topic))
+    in_kafka = kafka.watermarks_of(config.topic, kafka.require_topic(config.topic))
     out = []
     for partition in sorted(in_kafka.keys() | stored.keys()):
         record = stored.get(partition)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from kspout.errors import StackError
+from kspout.kafka import LIBRDKAFKA_LOG
 
 
 def create_topic(
@@ -27,7 +29,8 @@ def create_topic(
     partitions as it has entries): a test or benchmark then chooses which node's stop or
     crash takes which partitions away. `config` holds topic configs (`cleanup.policy`, ...).
     """
-    admin = AdminClient({"bootstrap.servers": brokers})
+    client: dict[str, Any] = {"bootstrap.servers": brokers, "logger": LIBRDKAFKA_LOG}
+    admin = AdminClient(client)
     settings = dict(config or {})
     if placement is None:
         new = NewTopic(topic, partitions, replication, config=settings)

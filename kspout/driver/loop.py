@@ -52,7 +52,7 @@ from kspout.driver.out_of_range import OutOfRangeHandler
 from kspout.driver.progress import InstanceReporter, PartitionView, Progress
 from kspout.driver.watermarks import WatermarkCache
 from kspout.driver.window import StallWatch, check_start
-from kspout.errors import KafkaUnavailable, OffsetConflict, ReplayPastWindow, TopicNotFound
+from kspout.errors import KafkaUnavailable, OffsetConflict, ReplayPastWindow
 from kspout.kafka import KafkaMetadata
 from kspout.kafka.group_mirror import GroupMirror
 from kspout.lifecycle import Lifecycle
@@ -173,8 +173,7 @@ class Driver(Lifecycle):
         self._metrics.start()  # first: a port taken is a config error, found before any claim
         self._group_mirror.start()
         topic = self.config.topic
-        if not self._metadata.partitions(topic):
-            raise TopicNotFound(topic, self.config.brokers)
+        self._metadata.require_topic(topic)
         self._membership.start()
         self._membership.poll()
         records = self._claim(self._membership.mine())

@@ -3,11 +3,19 @@
 Every consumer kspout creates reads by explicit offset (`assign`, never `subscribe`) and never
 commits to Kafka: progress lives in ZooKeeper. Out-of-range must surface as an error instead of
 librdkafka's silent reset, so the partition's `out_of_range` policy can decide.
+
+Every client sends librdkafka's own log to the `librdkafka` Python logger (`client_settings`)
+instead of printing it to stderr: a broker that is down would otherwise fill a terminal with
+`%3|...|FAIL|...` lines (the `kspout` command shows them with `-vv` only). The first contact
+(`connect`) ends within `CONNECT_TIMEOUT`, sooner when librdkafka finds every broker down, with
+an error naming the address and where it was set.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -22,9 +30,22 @@ from confluent_kafka import (
 )
 
 from kspout.config import TopicConfig
-from kspout.errors import KafkaRequestFailed
+from kspout.errors import KafkaRequestFailed, KafkaUnreachable
 
 T = TypeVar("T")
+
+# librdkafka's own log (confluent-kafka's `logger` setting); served on the thread that polls.
+# Silent where logging is not configured (a Spark worker) rather than printed by Python's
+# last-resort handler; an application's own handlers still get it.
+LIBRDKAFKA_LOG = logging.getLogger("librdkafka")
+LIBRDKAFKA_LOG.addHandler(logging.NullHandler())
+
+# Seconds a first contact waits for a broker before the brokers count as unreachable: short
+# enough that a command run from cron answers within ~10 s, long enough for a TLS handshake
+# with a distant cluster. librdkafka's report that every broker is down (refused, not
+# resolved) ends the wait sooner.
+CONNECT_TIMEOUT = 8.0
+CONNECT_STEP = 0.5  # seconds per metadata request while a first contact waits
 
 # Seconds one broker request may take before it counts as a (retriable) timeout.
 REQUEST_TIMEOUT = 10.0
@@ -52,13 +73,20 @@ _TRANSIENT_CODES = frozenset(
 )
 
 
+def client_settings(config: TopicConfig, **extra: Any) -> dict[str, Any]:
+    """Settings for any kspout client (consumer, producer, admin): `config.kafka_config`, and
+    librdkafka's log sent to `LIBRDKAFKA_LOG` instead of stderr."""
+    return config.kafka_config(**extra) | {"logger": LIBRDKAFKA_LOG}
+
+
 def consumer_settings(config: TopicConfig) -> dict[str, Any]:
     """librdkafka settings for every kspout consumer; kspout's own keys win over `[kafka]`."""
     # kspout reads history, never waits at the end of a partition for new data: a fetch that
     # reaches high should come back at once, not hold the broker connection (and the watermark
     # queries queued behind it) for the default 500 ms. `[kafka]` may still override it.
     defaults: dict[str, Any] = {"fetch.wait.max.ms": 10}
-    return defaults | config.kafka_config(
+    return defaults | client_settings(
+        config,
         **{
             "group.id": f"kspout-{config.spout_id}",  # never joined, never committed to
             "client.id": f"kspout-{config.spout_id}",
@@ -66,8 +94,53 @@ def consumer_settings(config: TopicConfig) -> dict[str, Any]:
             "enable.auto.offset.store": False,
             "auto.offset.reset": "error",  # out of range arrives as _AUTO_OFFSET_RESET
             "enable.partition.eof": True,  # reaching high says "nothing more below it"
-        }
+        },
     )
+
+
+class _BrokerReports:
+    """librdkafka's error callback (served by `poll`): whether it found every broker down, and
+    its last other error, which says why (refused, not resolved, a failed handshake)."""
+
+    def __init__(self) -> None:
+        self.all_down = False
+        self.last: str | None = None
+
+    def __call__(self, error: KafkaError) -> None:
+        if error.code() == KafkaError._ALL_BROKERS_DOWN:
+            self.all_down = True
+        else:
+            self.last = error.str()
+
+
+def connect(
+    config: TopicConfig,
+    *,
+    timeout: float = CONNECT_TIMEOUT,
+    clock: Callable[[], float] = time.monotonic,
+) -> Consumer:
+    """A consumer (`consumer_settings`) that has had an answer from a broker: it asked for the
+    topic's metadata. `KafkaUnreachable`, naming the address and where it was set, when no
+    broker answers within `timeout`, or once librdkafka finds every broker down."""
+    reports = _BrokerReports()
+    consumer = Consumer(consumer_settings(config) | {"error_cb": reports})
+    deadline = clock() + timeout
+    while True:
+        try:
+            consumer.list_topics(config.topic, timeout=CONNECT_STEP)
+            return consumer
+        except KafkaException as exc:
+            if not is_transient(exc.args[0]):
+                consumer.close()
+                hint = "check the brokers and the [kafka] security settings"
+                raise KafkaRequestFailed(
+                    "metadata request", config.topic, None, str(exc.args[0]), hint
+                ) from exc
+        consumer.poll(0)  # serves the error callback
+        if reports.all_down or clock() >= deadline:
+            consumer.close()
+            cause = reports.last or f"no broker answered within {timeout:g}s"
+            raise KafkaUnreachable(config.brokers, config.origin("brokers"), cause)
 
 
 def is_transient(error: KafkaError) -> bool:

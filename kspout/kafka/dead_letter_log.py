@@ -255,8 +255,10 @@ class DeadLetterLog(Lifecycle):
         """The letters `chosen` picks, oldest first, at most `limit` (the oldest ones).
 
         Calls `on_progress(read, total)` as it reads. Raises LetterNotFound when a letter
-        named in `chosen.offsets` is not a dead letter of this topic.
+        named in `chosen.offsets` is not a dead letter of this topic, and TopicNotFound when
+        the topic itself does not exist (a misspelled one has no dead-letter topic either).
         """
+        self._metadata.require_topic(self._config.topic)
         partitions = self._metadata.partitions(self._topic)
         plan = self._plan(partitions, chosen)
         tally = _Tally(sum(end - start for s in plan.values() for start, end in s), on_progress)

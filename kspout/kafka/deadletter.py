@@ -15,6 +15,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from kspout.config import TopicConfig
 from kspout.errors import DeadLetterWriteFailed
+from kspout.kafka._client import client_settings
 from kspout.kafka.records import DeadLetter
 from kspout.lifecycle import Lifecycle
 
@@ -60,13 +61,14 @@ class IdempotentProducer(Lifecycle):
 
     def start(self) -> None:
         if self._producer is None:
-            settings = self._config.kafka_config(
+            settings = client_settings(
+                self._config,
                 **{
                     "client.id": f"kspout-{self._config.spout_id}-{self._role}",
                     "enable.idempotence": True,
                     "acks": "all",
                     "message.timeout.ms": int(self._config.fetch_timeout * 1000),
-                }
+                },
             )
             self._producer = Producer(settings)
 

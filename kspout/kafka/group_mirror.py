@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from kspout.config import TopicConfig
+from kspout.kafka._client import client_settings
 from kspout.lifecycle import Lifecycle
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,8 @@ class GroupMirror(Lifecycle):
         if self.group is None or self._consumer is not None:
             return
         self._consumer = Consumer(
-            self._config.kafka_config(
+            client_settings(
+                self._config,
                 **{
                     "group.id": self.group,
                     "client.id": f"kspout-{self._config.spout_id}-group-mirror",
@@ -64,7 +66,7 @@ class GroupMirror(Lifecycle):
                     "enable.auto.offset.store": False,
                     "session.timeout.ms": COMMIT_TIMEOUT_MS,
                     "on_commit": self._answered,
-                }
+                },
             )
         )
         log.info("mirroring the commit points of %s to group %s", self._config.topic, self.group)

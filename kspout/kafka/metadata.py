@@ -13,12 +13,12 @@ from collections.abc import Iterable, Mapping
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from kspout.config import TopicConfig
-from kspout.errors import KafkaRequestFailed
+from kspout.errors import KafkaRequestFailed, TopicNotFound
 from kspout.kafka._client import (
     REQUEST_TIMEOUT,
     all_watermarks,
     call_kafka,
-    consumer_settings,
+    connect,
     watermarks,
 )
 from kspout.lifecycle import Lifecycle
@@ -38,8 +38,9 @@ class KafkaMetadata(Lifecycle):
         self._consumer: Consumer | None = None
 
     def start(self) -> None:
+        """Connect: `KafkaUnreachable` when no broker answers (`connect`)."""
         if self._consumer is None:
-            self._consumer = Consumer(consumer_settings(self._config))
+            self._consumer = connect(self._config)
 
     def close(self) -> None:
         consumer, self._consumer = self._consumer, None
@@ -51,9 +52,21 @@ class KafkaMetadata(Lifecycle):
             raise RuntimeError("KafkaMetadata.start() was not called")
         return self._consumer
 
+    def require_topic(self, topic: str) -> list[int]:
+        """`partitions`, or `TopicNotFound` when the topic does not exist: every command
+        about a topic refuses a missing (misspelled) one this way."""
+        found = self.partitions(topic)
+        if not found:
+            config = self._config
+            raise TopicNotFound(topic, config.brokers, config.path, config.origin("brokers"))
+        return found
+
     def partitions(self, topic: str) -> list[int]:
         """The topic's partition ids, sorted; [] while the topic does not exist."""
         consumer = self._client()
+        # Also serve the consumer's queue, which nothing else here polls: librdkafka's log
+        # lines and errors would pile up in it while a broker is down.
+        consumer.poll(0)
 
         def query() -> list[int]:
             metadata = consumer.list_topics(topic, timeout=REQUEST_TIMEOUT)

@@ -7,7 +7,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from kspout.config import TopicConfig
 from kspout.errors import KafkaRequestFailed
-from kspout.kafka._client import REQUEST_TIMEOUT
+from kspout.kafka._client import REQUEST_TIMEOUT, client_settings
 
 
 def ensure_topic(
@@ -15,7 +15,7 @@ def ensure_topic(
 ) -> None:
     """Create the config's topic with `partitions` partitions (the brokers' default replication
     factor); a topic that exists is kept as it is."""
-    admin = AdminClient(config.kafka_config())
+    admin = AdminClient(client_settings(config))
     future = admin.create_topics([NewTopic(config.topic, partitions)])[config.topic]
     try:
         future.result(timeout)

@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 
 from kspout.config import TopicConfig
-from kspout.errors import TopicNotFound
 from kspout.kafka import KafkaMetadata
 
 # Seconds between two watermark queries: a trigger sees new records at most this late, and an
@@ -52,9 +51,7 @@ class ThrottledWatermarks:
         has no partitions."""
         now = self._clock()
         if now - self._listed_at >= self._config.partition_refresh:
-            partitions = self._metadata.partitions(self._config.topic)
-            if not partitions:
-                raise TopicNotFound(self._config.topic, self._config.brokers)
+            partitions = self._metadata.require_topic(self._config.topic)
             self._partitions, self._listed_at = partitions, now
         self._known = self._metadata.watermarks_of(self._config.topic, self._partitions)
         self._asked_at = now

@@ -268,6 +268,87 @@ def test_unreadable_file_is_a_config_error(tmp_path: Path, kind: str) -> None:
     assert str(path) in str(err) and "cannot read" in str(err)
 
 
+# -- strict values, kspout's own words, "did you mean" -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "key", "mentions"),
+    [
+        pytest.param("batch_size = true", "batch_size", ["integer", "got true"], id="bool-int"),
+        pytest.param('batch_size = "100"', "batch_size", ["integer", 'got "100"'], id="str-int"),
+        pytest.param("batch_size = 100.0", "batch_size", ["integer", "got 100.0"], id="float-int"),
+        pytest.param(
+            'message_timeout = "30"', "message_timeout", ["number", 'got "30"'], id="str-float"
+        ),
+        pytest.param("message_timeout = true", "message_timeout", ["number"], id="bool-float"),
+        pytest.param('max_offset_behind = "5"', "max_offset_behind", ["integer"], id="str-opt"),
+        pytest.param(
+            '[redis]\ncluster = "yes"', "redis.cluster", ["true or false", '"yes"'], id="str-bool"
+        ),
+        pytest.param("topology_name = 7", "topology_name", ["string", "got 7"], id="int-str"),
+        pytest.param("retry_backoff = 3", "retry_backoff", ["table"], id="value-for-table"),
+        pytest.param(
+            'topic = "t"\nspout_id = "a/b"', "spout_id", ["'/'", "ZooKeeper node"], id="slash"
+        ),
+        pytest.param('zk_root = "kspout"', "zk_root", ["start", "'/'", "e.g."], id="zk_root"),
+        pytest.param('topic = ""\nspout_id = "s"', "topic", ["must not be empty"], id="empty"),
+        pytest.param("[metrics]\nport = 70000", "metrics.port", ["at most 65535"], id="le"),
+    ],
+)
+def test_values_are_strict_and_messages_are_kspouts_own(
+    write_topic: WriteTopic, line: str, key: str, mentions: list[str]
+) -> None:
+    """No silent coercion (a string or a boolean is never a number), and never pydantic's
+    wording ("Input should be", "String should match pattern")."""
+    path = write_topic((line if line.startswith("topic") else MINIMAL + line) + "\n")
+    err = config_error(path)
+    assert (err.path, err.key) == (str(path), key)
+    for fragment in mentions:
+        assert fragment in err.message, f"{fragment!r} missing from {err.message!r}"
+    assert "should" not in err.message and "pattern" not in err.message
+
+
+def test_integers_are_fine_where_numbers_are(write_topic: WriteTopic) -> None:
+    config = load_config(write_topic(MINIMAL + "message_timeout = 30\n[retry_backoff]\nmax = 7\n"))
+    assert config.message_timeout == 30.0 and config.retry_backoff.max == 7.0
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "guess"),
+    [
+        pytest.param(
+            "[retry_backof]\ninitial = 1.0", "retry_backof", "[retry_backoff]", id="table"
+        ),
+        pytest.param("batch_sise = 5", "batch_sise", "`batch_size`", id="key"),
+        pytest.param("[dedup]\nttls = 5", "dedup.ttls", "`ttl`", id="nested-key"),
+        pytest.param(
+            '[zookeper_auth]\ncredential = "u:p"', "zookeper_auth", "[zookeeper_auth]", id="auth"
+        ),
+    ],
+)
+def test_an_unknown_key_or_table_gets_the_nearest_known_one(
+    write_topic: WriteTopic, text: str, key: str, guess: str
+) -> None:
+    err = config_error(write_topic(MINIMAL + text + "\n"))
+    assert err.key == key
+    assert f"did you mean {guess}?" in err.message
+    assert "allowed" in err.message, "every allowed key is listed too"
+
+
+def test_an_unknown_key_like_none_gets_no_guess(write_topic: WriteTopic) -> None:
+    err = config_error(write_topic(MINIMAL + "zzzz = 1\n"))
+    assert "did you mean" not in err.message and "unknown key" in err.message
+
+
+def test_problems_are_counted_by_key_not_by_pydantics_union_members(
+    write_topic: WriteTopic,
+) -> None:
+    err = config_error(write_topic(MINIMAL + '[kafka]\n"sasl.password" = ["s3cret"]\n'))
+    assert err.key == "kafka.sasl.password"
+    assert "more problem" not in err.message
+    assert "s3cret" not in str(err), "a [kafka] value may be a secret: never echoed"
+
+
 # -- environment overrides ---------------------------------------------------------------------
 
 
@@ -291,6 +372,27 @@ def test_environment_overrides_connection_settings(
     assert config.zookeeper == "env-zk:12181"
     assert config.kazoo_args()["hosts"] == "env-zk:12181"
     assert config.redis_args()["url"] == "redis://env-redis:16379/2"
+
+
+def test_origin_says_where_a_connection_setting_came_from(
+    write_topic: WriteTopic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Errors of a server that does not answer name the key, the file and the variable."""
+    path = write_topic(MINIMAL + 'brokers = "file-kafka:9092"\n')
+    config = load_config(path)
+    assert (
+        config.origin("brokers")
+        == f"`brokers` in {path} (or the environment variable KSPOUT_BROKERS)"
+    )
+    assert "default" in config.origin("zookeeper") and "KSPOUT_ZOOKEEPER" in config.origin(
+        "zookeeper"
+    )
+    monkeypatch.setenv("KSPOUT_BROKERS", "env-kafka:19092")
+    assert load_config(path).origin("brokers") == (
+        f"`brokers` from the environment variable KSPOUT_BROKERS (it overrides {path})"
+    )
+    monkeypatch.setenv("KSPOUT_REDIS_URL", "redis://env-redis:16379/2")
+    assert "KSPOUT_REDIS_URL" in load_config(path).origin("redis.url")
 
 
 def test_empty_environment_variable_does_not_override(
