@@ -147,7 +147,7 @@ def test_missing_topic_is_refused_unless_created(
     toml = topic_toml(workdir, topic)
     refused = kspout(workdir, "produce", "--config", str(toml), "--dev", "--count", "3")
     assert refused.returncode == 3  # as every command refuses a missing topic
-    assert f"topic {topic!r} has no partitions on {stack.info.brokers}" in refused.stderr
+    assert f"topic {topic!r} does not exist on {stack.info.brokers}" in refused.stderr
     assert "--create-topic PARTITIONS creates it" in refused.stderr
 
     args = ["produce", "--config", str(toml), "--dev", "--count", "30", "--json"]
