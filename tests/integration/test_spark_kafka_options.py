@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,9 @@ from kspout import KafkaSpout
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
 from kspout.spark.schema import SCHEMA
-from kspout.streaming.options import WHERE
+from kspout.streaming.errors import ReadStopped
+from kspout.streaming.options import WHERE, SourceSettings
+from kspout.streaming.planner import StreamPlanner
 from tests.integration.helpers import PARTITIONS, TopicFactory, topic_file, value_of
 
 # partition, offset, key, value, timestamp (ms), timestampType
@@ -223,3 +226,43 @@ def test_timestamp_type_is_create_time_or_log_append_time_in_every_kind_of_frame
         assert [(p, o) for p, o, *_ in rows] == [(p, o) for p, o, *_ in produced]
         assert {kind for *_, kind in rows} == {LOG_APPEND_TIME}
         assert all(before <= ms <= after for *_, ms, _ in rows)  # the broker's time
+
+
+def test_min_offsets_per_trigger_holds_a_batch_back_until_enough_or_the_delay(
+    stack: DevStack, topic_name: str, producer: Producer
+) -> None:
+    """The stream's planner, in fake time: `latest` answers its start (no batch) while fewer
+    than minOffsetsPerTrigger offsets wait, unless maxTriggerDelay passed since the last batch."""
+    now = [0.0]
+    settings = SourceSettings.of(
+        {
+            "kafka.bootstrap.servers": stack.info.brokers,
+            "subscribe": topic_name,
+            "minOffsetsPerTrigger": "12",
+            "maxTriggerDelay": "30s",
+        }
+    ).for_stream()
+
+    def add(per_partition: int) -> None:
+        for p in PARTITIONS:
+            for _ in range(per_partition):
+                producer.produce(topic_name, b"v", partition=p)
+        assert producer.flush(30) == 0
+        now[0] += 1.0  # past the watermarks' throttle
+
+    stopped = partial(ReadStopped, topic_name)
+    with StreamPlanner(settings, stopped, zk_copy=False, clock=lambda: now[0]) as planner:
+        start = planner.initial()
+        assert start == dict.fromkeys(PARTITIONS, 0)
+        add(2)
+        start = planner.latest(start, None)  # the first batch never waits
+        assert start == dict.fromkeys(PARTITIONS, 2)
+        add(2)
+        assert planner.latest(start, None) == start  # 8 < 12: held back
+        add(1)
+        start = planner.latest(start, None)
+        assert start == dict.fromkeys(PARTITIONS, 5)  # 12: the batch runs
+        add(1)
+        assert planner.latest(start, None) == start
+        now[0] += 30.0
+        assert planner.latest(start, None) == dict.fromkeys(PARTITIONS, 6)  # the delay passed
