@@ -117,46 +117,31 @@ class SourceSettings:
             _check_known(name)
         path = opts.get("config") or None
         config = _base_config(path, opts.get("subscribe"), "kafka.bootstrap.servers" in opts)
-        update: dict[str, Any] = {}
-        if "kafka.bootstrap.servers" in opts:
-            update["brokers"] = _text(opts, "kafka.bootstrap.servers")
-        kafka = {k.removeprefix("kafka."): v for k, v in opts.items() if k.startswith("kafka.")}
-        kafka.pop("bootstrap.servers", None)
-        if kafka:
-            update["kafka"] = {**config.kafka, **kafka}
-        starting: Offsets = {}
-        if "startingoffsets" in opts and "startingtimestamp" in opts:
-            raise ConfigError(WHERE, "startingTimestamp", "give startingOffsets or it, not both")
-        if "startingoffsets" in opts:
-            start, starting = _offsets(opts, "startingOffsets", config.topic, (EARLIEST, LATEST))
-            if start is not None:
-                update["start"] = start
-        if "startingtimestamp" in opts:
-            ms = _integer(opts, "startingTimestamp", minimum=0)
-            update["start"] = Position(PositionKind.TIMESTAMP, ms)
-        if "failondataloss" in opts:
-            fail = _boolean(opts, "failOnDataLoss")
-            update["out_of_range"] = Position(PositionKind.FAIL if fail else PositionKind.EARLIEST)
-        if "kafkaconsumer.polltimeoutms" in opts:
-            update["fetch_timeout"] = _integer(opts, "kafkaConsumer.pollTimeoutMs", 1) / 1000
-        if "includeheaders" in opts and not _boolean(opts, "includeHeaders"):
-            raise ConfigError(
-                WHERE, "includeHeaders", "the rows always have headers: .drop('headers') instead"
-            )
+        update, starting = _overrides(opts, config)
         ending = None
         if "endingoffsets" in opts:
             end, ending = _offsets(opts, "endingOffsets", config.topic, (LATEST,))
             if end is not None and end.kind is not PositionKind.LATEST:
                 raise ConfigError(WHERE, "endingOffsets", "must be latest or JSON")
-        if "maxtriggerdelay" in opts and "minoffsetspertrigger" not in opts:
+        if "includeheaders" in opts and not _boolean(opts, "includeHeaders"):
+            raise ConfigError(
+                WHERE, "includeHeaders", "the rows always have headers: .drop('headers') instead"
+            )
+        most = _maybe_integer(opts, "maxOffsetsPerTrigger")
+        least = _maybe_integer(opts, "minOffsetsPerTrigger")
+        if most is not None and least is not None and least > most:
+            raise ConfigError(
+                WHERE, "minOffsetsPerTrigger", f"must be <= maxOffsetsPerTrigger ({most})"
+            )
+        if "maxtriggerdelay" in opts and least is None:
             raise ConfigError(WHERE, "maxTriggerDelay", "applies with minOffsetsPerTrigger only")
         return cls(
             config=config.model_copy(update=update),
             config_path=path,
             starting=starting,
             ending=ending,
-            max_offsets=_maybe_integer(opts, "maxOffsetsPerTrigger"),
-            min_offsets=_maybe_integer(opts, "minOffsetsPerTrigger"),
+            max_offsets=most,
+            min_offsets=least,
             max_trigger_delay=_duration(opts.get("maxtriggerdelay"), DEFAULT_TRIGGER_DELAY),
             given=frozenset(_KNOWN.get(name, name) for name in opts),
         )
@@ -236,6 +221,33 @@ def _base_config(path: str | None, topic: str | None, brokers_given: bool) -> To
         )
     # The spout id only names the fetchers' client (no group is joined, nothing is stored).
     return parse_config({"topic": topic.strip(), "spout_id": f"spark-{topic.strip()}"}, WHERE)
+
+
+def _overrides(opts: Mapping[str, str], config: TopicConfig) -> tuple[dict[str, Any], Offsets]:
+    """The topic config's keys the options set, and `startingOffsets`' JSON offsets."""
+    update: dict[str, Any] = {}
+    if "kafka.bootstrap.servers" in opts:
+        update["brokers"] = _text(opts, "kafka.bootstrap.servers")
+    kafka = {k.removeprefix("kafka."): v for k, v in opts.items() if k.startswith("kafka.")}
+    kafka.pop("bootstrap.servers", None)
+    if kafka:
+        update["kafka"] = {**config.kafka, **kafka}
+    starting: Offsets = {}
+    if "startingoffsets" in opts and "startingtimestamp" in opts:
+        raise ConfigError(WHERE, "startingTimestamp", "give startingOffsets or it, not both")
+    if "startingoffsets" in opts:
+        start, starting = _offsets(opts, "startingOffsets", config.topic, (EARLIEST, LATEST))
+        if start is not None:
+            update["start"] = start
+    if "startingtimestamp" in opts:
+        ms = _integer(opts, "startingTimestamp", minimum=0)
+        update["start"] = Position(PositionKind.TIMESTAMP, ms)
+    if "failondataloss" in opts:
+        fail = _boolean(opts, "failOnDataLoss")
+        update["out_of_range"] = Position(PositionKind.FAIL if fail else PositionKind.EARLIEST)
+    if "kafkaconsumer.polltimeoutms" in opts:
+        update["fetch_timeout"] = _integer(opts, "kafkaConsumer.pollTimeoutMs", 1) / 1000
+    return update, starting
 
 
 def _text(opts: Mapping[str, str], name: str) -> str:

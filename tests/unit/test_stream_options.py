@@ -102,6 +102,10 @@ def test_json_offsets_are_per_partition_with_spark_s_special_values() -> None:
         ({"maxOffsetsPerTrigger": "0"}, "maxOffsetsPerTrigger: must be an integer >= 1"),
         ({"maxTriggerDelay": "5m"}, "maxTriggerDelay: applies with minOffsetsPerTrigger only"),
         (
+            {"maxOffsetsPerTrigger": "10", "minOffsetsPerTrigger": "20"},
+            "minOffsetsPerTrigger: must be <= maxOffsetsPerTrigger (10)",
+        ),
+        (
             {"startingOffsets": "earliest", "startingTimestamp": "1"},
             "startingTimestamp: give startingOffsets or it, not both",
         ),
