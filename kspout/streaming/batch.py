@@ -22,7 +22,7 @@ from functools import partial
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from kspout.errors import ConfigError
+from kspout.errors import ConfigError, KspoutError
 from kspout.streaming.errors import ReadStopped
 from kspout.streaming.options import LATEST, WHERE, Offsets, SourceSettings
 from kspout.streaming.planner import StreamPlanner
@@ -41,10 +41,13 @@ class KspoutBatchReader(DataSourceReader):
 
     def partitions(self) -> list[InputPartition]:
         """On the driver: each partition's range, from the watermarks of now."""
-        with StreamPlanner(self._settings, self._stopped, zk_copy=False) as planner:
-            start = planner.initial()
-            end = ends(self._settings.ending or {}, planner.highs(), start)
-            return list(planner.ranges(start, end))
+        try:
+            with StreamPlanner(self._settings, self._stopped, zk_copy=False) as planner:
+                start = planner.initial()
+                end = ends(self._settings.ending or {}, planner.highs(), start)
+                return list(planner.ranges(start, end))
+        except KspoutError as exc:
+            raise exc.with_traceback(None) from None  # one frame in Spark's message
 
     def read(self, partition: InputPartition) -> Iterator[Batch]:
         """In an executor: the records of one partition's range."""

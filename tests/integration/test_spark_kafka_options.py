@@ -26,7 +26,13 @@ from kspout.spark.schema import SCHEMA
 from kspout.streaming.errors import ReadStopped
 from kspout.streaming.options import WHERE, SourceSettings
 from kspout.streaming.planner import StreamPlanner
-from tests.integration.helpers import PARTITIONS, TopicFactory, topic_file, value_of
+from tests.integration.helpers import (
+    PARTITIONS,
+    TopicFactory,
+    delete_records,
+    topic_file,
+    value_of,
+)
 
 # partition, offset, key, value, timestamp (ms), timestampType
 Seen = tuple[int, int, bytes, bytes, int, int]
@@ -141,6 +147,29 @@ def test_spark_option_names_read_what_the_topic_file_reads_in_streams_and_batch_
     assert batch(spark, {"config": toml, "startingOffsets": json.dumps({topic: {"1": 8}})}) == (
         where(produced, lambda p, o: p != 1 or o >= 8)
     )
+
+
+def test_a_batch_read_from_offsets_kafka_deleted_follows_fail_on_data_loss(
+    spark: SparkSession, stack: DevStack, topic_name: str, producer: Producer
+) -> None:
+    produced = produce(producer, topic_name, 10)
+    delete_records(stack.info.brokers, topic_name, {0: 5})
+    options = {
+        "kafka.bootstrap.servers": stack.info.brokers,
+        "subscribe": topic_name,
+        "startingOffsets": json.dumps({topic_name: {"0": 2}}),
+    }
+
+    with pytest.raises(AnalysisException) as failed:
+        batch(spark, {**options, "failOnDataLoss": "true"})
+    lines = [line for line in str(failed.value).splitlines() if "ReadStopped:" in line]
+    assert len(lines) == 1 and lines[0].endswith(
+        f"{topic_name}[0]: offset 2 is out of range; Kafka holds [5, 10). out_of_range = "
+        '"fail" (failOnDataLoss true) stops the read: start at 5 or later (startingOffsets), '
+        "or set failOnDataLoss to false to read what Kafka holds"
+    )
+    read = batch(spark, {**options, "failOnDataLoss": "false"})
+    assert read == where(produced, lambda p, o: p != 0 or o >= 5)
 
 
 def test_an_option_that_does_not_map_fails_with_one_line_naming_what_to_use(

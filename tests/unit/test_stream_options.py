@@ -10,6 +10,7 @@ import pytest
 from kspout.errors import ConfigError
 from kspout.policy import Position, PositionKind
 from kspout.streaming.batch import ends
+from kspout.streaming.errors import StreamStopped
 from kspout.streaming.options import EARLIEST, LATEST, WHERE, SourceSettings
 from kspout.streaming.positions import MinTrigger
 
@@ -154,3 +155,18 @@ def test_min_offsets_per_trigger_waits_for_rows_or_the_delay() -> None:
     assert not gate.ready(0, now=500.0)  # nothing to read: no batch, the delay still runs
     assert gate.ready(1, now=500.0)
     assert not gate.ready(1, now=501.0)
+
+
+def test_a_stopped_stream_without_a_topic_file_says_how_to_go_on() -> None:
+    with_file = StreamStopped("orders", 3, 20, 500, 900, "orders.toml")
+    assert (
+        with_file.command == "kspout offsets set --config orders.toml --partition 3 --to earliest"
+    )
+    assert f"run `{with_file.command}`" in str(with_file)
+    without = StreamStopped("orders", 3, 20, 500, 900, None)
+    assert without.command is None
+    assert str(without) == (
+        "orders[3]: offset 20 is out of range; Kafka holds [500, 900). failOnDataLoss is true "
+        '(out_of_range = "fail"): set it to false to go on at the earliest offset Kafka holds, '
+        "or give the query a new checkpointLocation"
+    )
