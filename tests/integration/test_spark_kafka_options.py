@@ -37,7 +37,9 @@ from tests.integration.helpers import (
 # partition, offset, key, value, timestamp (ms), timestampType
 Seen = tuple[int, int, bytes, bytes, int, int]
 COLUMNS = ("partition", "offset", "key", "value", "unix_millis(timestamp)", "timestampType")
-T0 = 1_600_000_000_000  # the producer's timestamps: years before any broker's clock
+# The producer's timestamps: an hour ago, so neither the broker's clock (LogAppendTime) nor
+# retention (7 days by default, judged by the records' timestamps) is near them.
+T0 = int(time.time() * 1000) - 3_600_000
 CREATE_TIME, LOG_APPEND_TIME = 0, 1
 
 
