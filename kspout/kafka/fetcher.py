@@ -122,14 +122,16 @@ class _Progress:
 
 def _record(topic: str, partition: int, offset: int, msg: Message) -> Record:
     headers = msg.headers()
+    kind, timestamp = msg.timestamp()
     return make_record(
         topic,
         partition,
         offset,
         msg.key(),
         msg.value(),
-        msg.timestamp()[1],
+        timestamp,
         tuple(headers) if headers else (),  # type: ignore[arg-type]
+        kind - 1,  # confluent-kafka's TIMESTAMP_* constants are Kafka's ids plus one
     )
 
 
@@ -198,14 +200,16 @@ class PartitionFetcher(Lifecycle):
                 if offset == cursor and offset < last and msg.error() is None:
                     # Hot path: the next requested offset, not the last of its span.
                     headers = msg.headers()
+                    kind, timestamp = msg.timestamp()
                     record = build(
                         topic,
                         partition,
                         offset,
                         msg.key(),
                         msg.value(),
-                        msg.timestamp()[1],
+                        timestamp,
                         tuple(headers) if headers else (),  # type: ignore[arg-type]
+                        kind - 1,  # as in `_record`
                     )
                     record.__class__ = Record  # type: ignore[assignment]
                     append(record)  # type: ignore[arg-type]

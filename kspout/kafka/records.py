@@ -10,6 +10,12 @@ from dataclasses import dataclass
 
 Headers = tuple[tuple[str, bytes | None], ...]
 
+# What a record's timestamp means: Kafka's own ids (its `TimestampType`), which Spark's Kafka
+# source shows in its `timestampType` column. The topic's `message.timestamp.type` decides.
+NO_TIMESTAMP = -1
+CREATE_TIME = 0  # set by the producer
+LOG_APPEND_TIME = 1  # set by the broker when it appended the record
+
 
 @dataclass(frozen=True, slots=True)
 class Record:
@@ -22,6 +28,7 @@ class Record:
     value: bytes | None
     timestamp: int  # ms since the epoch, -1 when the message carries none
     headers: Headers
+    timestamp_type: int = CREATE_TIME  # NO_TIMESTAMP, CREATE_TIME or LOG_APPEND_TIME
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +82,16 @@ class RecordBuilder:
     """
 
     # Record's field order, which `__class__` assignment requires.
-    __slots__ = ("topic", "partition", "offset", "key", "value", "timestamp", "headers")  # noqa: RUF023
+    __slots__ = (  # noqa: RUF023
+        "topic",
+        "partition",
+        "offset",
+        "key",
+        "value",
+        "timestamp",
+        "headers",
+        "timestamp_type",
+    )
 
     def __init__(
         self,
@@ -86,6 +102,7 @@ class RecordBuilder:
         value: bytes | None,
         timestamp: int,
         headers: Headers,
+        timestamp_type: int,
     ) -> None:
         self.topic = topic
         self.partition = partition
@@ -94,6 +111,7 @@ class RecordBuilder:
         self.value = value
         self.timestamp = timestamp
         self.headers = headers
+        self.timestamp_type = timestamp_type
 
 
 def make_record(
@@ -104,8 +122,9 @@ def make_record(
     value: bytes | None,
     timestamp: int,
     headers: Headers,
+    timestamp_type: int = CREATE_TIME,
 ) -> Record:
     """`Record(...)` at half the cost (see RecordBuilder); the fetch loop inlines this."""
-    record = RecordBuilder(topic, partition, offset, key, value, timestamp, headers)
+    record = RecordBuilder(topic, partition, offset, key, value, timestamp, headers, timestamp_type)
     record.__class__ = Record  # type: ignore[assignment]
     return record  # type: ignore[return-value]

@@ -1,9 +1,9 @@
 """`FrameExecutor`: micro-batches as DataFrames for `KafkaSpout.foreach_batch`.
 
 The user's `f(df, batch_id)` runs on the driver; the DataFrame is lazy, and its rows are
-fetched from Kafka by executors whenever `f` evaluates it (Spark's Kafka source columns:
-key, value, topic, partition, offset, timestamp, headers). The batch is failed as a whole,
-with EXCEPTION, when `f` raises. When `f` returns, only what the frame held is acked:
+fetched from Kafka by executors whenever `f` evaluates it, with the columns of Spark's Kafka
+source (`kspout.spark.schema`). The batch is failed as a whole, with EXCEPTION, when `f`
+raises. When `f` returns, only what the frame held is acked:
 
 * Every evaluation of the frame reports, per partition, what its fetch did not return, through
   a Spark accumulator: the planned offsets it stopped before when Kafka answered out of range
@@ -23,69 +23,23 @@ with EXCEPTION, when `f` raises. When `f` returns, only what the frame held is a
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 
 from pyspark.accumulators import Accumulator, AccumulatorParam
-from pyspark.sql import DataFrame, Row, SparkSession
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
+from pyspark.sql import DataFrame, SparkSession
 
 from kspout.config import TopicConfig
-from kspout.kafka import FetchResult, KafkaMetadata, Record
+from kspout.kafka import FetchResult, KafkaMetadata
 from kspout.outcomes import FailReason, Outcome, OutcomeKind, describe_error
 from kspout.spans import runs
 from kspout.spark.jobs import SparkJobs
+from kspout.spark.schema import SCHEMA, to_row
 from kspout.spark.worker import fetcher_for
 from kspout.tasks import CUT_SHORT, PartitionTask, TaskResult
 
 BatchFunction = Callable[[DataFrame, int], object]
-
-SCHEMA = StructType(
-    [
-        StructField("key", BinaryType()),
-        StructField("value", BinaryType()),
-        StructField("topic", StringType(), nullable=False),
-        StructField("partition", IntegerType(), nullable=False),
-        StructField("offset", LongType(), nullable=False),
-        StructField("timestamp", TimestampType()),
-        StructField(
-            "headers",
-            ArrayType(
-                StructType([StructField("key", StringType()), StructField("value", BinaryType())])
-            ),
-        ),
-    ]
-)
-
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-
-
-def _row(record: Record) -> tuple[object, ...]:
-    timestamp = (
-        _EPOCH + dt.timedelta(milliseconds=record.timestamp) if record.timestamp >= 0 else None
-    )
-    headers = [Row(key=k, value=v) for k, v in record.headers]
-    return (
-        record.key,
-        record.value,
-        record.topic,
-        record.partition,
-        record.offset,
-        timestamp,
-        headers,
-    )
-
 
 Ranges = tuple[tuple[int, int], ...]  # sorted, disjoint, non-empty half-open ranges
 
@@ -161,7 +115,7 @@ def fetch_rows(
         fetched = fetcher.fetch(task.topic, task.partition, spans)
         reports.add({(batch, task.partition): Unfetched.of(spans, fetched)})
         for record in fetched.records:
-            yield _row(record)
+            yield to_row(record)
 
 
 class FrameExecutor(SparkJobs):

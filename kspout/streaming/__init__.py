@@ -1,16 +1,19 @@
-"""A topic as a Structured Streaming source: `spark.readStream.format("kspout")`.
+"""A topic as a Structured Streaming source, `spark.readStream.format("kspout")`, and as a
+batch read, `spark.read.format("kspout")`.
 
     kspout.register(spark)            # once per session; `kspout.spark.spark_session()` does it
     df = spark.readStream.format("kspout").option("config", "orders.toml").load()
 
 Built on PySpark's Python Data Source API (PySpark 4.2 or later, with pyarrow). One module per
-job: `source` (the data source and its options), `reader` (what PySpark calls), `planner` (the
+job: `source` (the data source), `options` (its options: the topic file and Spark's Kafka-source
+names), `reader` (what PySpark calls for a stream), `batch` (for a batch read), `planner` (the
 driver side: batches' offsets, out-of-range policies, admission control), `watermarks` (asked
 at a bounded rate), `zk_copy` (the query's progress copied to ZooKeeper), `read` (the executor
 side: fetching a batch's ranges), `schema` (Spark's Kafka columns, as Arrow batches),
-`positions` (offsets as Spark checkpoints them). Spark's checkpoint is the source of truth for
-a query: it is at least once, and exactly-once effects come from `dedup.batch` in
-`foreachBatch`. Per-message retries and dead letters are what `KafkaSpout.run` is for.
+`positions` (offsets as Spark checkpoints them, `minOffsetsPerTrigger`). Spark's checkpoint is
+the source of truth for a query: it is at least once, and exactly-once effects come from
+`dedup.batch` in `foreachBatch`. Per-message retries and dead letters are what
+`KafkaSpout.run` is for.
 
 This package is imported without PySpark; `register` loads the source.
 """
@@ -37,7 +40,7 @@ def supported() -> bool:
 
 
 def register(spark: SparkSession) -> None:
-    """Make `spark.readStream.format("kspout")` available in `spark`'s session."""
+    """Make `format("kspout")` available to `spark.readStream` and `spark.read`."""
     if not supported():
         import pyspark
 

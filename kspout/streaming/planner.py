@@ -8,19 +8,22 @@ caches, and the ZooKeeper copy (`ZkCopy`).
 
 Where a partition's batch begins, per the PartitionManager's policies:
 
-* a new query starts each partition at the topic file's `start`; a partition added to the
-  topic later starts at its earliest offset (all it holds is newer than the query), as in
-  Spark's Kafka source;
+* a new query starts each partition at `startingOffsets` (JSON) where it names one, else at
+  the topic file's `start`; a partition added to the topic later starts at its earliest
+  offset (all it holds is newer than the query), as in Spark's Kafka source;
 * a batch begins where the last one ended, unless Kafka no longer holds that offset (retention
   deleted it, or the partition was recreated): then the `out_of_range` policy moves it, and
   the offsets skipped are logged with their exact range and counted (`lost` in the ZooKeeper
   record). Under `fail` the query stops with `StreamStopped`, which names the command that
   moves the partition; an operator's move (`kspout offsets set`) is where the query resumes.
+  Without a topic file there is no ZooKeeper copy (`NoCopy`), so no count and no move either.
 
 A batch ends at the high watermark, or earlier under a read limit (`maxOffsetsPerTrigger`:
 split between partitions by `positions.admit`), or at the high watermark that
 `prepare_available_now` saw, for `Trigger.AvailableNow`, which then ends once every partition
-reached it.
+reached it. Under `minOffsetsPerTrigger` a batch waits for that many offsets or
+`maxTriggerDelay` (`MinTrigger`), except under `Trigger.AvailableNow`, which would wait for
+ever, and when the out-of-range policy just moved a partition.
 
 The end of a completed batch is copied to ZooKeeper when the next one is planned: `latest` is
 given it as its start, and PySpark asks for it only after the batch's commit log entry was
@@ -34,37 +37,46 @@ import logging
 import time
 from collections.abc import Callable
 
-from kspout.config import TopicConfig
 from kspout.errors import PartitionStopped
 from kspout.kafka import KafkaMetadata
 from kspout.kafka.metadata import Bounds
 from kspout.lifecycle import Lifecycle
 from kspout.partition_manager import PartitionManager
 from kspout.policy import PositionKind
-from kspout.streaming.errors import StreamStopped
-from kspout.streaming.positions import Offsets, admit
-from kspout.streaming.read import KafkaRange
+from kspout.streaming.options import EARLIEST, LATEST, SourceSettings
+from kspout.streaming.positions import MinTrigger, Offsets, admit
+from kspout.streaming.read import KafkaRange, Stopped
 from kspout.streaming.watermarks import ThrottledWatermarks
-from kspout.streaming.zk_copy import ZkCopy
+from kspout.streaming.zk_copy import NoCopy, ZkCopy
 
 log = logging.getLogger(__name__)
 
 
 class StreamPlanner(Lifecycle):
-    """Plans one query's batches; connects to Kafka in `start()`, to ZooKeeper on first copy."""
+    """Plans one query's batches (or a `spark.read`'s one range per partition); connects to
+    Kafka in `start()`, to ZooKeeper on first copy (with `zk_copy`). `stopped` makes the error
+    that `out_of_range = "fail"` raises."""
 
     def __init__(
         self,
-        config: TopicConfig,
-        config_path: str,
+        settings: SourceSettings,
+        stopped: Stopped,
         *,
+        zk_copy: bool,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._config = config
-        self._config_path = config_path
+        config = self._config = settings.config
+        self._settings = settings
+        self._stopped = stopped
+        self._clock = clock
         self._metadata = KafkaMetadata(config)
         self._watermarks = ThrottledWatermarks(config, self._metadata, clock=clock)
-        self.copy = ZkCopy(config, lambda: self._metadata.leaders(config.topic), clock=clock)
+        self.copy: ZkCopy | NoCopy = NoCopy()
+        if zk_copy:
+            self.copy = ZkCopy(config, lambda: self._metadata.leaders(config.topic), clock=clock)
+        self._gate: MinTrigger | None = None
+        if settings.min_offsets is not None:
+            self._gate = MinTrigger(settings.min_offsets, settings.max_trigger_delay)
         self._target: Offsets | None = None  # Trigger.AvailableNow: where the run ends
         # The last `latest` call: (start, watermarks, limit) -> end, and where each partition
         # of that batch begins, keyed by its start, for `ranges`.
@@ -83,12 +95,8 @@ class StreamPlanner(Lifecycle):
             self._metadata.close()
 
     def initial(self) -> Offsets:
-        """Where a new query starts: each partition at the topic file's `start`."""
-        position, topic = self._config.start, self._config.topic
-        return {
-            p: self._metadata.resolve(position, topic, p, bounds=bounds)
-            for p, bounds in self._watermarks.refresh().items()
-        }
+        """Where a new query starts: each partition at its `startingOffsets`, or `start`."""
+        return starts(self._metadata, self._settings, self._watermarks.refresh())
 
     def prepare_available_now(self) -> None:
         """`Trigger.AvailableNow`: read up to the high watermarks of now, then end."""
@@ -101,7 +109,7 @@ class StreamPlanner(Lifecycle):
         if self._last is not None and self._last[:3] == (start, bounds, max_rows):
             if self._last[3] == start:
                 self.copy.flush()  # idle: a copy that failed is tried again
-            return dict(self._last[3])  # nothing changed since the last call
+            return self._gated(start, self._last[3])  # nothing changed since the last call
         begins = {p: self._begin(p, start.get(p), low, high) for p, (low, high) in bounds.items()}
         self._begins = {p: (start.get(p), b) for p, b in begins.items()}
         ends = {p: high for p, (_, high) in bounds.items()}
@@ -113,7 +121,15 @@ class StreamPlanner(Lifecycle):
         # batch past the move completed (until then its record may hold an operator's move).
         self.copy.offer({p: o for p, o in start.items() if begins.get(p, o) == o}, now=end == start)
         self._last = (start, bounds, max_rows, end)
-        return dict(end)
+        moved = any(p in start and b != start[p] for p, b in begins.items())
+        return end if moved else self._gated(start, end)
+
+    def _gated(self, start: Offsets, end: Offsets) -> Offsets:
+        """`end`, or `start` (no batch yet) while `minOffsetsPerTrigger` holds the batch back."""
+        if self._gate is None or self._target is not None:
+            return dict(end)
+        available = sum(o - start.get(p, o) for p, o in end.items())
+        return dict(end) if self._gate.ready(available, self._clock()) else dict(start)
 
     def ranges(self, start: Offsets, end: Offsets) -> list[KafkaRange]:
         """The tasks of the batch `[start, end)`: one per partition with offsets to read."""
@@ -183,4 +199,18 @@ class StreamPlanner(Lifecycle):
                 self.copy.count_lost(p, moved - start)
             return moved
         self.copy.stop(p, start, f"offset {start} is out of range; Kafka holds [{low}, {high})")
-        raise StreamStopped(self._config.topic, p, start, low, high, self._config_path) from None
+        raise self._stopped(p, start, low, high) from None
+
+
+def starts(metadata: KafkaMetadata, settings: SourceSettings, bounds: Bounds) -> Offsets:
+    """Where each partition of `bounds` starts: at its `startingOffsets` (JSON; -2 earliest,
+    -1 latest), or else at the topic config's `start`."""
+    topic, position = settings.config.topic, settings.config.start
+    offsets: Offsets = {}
+    for p, (low, high) in bounds.items():
+        given = settings.starting.get(p)
+        if given is None:
+            offsets[p] = metadata.resolve(position, topic, p, bounds=(low, high))
+        else:
+            offsets[p] = {EARLIEST: low, LATEST: high}.get(given, given)
+    return offsets

@@ -9,6 +9,7 @@ another topic is refused instead of applying one topic's offsets to another.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from kspout.streaming.errors import CheckpointTopicMismatch
 
@@ -53,3 +54,23 @@ def admit(backlog: Mapping[int, int], max_rows: int | None) -> Offsets:
     for p in by_remainder[:left]:
         shares[p] += 1
     return shares
+
+
+@dataclass
+class MinTrigger:
+    """`minOffsetsPerTrigger` with `maxTriggerDelay`, as in Spark's Kafka source: a batch waits
+    until `min_rows` offsets are available, or until `max_delay` seconds passed since the last
+    batch and some are."""
+
+    min_rows: int
+    max_delay: float
+    last: float = float("-inf")  # when the last batch was let through: the first never waits
+
+    def ready(self, available: int, now: float) -> bool:
+        """True when a batch of `available` offsets may run now (and it counts as run)."""
+        if available == 0:
+            return False
+        if available < self.min_rows and now - self.last < self.max_delay:
+            return False
+        self.last = now
+        return True

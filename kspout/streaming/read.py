@@ -1,4 +1,4 @@
-"""Executor side of the stream: read one partition's range of a batch from Kafka.
+"""Executor side of a stream or a `spark.read`: read one partition's range from Kafka.
 
 PySpark runs `read()` in executors' Python workers, so the Kafka consumer is made there: the
 worker's cached fetcher (`kspout.spark.worker.fetcher_for`), shared with `KafkaSpout`'s tasks.
@@ -8,23 +8,23 @@ The driver planned the range from watermarks a moment old; retention can delete 
 before the fetch gets there. Then the partition's `out_of_range` policy applies here, as the
 PartitionManager decides it: reading goes on at its new start, and the offsets skipped are
 logged with their exact range, in the executor's log only (the driver's count, `lost` in the
-ZooKeeper record, does not see them); `fail` stops the query with `StreamStopped`.
+ZooKeeper record, does not see them); `fail` stops the query with the reader's error
+(`StreamStopped`, `ReadStopped`).
 A `timestamp:` policy falls back to `earliest` here (no lookup from executors), never to
 `latest`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from pyspark.sql.datasource import InputPartition
 
 from kspout.config import TopicConfig
-from kspout.errors import PartitionStopped
+from kspout.errors import KspoutError, PartitionStopped
 from kspout.partition_manager import PartitionManager
 from kspout.spark.worker import fetcher_for
-from kspout.streaming.errors import StreamStopped
 from kspout.streaming.schema import Batch, to_batch
 
 # Offsets per fetch: bounds a task's memory (one chunk of records and its Arrow batch) while
@@ -41,8 +41,12 @@ class KafkaRange(InputPartition):
     end: int
 
 
-def read_range(config: TopicConfig, config_path: str, part: KafkaRange) -> Iterator[Batch]:
-    """The records of `part`, as Arrow record batches of the stream's schema."""
+# The error `out_of_range = "fail"` raises: (partition, offset, low, high) -> error.
+Stopped = Callable[[int, int, int, int], KspoutError]
+
+
+def read_range(config: TopicConfig, part: KafkaRange, stopped: Stopped) -> Iterator[Batch]:
+    """The records of `part`, as Arrow record batches of Spark's Kafka columns."""
     fetcher = fetcher_for(config)
     at = part.start
     while at < part.end:
@@ -54,14 +58,14 @@ def read_range(config: TopicConfig, config_path: str, part: KafkaRange) -> Itera
             at = upto
             continue
         low, high = fetched.out_of_range
-        resumed = _resume_at(config, config_path, part.partition, fetched.reached(at), low, high)
+        resumed = _resume_at(config, stopped, part.partition, fetched.reached(at), low, high)
         if resumed is None:
             return
         at = resumed
 
 
 def _resume_at(
-    config: TopicConfig, config_path: str, partition: int, reached: int, low: int, high: int
+    config: TopicConfig, stopped: Stopped, partition: int, reached: int, low: int, high: int
 ) -> int | None:
     """Where reading goes on when offset `reached` is outside Kafka's `[low, high)`; None when
     the rest of the range is not in Kafka (at or past its high watermark)."""
@@ -71,7 +75,7 @@ def _resume_at(
     try:
         reset = pm.on_out_of_range(low, high)  # logs the offsets lost, with their range
     except PartitionStopped:
-        raise StreamStopped(config.topic, partition, reached, low, high, config_path) from None
+        raise stopped(partition, reached, low, high) from None
     if reset is None or reset.new_start <= reached:
         return None
     return reset.new_start

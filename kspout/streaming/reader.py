@@ -16,6 +16,7 @@ wants everything.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -26,7 +27,8 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from kspout.config import TopicConfig
+from kspout.streaming.errors import StreamStopped
+from kspout.streaming.options import SourceSettings
 from kspout.streaming.planner import StreamPlanner
 from kspout.streaming.positions import decode, encode
 from kspout.streaming.read import KafkaRange, read_range
@@ -36,30 +38,32 @@ Json = dict[str, Any]
 
 
 class KspoutStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """One streaming query's reader over the topic file's topic."""
+    """One streaming query's reader over its topic."""
 
-    def __init__(self, config: TopicConfig, config_path: str, max_offsets: int | None) -> None:
-        self._config = config
-        self._config_path = config_path
-        self._max_offsets = max_offsets
+    def __init__(self, settings: SourceSettings) -> None:
+        self._settings = settings
+        self._config = settings.config
+        # With a topic file, `out_of_range = "fail"` names the command that moves the partition.
+        self._stopped = partial(StreamStopped, self._config.topic, config_path=settings.config_path)
         self._planner: StreamPlanner | None = None
 
     def _driver(self) -> StreamPlanner:
         if self._planner is None:
-            planner = StreamPlanner(self._config, self._config_path)
+            zk_copy = self._settings.config_path is not None
+            planner = StreamPlanner(self._settings, self._stopped, zk_copy=zk_copy)
             planner.start()
             self._planner = planner
         return self._planner
 
     def initialOffset(self) -> Json:
-        """Where a new query starts: the topic file's `start` in every partition."""
+        """Where a new query starts: `startingOffsets`, or `start`, in every partition."""
         return encode(self._config.topic, self._driver().initial())
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """`ReadMaxRows(maxOffsetsPerTrigger)` when the option is set, else everything."""
-        if self._max_offsets is None:
+        if self._settings.max_offsets is None:
             return ReadAllAvailable()
-        return ReadMaxRows(self._max_offsets)
+        return ReadMaxRows(self._settings.max_offsets)
 
     def latestOffset(self, start: Json, limit: ReadLimit) -> Json:
         """The end of the next batch, at most `limit` offsets past `start`."""
@@ -89,7 +93,7 @@ class KspoutStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[Batch]:
         """In an executor: the records of one task's range."""
         assert isinstance(partition, KafkaRange)
-        return read_range(self._config, self._config_path, partition)
+        return read_range(self._config, partition, self._stopped)
 
     def stop(self) -> None:
         """The query ended: copy its last completed position to ZooKeeper, disconnect."""

@@ -1,11 +1,4 @@
-"""The stream's columns, those of Spark's Kafka source in its order, and records as Arrow batches.
-
-    key binary, value binary, topic string, partition int, offset long, timestamp timestamp,
-    timestampType int, headers array<struct<key string, value binary>>
-
-Every column is nullable, as in Spark's Kafka source. `timestamp` is null for a message
-without one. `timestampType` is always null: kspout's fetch does not keep the type Kafka
-reports (create time or log-append time) in its records (`kspout.kafka.records.Record`).
+"""Records as Arrow record batches of Spark's Kafka source's columns (`kspout.spark.schema`).
 
 Executors hand Spark Arrow record batches built column by column: PySpark's own conversion of
 Python tuples checks and converts every value one at a time.
@@ -18,36 +11,9 @@ from typing import TypeAlias
 
 import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
 
 from kspout.kafka import Record
-
-SCHEMA = StructType(
-    [
-        StructField("key", BinaryType()),
-        StructField("value", BinaryType()),
-        StructField("topic", StringType()),
-        StructField("partition", IntegerType()),
-        StructField("offset", LongType()),
-        StructField("timestamp", TimestampType()),
-        StructField("timestampType", IntegerType()),
-        StructField(
-            "headers",
-            ArrayType(
-                StructType([StructField("key", StringType()), StructField("value", BinaryType())])
-            ),
-        ),
-    ]
-)
+from kspout.spark.schema import SCHEMA
 
 # What PySpark checks each batch against (its planner converts SCHEMA the same way).
 ARROW_SCHEMA = to_arrow_schema(SCHEMA, timezone="UTC")
@@ -67,7 +33,7 @@ def to_batch(records: Sequence[Record]) -> Batch:
         [first.partition] * n,
         [r.offset for r in records],
         [r.timestamp * 1000 if r.timestamp >= 0 else None for r in records],  # ms -> us
-        [None] * n,
+        [r.timestamp_type for r in records],
         [r.headers for r in records],
     ]
     arrays = [pa.array(values, type=kind) for values, kind in zip(columns, _TYPES, strict=True)]

@@ -214,3 +214,26 @@ class ZkCopy(Lifecycle):
             stopped=stopped,
         )
         self._written[partition] = (offset, lost)
+
+
+class NoCopy:
+    """Stands in for `ZkCopy` when the stream has no topic file (Spark's options alone): there
+    is no spout id or ZooKeeper to copy to, and no operator's move to read."""
+
+    def close(self) -> None:
+        pass
+
+    def count_lost(self, partition: int, count: int) -> None:
+        pass
+
+    def offer(self, offsets: Mapping[int, int], *, now: bool) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def stop(self, partition: int, offset: int, reason: str) -> None:
+        pass
+
+    def operator_move(self, partition: int) -> int | None:
+        return None

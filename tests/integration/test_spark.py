@@ -90,7 +90,7 @@ def test_foreach_batch_hands_a_dataframe_and_settles_the_batch_as_a_whole(
 
     def check(df: DataFrame, batch_id: int) -> None:
         assert df.columns == [
-            "key", "value", "topic", "partition", "offset", "timestamp", "headers"
+            "key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers"
         ]  # fmt: skip
         rows = df.select("partition", "offset", "value").collect()
         if len(calls) == 2:
