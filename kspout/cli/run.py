@@ -2,9 +2,9 @@
 
 `--handler module:attr` names a function (called per record), a bolt, or a list of bolts and
 groupings. Without `--spark` batches run in this process; with `--spark MASTER` each batch is
-a Spark job. Ctrl-C or SIGTERM stops after the batches in flight and commits before exiting;
-a second one exits at once (nothing is lost: uncommitted offsets are processed again on the
-next start).
+a Spark job. Ctrl-C or SIGTERM stops after the batches in flight (in-process, a plain handler
+stops after the record in hand) and commits before exiting; a second one exits at once
+(nothing is lost: uncommitted offsets are processed again on the next start).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from rich.live import Live
 
 from kspout.cli import main
 from kspout.cli.options import config_option, json_option, kspout_errors
-from kspout.cli.report import progress_json, progress_table
+from kspout.cli.report import failures_table, progress_json, progress_table
 from kspout.config import TopicConfig, load_config
 from kspout.devstack import load_stack_info
 from kspout.driver import Driver, Progress
@@ -29,6 +29,8 @@ from kspout.local_executor import LocalExecutor
 from kspout.stopping import stop_on_signals
 from kspout.tasks import Executor
 from kspout.topology import Topology
+
+TOO_MANY_FAILURES = 4  # exit code: --max-failures stopped the run (1: an error, 2: usage)
 
 
 def load_chain(spec: str) -> Topology:
@@ -91,6 +93,14 @@ def use_dev_stack() -> None:
 @click.option("--until-caught-up", is_flag=True, help="Stop once every offset is finished.")
 @click.option("--dev", "dev_stack", is_flag=True, help="Use the running `kspout dev up` stack.")
 @click.option(
+    "--max-failures",
+    type=click.IntRange(min=0),
+    metavar="N",
+    help="Stop, with exit code 4, once more than N records have failed because the handler or "
+    "a bolt raised (or failed them); infrastructure failures (Kafka, Redis unreachable) do not "
+    "count. --max-failures 0 stops at the first; for CI jobs and first runs.",
+)
+@click.option(
     "--replay-past-window",
     is_flag=True,
     help="Start even if the restart would replay messages finished longer ago than the dedup "
@@ -104,6 +114,7 @@ def run(
     max_batches: int | None,
     until_caught_up: bool,
     dev_stack: bool,
+    max_failures: int | None,
     replay_past_window: bool,
     as_json: bool,
 ) -> None:
@@ -111,6 +122,12 @@ def run(
 
     Failed records are retried with backoff up to `max_retries`, then dead-lettered or skipped
     per the config; the commit point goes to ZooKeeper every `commit_interval` and on exit.
+    The first failure of each kind per partition is logged with its traceback, later ones are
+    counted; the run ends with a summary of failures by exception and place.
+
+    Without --spark, batches run in this process, one at a time, on one core; Ctrl-C stops a
+    plain handler after the record in hand (the rest of the batch runs again on the next
+    start), a bolt chain after its batch.
     """
     with kspout_errors():
         if dev_stack:
@@ -136,7 +153,10 @@ def run(
             )
             with driver:
                 final = driver.run(
-                    max_batches=max_batches, until_caught_up=until_caught_up, stop=stop
+                    max_batches=max_batches,
+                    until_caught_up=until_caught_up,
+                    stop=stop,
+                    max_failures=max_failures,
                 )
         if as_json:
             click.echo(json.dumps(progress_json(final), indent=2))
@@ -145,3 +165,12 @@ def run(
             if not out.is_terminal:
                 out.width = 120  # whole numbers in logs and pipes, not ellipses
             out.print(progress_table(final, title=f"{config.topic}: final"))
+            if final.failures:
+                out.print(failures_table(final))
+        if max_failures is not None and final.failed_records > max_failures:
+            click.echo(
+                f"stopped: {final.failed_records} records failed, more than --max-failures "
+                f"{max_failures}; the first: {final.failures[0].failure}",
+                err=True,
+            )
+            sys.exit(TOO_MANY_FAILURES)

@@ -663,6 +663,9 @@ class HoldingExecutor:
     def cancel(self, batch: int) -> None:
         self.events.append(f"cancel {batch}")
 
+    def stop_soon(self) -> None:
+        self._inner.stop_soon()
+
     def channel_host(self) -> str | None:
         return None
 
