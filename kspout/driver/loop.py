@@ -258,7 +258,7 @@ class Driver(Lifecycle):
         disconnect."""
         try:
             if self._pms:
-                self._drain()
+                self.drain()
         finally:
             self._disconnect()
 
@@ -331,7 +331,7 @@ class Driver(Lifecycle):
                 self._wait(IDLE_WAIT)
         else:
             self._executor.stop_soon()
-        self._drain()
+        self.drain()
         progress = self.progress()
         self._failures.tick(final=True)
         self._warn_if_all_failed(progress)
@@ -614,8 +614,9 @@ class Driver(Lifecycle):
         else:
             self._sleep(timeout)
 
-    def _drain(self) -> None:
-        """Apply every batch still in flight, write pending dead letters, commit."""
+    def drain(self) -> None:
+        """Wait for every batch still in flight and apply it, write pending dead letters,
+        commit (`run` and `close` end so; a test stepping a fake clock calls it after `step`)."""
         while len(self._batches):
             self._wait(IDLE_WAIT)
             self._collect()

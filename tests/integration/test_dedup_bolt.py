@@ -225,8 +225,10 @@ def test_one_claim_and_one_settle_per_batch_in_process(
 
     with Driver(config, LocalExecutor(config, bolt)) as driver:
         assert driver.step()  # the first batch also loads the scripts and sets up the epoch
+        driver.drain()
         before = evalsha_calls(redis_client)
         assert driver.step()
+        driver.drain()
         after = evalsha_calls(redis_client)
         assert driver.progress().total("acked") == 2 * 300 * len(PARTITIONS)
 
