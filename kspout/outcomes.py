@@ -7,7 +7,7 @@ import functools
 import os
 import sysconfig
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 
 
@@ -46,7 +46,8 @@ class Outcome:
     reason: FailReason | None = None
     error: str | None = None
     count: int = 1
-    failure: Failure | None = None  # what user code raised, for an EXCEPTION failure
+    # What user code raised, for an EXCEPTION failure: a detail of `error`, not compared.
+    failure: Failure | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.count < 1:
@@ -91,6 +92,11 @@ class Failure:
     @property
     def key(self) -> tuple[str, str, str]:
         return self.kind, self.message, self.place
+
+    @property
+    def description(self) -> str:
+        """The one-line error `describe_error` gives the exception: `RuntimeError: boom`."""
+        return f"{self.kind}: {self.message}" if self.message else self.kind
 
     def __str__(self) -> str:
         """`RuntimeError('always broken') at raiser.py:3` (a bolt's own text when it failed a

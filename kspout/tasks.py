@@ -21,7 +21,14 @@ from kspout.errors import KafkaUnavailable
 from kspout.gc_pause import cyclic_gc_paused_until_built
 from kspout.kafka import FetchResult, PartitionFetcher, Record
 from kspout.ordering import WAITS_FOR_KEY, KeyGate, KeyOrder, fetch_ranges, within
-from kspout.outcomes import FailReason, FailureCatalog, Outcome, OutcomeKind, describe_error
+from kspout.outcomes import (
+    FailReason,
+    Failure,
+    FailureCatalog,
+    Outcome,
+    OutcomeKind,
+    describe_error,
+)
 from kspout.partition_manager import Plan
 
 if TYPE_CHECKING:
@@ -197,10 +204,20 @@ class OutcomeLog:
         return error
 
     def add(
-        self, offset: int, kind: OutcomeKind, reason: FailReason | None, error: str | None
+        self,
+        offset: int,
+        kind: OutcomeKind,
+        reason: FailReason | None,
+        error: str | Failure | None,
     ) -> None:
-        """Any outcome but an ack, at the attempt the plan gave `offset`."""
-        self._outcomes.append(Outcome(offset, kind, self._attempt_of(offset), reason, error))
+        """Any outcome but an ack, at the attempt the plan gave `offset` (`error`: a text, or
+        what user code raised)."""
+        attempt = self._attempt_of(offset)
+        if isinstance(error, Failure):
+            outcome = Outcome(offset, kind, attempt, reason, error.description, failure=error)
+        else:
+            outcome = Outcome(offset, kind, attempt, reason, error)
+        self._outcomes.append(outcome)
 
     def finish(self, missing: Sequence[tuple[int, int]]) -> list[Outcome]:
         """Every outcome, ascending, with `missing` ranges reported GONE."""

@@ -397,5 +397,5 @@ def _settle_roots(log: OutcomeLog, ledger: Acker[int]) -> str | None:
         if state is not RootState.PENDING:
             log.add(offset, *_SETTLED[state], error)
             if state is RootState.RELEASED and infra_error is None:
-                infra_error = error or "a later stage failed"
+                infra_error = str(error) if error else "a later stage failed"
     return infra_error

@@ -34,6 +34,17 @@ RAISER = """\
 def handle(record):
     if record.value:
         raise RuntimeError("always broken")
+
+
+from kspout.bolts import BasicBolt
+
+
+class Parse(BasicBolt):
+    def process(self, tuple_, collector):
+        int(tuple_.record.value)
+
+
+bolt = Parse()
 """
 FAILURE = "RuntimeError('always broken') at raiser.py:3"
 PER_PARTITION = 12
@@ -48,12 +59,16 @@ max = 0.01
 
 
 def kspout_run(
-    stack: DevStack, config: TopicConfig, tmp_path: Path, *args: str
+    stack: DevStack,
+    config: TopicConfig,
+    tmp_path: Path,
+    *args: str,
+    handler: str = "raiser:handle",
 ) -> subprocess.CompletedProcess[str]:
-    """`kspout run --handler raiser:handle --until-caught-up ARGS` in `tmp_path`, to its end."""
+    """`kspout run --handler HANDLER --until-caught-up ARGS` in `tmp_path`, to its end."""
     (tmp_path / "raiser.py").write_text(RAISER)
     toml = topic_file(tmp_path / "topic.toml", stack, config, FAST_RETRIES)
-    argv = [str(kspout_command()), "run", "--config", str(toml), "--handler", "raiser:handle"]
+    argv = [str(kspout_command()), "run", "--config", str(toml), "--handler", handler]
     return subprocess.run(
         [*argv, "--until-caught-up", *args],
         cwd=tmp_path,
@@ -147,3 +162,21 @@ def test_max_failures_stops_the_run_with_exit_code_4(
     assert "records failed" in done.stdout  # the summary is still printed
     # It stopped early: far from every record was tried.
     assert "800 records failed" not in done.stdout
+
+
+def test_a_bolt_that_raises_is_shown_the_same_way(
+    stack: DevStack, make_config: Callable[..., TopicConfig], producer: Producer, tmp_path: Path
+) -> None:
+    config = make_config()
+    produce(producer, config.topic, {0: range(4)}, value=lambda p, o: b"%d" % o)
+    producer.produce(config.topic, value=b"x", partition=0)  # offset 4: not a number
+    producer.flush(10)
+
+    done = kspout_run(stack, config, tmp_path, "--json", handler="raiser:bolt")
+
+    assert done.returncode == 0, done.stderr
+    failure = "ValueError(\"invalid literal for int() with base 10: b'x'\") at raiser.py:11"
+    assert f"{config.topic}[0] offset 4 failed (attempt 1): {failure}" in done.stderr
+    assert 'raiser.py", line 11, in process' in done.stderr
+    [kind] = json.loads(done.stdout)["failures"]
+    assert (kind["exception"], kind["place"], kind["records"]) == ("ValueError", "raiser.py:11", 1)
