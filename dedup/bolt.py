@@ -57,7 +57,7 @@ from dedup.store import (
     server_durability_warnings,
 )
 from kspout.bolts import Bolt, Collector, TaskContext, Tuple
-from kspout.channel.beacon import BEACON
+from kspout.channel.beacon import thread_beacon
 from kspout.config import TopicConfig
 from kspout.errors import KafkaUnavailable
 from kspout.kafka import Record
@@ -271,7 +271,7 @@ class IdempotencyBolt(Bolt):
                         outages.add(len(ran))
                     settlements.append(settlement)
                     ran.append(tuple_)
-        BEACON.current = None  # the settle below is Redis's time, not the last message's
+        thread_beacon().current = None  # the settle below is Redis's time, not the last message's
         try:
             results = store.settle(settlements, [t.record.partition for t in ran])
         except NotDurable as exc:
@@ -299,7 +299,7 @@ class IdempotencyBolt(Bolt):
         """Run the handler on one claimed message: how it ended, to settle, and whether it
         failed for an outage of a Kafka it writes to (`KafkaUnavailable`: not its fault)."""
         effects = Effects(self._store, id_, token, attempt, record.partition)
-        BEACON.current = record
+        thread_beacon().current = record
         try:
             self.handler(record, effects)
         except Exception as exc:

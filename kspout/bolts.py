@@ -25,7 +25,7 @@ from operator import itemgetter
 from typing import Any, overload
 
 from kspout.acker import Acker, Mark, new_tuple_id, random_bits
-from kspout.channel.beacon import BEACON
+from kspout.channel.beacon import thread_beacon
 from kspout.gc_pause import cyclic_gc_paused
 from kspout.kafka import Record
 from kspout.outcomes import Failure, FailureCatalog
@@ -392,7 +392,7 @@ class Bolt:
         The default runs `execute` per tuple, failing the tuple whose `execute` raised. Bolts
         that pay a round trip per call (the dedup bolt) override it to make one per batch.
         """
-        beacon = BEACON
+        beacon = thread_beacon()
         for tuple_ in tuples:
             beacon.current = tuple_
             try:
@@ -437,7 +437,7 @@ class BasicBolt(Bolt):
             return
         basic, ledger = collector._basic, collector._ledger
         process = self.process
-        beacon = BEACON
+        beacon = thread_beacon()
         for tuple_ in tuples:
             beacon.current = tuple_
             root = basic.point_at(tuple_)

@@ -16,7 +16,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
-from kspout.channel.beacon import BEACON
+from kspout.channel.beacon import thread_beacon
 from kspout.errors import KafkaUnavailable
 from kspout.gc_pause import cyclic_gc_paused_until_built
 from kspout.kafka import FetchResult, PartitionFetcher, Record
@@ -254,13 +254,13 @@ def settle(
     is down, e.g. `KafkaOutput.flush`): that is the infrastructure's fault, so the record is
     released, no attempt spent, and the partition's breaker hears of it. Offsets Kafka does
     not have become GONE. `on_fetched(missing, outcomes)` lets a reporter stream the
-    outcomes while they grow; `BEACON.current` names the record being handled. Once `stop`
+    outcomes while they grow; its thread's beacon names the record being handled. Once `stop`
     is set, the records not started yet are released (an in-process run stopping).
     """
     log = OutcomeLog(task)
     if on_fetched is not None:
         on_fetched(fetched.missing, log.outcomes)
-    beacon = BEACON
+    beacon = thread_beacon()
     outage: str | None = None  # the first KafkaUnavailable a handler raised
     halted: int | None = None  # where `stop` cut the loop
     start = end = -1  # the run of acked offsets not yet handed to the log
@@ -358,7 +358,7 @@ def settle_in_key_order(
         on_fetched(missing, log.outcomes)
     records, blockers = _planned_and_blockers(fetched.records, planned)
     gate = KeyGate(blockers)
-    beacon = BEACON
+    beacon = thread_beacon()
     outage: str | None = None  # the first KafkaUnavailable a handler raised
     halted: int | None = None  # where `stop` cut the loop
     for record in records:

@@ -7,7 +7,7 @@ being handled and for how long, and for plain handlers the offsets settled so fa
 listener in the driver, and its final results as soon as they exist.
 
 * `messages` — what travels: `Beat`, `Final`.
-* `beacon` — the one attribute executor code sets per record (`BEACON.current`).
+* `beacon` — the one attribute executor code sets per record (`thread_beacon().current`).
 * `reporter` — executor side: a thread per task that sends beats.
 * `listener` — driver side: accepts connections and queues what arrives.
 
