@@ -29,6 +29,13 @@ log = logging.getLogger(__name__)
 # Seconds between two "again N times" lines of one kind of failure in one partition: a steady
 # stream of failures costs a line per kind, partition and interval, however fast it runs.
 REPEAT_EVERY = 10.0
+# An exception whose message names the record (`KeyError('id-123')`) makes a new kind per
+# record. So tracebacks are logged for at most this many messages of one type and place per
+# partition (then they are counted), and the summary keeps at most MAX_KINDS kinds: further
+# messages of a type and place are summed up under OTHER_MESSAGES.
+TRACEBACKS_PER_PLACE = 3
+MAX_KINDS = 100
+OTHER_MESSAGES = "(other messages)"
 
 Key = tuple[str, str, str]  # Failure.key: type, message, place
 
@@ -62,9 +69,11 @@ class FailureLog:
         self._every = every
         self._kinds: dict[Key, _Kind] = {}
         self._logged: set[tuple[Key, int]] = set()  # (kind, partition) logged with a traceback
+        self._tracebacks: dict[tuple[str, str, int], int] = {}  # by (type, place, partition)
         self._unsaid: dict[tuple[Key, int], int] = {}  # failures since the last line, by both
         self._said_at = clock()
-        self._open: dict[int, dict[int, Failure]] = {}  # partition -> offset -> last failure
+        # partition -> offset -> its last failure, and the kind it was counted under
+        self._open: dict[int, dict[int, tuple[Failure, _Kind]]] = {}
 
     @property
     def records(self) -> int:
@@ -79,22 +88,22 @@ class FailureLog:
 
     def _failed(self, partition: int, outcome: Outcome) -> None:
         failure = outcome.failure or Failure("", outcome.error or "failed", "", "")
-        kind = self._kinds.get(failure.key)
-        if kind is None:
-            kind = self._kinds[failure.key] = _Kind(failure)
+        kind = self._kind_of(failure)
         kind.failures += outcome.count
         kind.partitions.add(partition)
         open_ = self._open.setdefault(partition, {})
         for offset in range(outcome.offset, outcome.offset + outcome.count):
             last = open_.get(offset)
-            if last is None or last.key != failure.key:
+            if last is None or last[1] is not kind:
                 kind.records += 1
-            open_[offset] = failure
-        where = (failure.key, partition)
-        if where in self._logged:
+            open_[offset] = (failure, kind)
+        where = (kind.failure.key, partition)
+        place = (failure.kind, failure.place, partition)
+        if where in self._logged or self._tracebacks.get(place, 0) >= TRACEBACKS_PER_PLACE:
             self._unsaid[where] = self._unsaid.get(where, 0) + outcome.count
             return
         self._logged.add(where)
+        self._tracebacks[place] = self._tracebacks.get(place, 0) + 1
         log.warning(
             "%s[%d] offset %d failed (attempt %s): %s%s",
             self._topic,
@@ -104,6 +113,19 @@ class FailureLog:
             failure,
             f"\n{failure.traceback.rstrip()}" if failure.traceback else "",
         )
+
+    def _kind_of(self, failure: Failure) -> _Kind:
+        """The kind `failure` is counted under (made on first sight, up to MAX_KINDS)."""
+        kind = self._kinds.get(failure.key)
+        if kind is None:
+            if len(self._kinds) >= MAX_KINDS:
+                other = Failure(failure.kind, OTHER_MESSAGES, failure.place, failure.traceback)
+                kind = self._kinds.get(other.key)
+                if kind is not None:
+                    return kind
+                failure = other
+            kind = self._kinds[failure.key] = _Kind(failure)
+        return kind
 
     def tick(self, *, final: bool = False) -> None:
         """Log the failures counted since the last line, once `every` seconds passed (`final`:
@@ -128,15 +150,15 @@ class FailureLog:
         """The traceback of each offset's last failure, for its dead letter."""
         open_ = self._open.get(partition, {})
         found = {offset: open_.get(offset) for offset in offsets}
-        return {o: f.traceback for o, f in found.items() if f is not None and f.traceback}
+        return {o: f[0].traceback for o, f in found.items() if f is not None and f[0].traceback}
 
     def dead_lettered(self, partition: int, offsets: Iterable[int]) -> None:
         """These offsets' dead letters are written: count them under their last failure."""
         open_ = self._open.get(partition, {})
         for offset in offsets:
-            failure = open_.pop(offset, None)
-            if failure is not None:
-                self._kinds[failure.key].dead_lettered += 1
+            last = open_.pop(offset, None)
+            if last is not None:
+                last[1].dead_lettered += 1
 
     def finished_below(self, commit_points: Mapping[int, int]) -> None:
         """Forget the records below each partition's commit point: they are finished."""

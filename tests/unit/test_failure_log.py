@@ -7,6 +7,7 @@ import logging
 
 import pytest
 
+from kspout.driver import failure_log
 from kspout.driver.failure_log import FailureLog
 from kspout.outcomes import TRACEBACK_LIMIT, FailReason, FailureCatalog, Outcome, OutcomeKind
 
@@ -118,3 +119,33 @@ def test_the_summary_groups_by_kind_and_counts_records_and_dead_letters() -> Non
     )
     assert (second.failure, second.failures, second.records) == (catalog.of(b), 1, 1)
     assert failures.records == 3
+
+
+def test_messages_that_name_their_record_are_bounded_in_the_log_and_the_summary(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(failure_log, "MAX_KINDS", 4)
+    failures = FailureLog(TOPIC, lambda: 0.0)
+    catalog = FailureCatalog()
+
+    def missing(offset: int) -> Exception:
+        try:
+            {}[f"id-{offset}"]
+        except KeyError as exc:
+            return exc
+        raise AssertionError("found")
+
+    with caplog.at_level(logging.WARNING, "kspout.driver.failure_log"):
+        failures.record(0, [failed(o, missing(o), catalog) for o in range(10)])
+        failures.tick(final=True)
+    lines = [r.getMessage() for r in caplog.records]
+    tracebacks = [line for line in lines if "Traceback" in line]
+    assert len(tracebacks) == failure_log.TRACEBACKS_PER_PLACE  # one per message, at most 3
+    assert sum(int(line.split(" again ")[1].split()[0]) for line in lines if " again " in line) == 7
+
+    kinds = failures.summary()
+    assert len(kinds) == 5  # four kinds, then the rest of that type and place under one
+    other = next(k for k in kinds if k.failure.message == failure_log.OTHER_MESSAGES)
+    assert (other.failures, other.records) == (6, 6)
+    assert failures.records == 10
+    assert failures.tracebacks(0, [9])[9] == catalog.of(missing(9)).traceback  # its own
