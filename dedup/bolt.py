@@ -251,7 +251,7 @@ class IdempotencyBolt(Bolt):
         partitions = [tuple_.record.partition for tuple_ in known]
         settlements: list[Settlement] = []
         ran: list[Tuple] = []
-        outages: set[int] = set()  # indexes into `ran` whose handler met a Kafka outage
+        raised: dict[int, Exception] = {}  # by index into `ran`: what its handler raised
         for run in store.claim_runs(ids, self._owner, partitions):
             end = run.start + run.length
             answered = zip(known[run.start : end], ids[run.start : end], strict=True)
@@ -266,9 +266,9 @@ class IdempotencyBolt(Bolt):
                     collector.fail(tuple_, f"Redis rejected the claim of {id_!r}: {why}")
             else:
                 for k, (tuple_, id_) in enumerate(answered):
-                    settlement, outage = self._run(tuple_.record, id_, run.token + k, run.attempts)
-                    if outage:
-                        outages.add(len(ran))
+                    settlement, exc = self._run(tuple_.record, id_, run.token + k, run.attempts)
+                    if exc is not None:
+                        raised[len(ran)] = exc
                     settlements.append(settlement)
                     ran.append(tuple_)
         thread_beacon().current = None  # the settle below is Redis's time, not the last message's
@@ -284,10 +284,11 @@ class IdempotencyBolt(Bolt):
             if status is SettleStatus.SETTLED:
                 if item.done:
                     collector.ack(tuple_)
-                elif i in outages:  # FAILED in Redis, so a replay claims it; no attempt spent
+                elif isinstance(raised.get(i), KafkaUnavailable):
+                    # FAILED in Redis, so a replay claims it; no attempt spent
                     collector.release(tuple_, item.error or "Kafka unavailable")
                 else:
-                    collector.fail(tuple_, item.error or "failed")
+                    collector.fail(tuple_, raised.get(i) or item.error or "failed")
             elif status is SettleStatus.STALE:
                 collector.defer(tuple_)  # another claim holds it now: it settles the message
             elif status is SettleStatus.LOST:
@@ -295,17 +296,18 @@ class IdempotencyBolt(Bolt):
             else:
                 collector.fail(tuple_, f"Redis rejected the settlement of {item.id!r}: {error}")
 
-    def _run(self, record: Record, id_: str, token: int, attempt: int) -> tuple[Settlement, bool]:
-        """Run the handler on one claimed message: how it ended, to settle, and whether it
-        failed for an outage of a Kafka it writes to (`KafkaUnavailable`: not its fault)."""
+    def _run(
+        self, record: Record, id_: str, token: int, attempt: int
+    ) -> tuple[Settlement, Exception | None]:
+        """Run the handler on one claimed message: how it ended, to settle, and what it raised
+        (a `KafkaUnavailable`, an outage of a Kafka it writes to, is not its fault)."""
         effects = Effects(self._store, id_, token, attempt, record.partition)
         thread_beacon().current = record
         try:
             self.handler(record, effects)
         except Exception as exc:
-            failed = Settlement(id_, token, False, describe_error(exc), (), attempt)
-            return failed, isinstance(exc, KafkaUnavailable)
-        return Settlement(id_, token, True, None, effects.commands, attempt), False
+            return Settlement(id_, token, False, describe_error(exc), (), attempt), exc
+        return Settlement(id_, token, True, None, effects.commands, attempt), None
 
     def __getstate__(self) -> dict[str, object]:
         """Only the settings travel to executors; clients are made there."""
