@@ -3,7 +3,8 @@
 One PartitionManager per partition decides what to run; each step of the loop
 
 1. takes in what running tasks said over the outcome channel (streamed outcomes, beats) and
-   the results of batches that ended, and applies them (`_collect`);
+   the results of batches that ended, and applies them (`_collect`); what user code raised is
+   logged once per kind and partition, then counted and summed up (`FailureLog`);
 2. times out the roots tasks are stuck on, holds the records queued behind them, and cancels
    batches whose every open task is stuck (`BatchTracker.watch`);
 3. plans and submits the next batch: a group of suspects to run alone if one waits
@@ -329,7 +330,7 @@ class Driver(Lifecycle):
                 break
             if not submitted:
                 self._wait(IDLE_WAIT)
-        else:
+        else:  # `stop` was set
             self._executor.stop_soon()
         self.drain()
         progress = self.progress()
@@ -367,7 +368,7 @@ class Driver(Lifecycle):
                 pm.expire()  # the fallback for batches whose tasks are silent
         else:
             submitted = self._submit()
-            self._collect()  # an in-process batch is already done
+            self._collect()  # an executor that runs a batch inside `submit` is done with it
         self._write_dead_letters()
         self._failures.tick()
         snapshot = None  # one progress snapshot per step, shared by whoever wants one
