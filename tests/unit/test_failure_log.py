@@ -70,8 +70,10 @@ def test_the_first_failure_per_partition_is_logged_then_counted(
     with caplog.at_level(logging.WARNING, "kspout.driver.failure_log"):
         failures.record(0, [failed(o, bad, catalog) for o in range(3)])
         failures.record(1, [failed(7, bad, catalog)])
+        # Not the record's fault, or no failure: not counted.
         timeout = Outcome(8, OutcomeKind.FAIL, 1, FailReason.TIMEOUT, "not completed")
-        failures.record(1, [timeout, Outcome(9, OutcomeKind.ACK, 1, count=5)])  # not counted
+        outage = Outcome(9, OutcomeKind.RELEASED, 1, error="KafkaUnavailable: broker down")
+        failures.record(1, [timeout, outage, Outcome(10, OutcomeKind.ACK, 1, count=5)])
         first = [r.getMessage() for r in caplog.records]
         now[0] = 9.0
         failures.tick()  # not yet: 10 s between count lines
