@@ -93,18 +93,18 @@ def use_dev_stack() -> None:
 @click.option("--until-caught-up", is_flag=True, help="Stop once every offset is finished.")
 @click.option("--dev", "dev_stack", is_flag=True, help="Use the running `kspout dev up` stack.")
 @click.option(
+    "--replay-past-window",
+    is_flag=True,
+    help="Start even if the restart would replay messages finished longer ago than the dedup "
+    "window ([dedup] ttl): their effects would apply again.",
+)
+@click.option(
     "--max-failures",
     type=click.IntRange(min=0),
     metavar="N",
     help="Stop, with exit code 4, once more than N records have failed because the handler or "
     "a bolt raised (or failed them); infrastructure failures (Kafka, Redis unreachable) do not "
     "count. --max-failures 0 stops at the first; for CI jobs and first runs.",
-)
-@click.option(
-    "--replay-past-window",
-    is_flag=True,
-    help="Start even if the restart would replay messages finished longer ago than the dedup "
-    "window ([dedup] ttl): their effects would apply again.",
 )
 @json_option
 def run(
@@ -114,8 +114,8 @@ def run(
     max_batches: int | None,
     until_caught_up: bool,
     dev_stack: bool,
-    max_failures: int | None,
     replay_past_window: bool,
+    max_failures: int | None,
     as_json: bool,
 ) -> None:
     """Consume a topic through a handler or bolt chain; an exception fails the record.
