@@ -170,7 +170,7 @@ def run(
         if max_failures is not None and final.failed_records > max_failures:
             click.echo(
                 f"stopped: {final.failed_records} records failed, more than --max-failures "
-                f"{max_failures}; the first: {final.failures[0].failure}",
+                f"{max_failures}; the most frequent: {final.failures[0].failure}",
                 err=True,
             )
             sys.exit(TOO_MANY_FAILURES)

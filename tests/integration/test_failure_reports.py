@@ -157,7 +157,7 @@ def test_max_failures_stops_the_run_with_exit_code_4(
     done = kspout_run(stack, config, tmp_path, "--max-failures", "3")
 
     assert done.returncode == 4, done.stderr
-    assert f"more than --max-failures 3; the first: {FAILURE}" in done.stderr
+    assert f"more than --max-failures 3; the most frequent: {FAILURE}" in done.stderr
     assert "more than max_failures=3 allows: stopping" in done.stderr
     assert "records failed" in done.stdout  # the summary is still printed
     # It stopped early: far from every record was tried.
