@@ -115,6 +115,12 @@ def test_foreach_batch_hands_a_dataframe_and_settles_the_batch_as_a_whole(
     assert progress.total("acked") == 250 * len(PARTITIONS)
     assert progress.total("retried") > 0  # the failed batch's offsets came again
     assert stored(config) == highs(config)
+    # What `per_batch` raised, with its place in this file, for each record of the batch.
+    [kind] = progress.failures
+    failure = kind.failure
+    assert failure.kind == "RuntimeError"
+    assert failure.message == "injected: the second batch fails once"
+    assert failure.place.startswith("test_spark.py:") and kind.records == kind.failures > 0
 
 
 def test_a_killed_driver_restarts_and_loses_nothing(
