@@ -85,6 +85,9 @@ class AnsweringExecutor:
     def cancel(self, batch: int) -> None:
         """Nothing runs in the background: nothing to cancel."""
 
+    def stop_soon(self) -> None:
+        """Nothing runs in the background: nothing to stop."""
+
     def channel_host(self) -> str | None:
         """No outcome channel: results come back with the future."""
         return None

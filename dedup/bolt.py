@@ -58,7 +58,7 @@ from dedup.store import (
     server_durability_warnings,
 )
 from kspout.bolts import Bolt, Collector, TaskContext, Tuple
-from kspout.channel.beacon import BEACON
+from kspout.channel.beacon import thread_beacon
 from kspout.config import TopicConfig
 from kspout.errors import KafkaUnavailable, RedisUnavailable
 from kspout.kafka import Record
@@ -262,7 +262,7 @@ class IdempotencyBolt(Bolt):
         partitions = [tuple_.record.partition for tuple_ in known]
         settlements: list[Settlement] = []
         ran: list[Tuple] = []
-        outages: set[int] = set()  # indexes into `ran` whose handler met a Kafka outage
+        raised: dict[int, Exception] = {}  # by index into `ran`: what its handler raised
         for run in store.claim_runs(ids, self._owner, partitions):
             end = run.start + run.length
             answered = zip(known[run.start : end], ids[run.start : end], strict=True)
@@ -277,12 +277,12 @@ class IdempotencyBolt(Bolt):
                     collector.fail(tuple_, f"Redis rejected the claim of {id_!r}: {why}")
             else:
                 for k, (tuple_, id_) in enumerate(answered):
-                    settlement, outage = self._run(tuple_.record, id_, run.token + k, run.attempts)
-                    if outage:
-                        outages.add(len(ran))
+                    settlement, exc = self._run(tuple_.record, id_, run.token + k, run.attempts)
+                    if exc is not None:
+                        raised[len(ran)] = exc
                     settlements.append(settlement)
                     ran.append(tuple_)
-        BEACON.current = None  # the settle below is Redis's time, not the last message's
+        thread_beacon().current = None  # the settle below is Redis's time, not the last message's
         try:
             results = store.settle(settlements, [t.record.partition for t in ran])
         except NotDurable as exc:
@@ -295,10 +295,11 @@ class IdempotencyBolt(Bolt):
             if status is SettleStatus.SETTLED:
                 if item.done:
                     collector.ack(tuple_)
-                elif i in outages:  # FAILED in Redis, so a replay claims it; no attempt spent
+                elif isinstance(raised.get(i), KafkaUnavailable):
+                    # FAILED in Redis, so a replay claims it; no attempt spent
                     collector.release(tuple_, item.error or "Kafka unavailable")
                 else:
-                    collector.fail(tuple_, item.error or "failed")
+                    collector.fail(tuple_, raised.get(i) or item.error or "failed")
             elif status is SettleStatus.STALE:
                 collector.defer(tuple_)  # another claim holds it now: it settles the message
             elif status is SettleStatus.LOST:
@@ -306,17 +307,18 @@ class IdempotencyBolt(Bolt):
             else:
                 collector.fail(tuple_, f"Redis rejected the settlement of {item.id!r}: {error}")
 
-    def _run(self, record: Record, id_: str, token: int, attempt: int) -> tuple[Settlement, bool]:
-        """Run the handler on one claimed message: how it ended, to settle, and whether it
-        failed for an outage of a Kafka it writes to (`KafkaUnavailable`: not its fault)."""
+    def _run(
+        self, record: Record, id_: str, token: int, attempt: int
+    ) -> tuple[Settlement, Exception | None]:
+        """Run the handler on one claimed message: how it ended, to settle, and what it raised
+        (a `KafkaUnavailable`, an outage of a Kafka it writes to, is not its fault)."""
         effects = Effects(self._store, id_, token, attempt, record.partition)
-        BEACON.current = record
+        thread_beacon().current = record
         try:
             self.handler(record, effects)
         except Exception as exc:
-            failed = Settlement(id_, token, False, describe_error(exc), (), attempt)
-            return failed, isinstance(exc, KafkaUnavailable)
-        return Settlement(id_, token, True, None, effects.commands, attempt), False
+            return Settlement(id_, token, False, describe_error(exc), (), attempt), exc
+        return Settlement(id_, token, True, None, effects.commands, attempt), None
 
     def __getstate__(self) -> dict[str, object]:
         """Only the settings travel to executors; clients are made there."""

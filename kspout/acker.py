@@ -21,6 +21,11 @@ from collections.abc import Hashable, Iterator, Sequence
 from itertools import repeat
 from typing import Generic, TypeVar
 
+from kspout.outcomes import Failure
+
+# What a failed root's error is: a bolt's own text, or what user code raised.
+Note = str | Failure
+
 RootKey = TypeVar("RootKey", bound=Hashable)
 
 _rng = random.Random()
@@ -91,7 +96,7 @@ class Acker(Generic[RootKey]):
     def __init__(self) -> None:
         self.values: dict[RootKey, int] = {}
         self._marks: dict[RootKey, Mark] = {}
-        self._errors: dict[RootKey, str] = {}
+        self._errors: dict[RootKey, Note] = {}  # a bolt's text, or what it raised
 
     def xor(self, root: RootKey, value: int) -> None:
         """Fold a tuple id (created or acked) into `root`'s ack value."""
@@ -110,7 +115,7 @@ class Acker(Generic[RootKey]):
         for root, value in zip(roots, ids, strict=True):
             values[root] = values.get(root, 0) ^ value
 
-    def mark(self, root: RootKey, mark: Mark, error: str | None = None) -> None:
+    def mark(self, root: RootKey, mark: Mark, error: Note | None = None) -> None:
         """Record what a bolt said about `root`; a higher mark overrides a lower one."""
         self.values.setdefault(root, 0)
         if mark > self._marks.get(root, Mark.NONE):
@@ -118,11 +123,11 @@ class Acker(Generic[RootKey]):
             if error is not None:
                 self._errors[root] = error
 
-    def fail(self, root: RootKey, error: str) -> None:
+    def fail(self, root: RootKey, error: Note) -> None:
         """Mark `root` failed with EXCEPTION; the first error is kept."""
         self.mark(root, Mark.FAILED, error)
 
-    def add(self, root: RootKey, value: int, mark: Mark, error: str | None) -> None:
+    def add(self, root: RootKey, value: int, mark: Mark, error: Note | None) -> None:
         """Fold in one entry of a partial ledger, as `entries` gives it."""
         self.xor(root, value)
         self.mark(root, mark, error)
@@ -141,7 +146,7 @@ class Acker(Generic[RootKey]):
             return RootState.PENDING
         return RootState.DUPLICATE if mark is Mark.DUPLICATE else RootState.COMPLETE
 
-    def settled(self) -> tuple[list[RootKey], list[tuple[RootKey, RootState, str | None]]]:
+    def settled(self) -> tuple[list[RootKey], list[tuple[RootKey, RootState, Note | None]]]:
         """The complete roots (unmarked, value zero), and every marked root with its state
         and error (the unmarked roots with a value are pending: they have no outcome yet)."""
         marks, errors = self._marks, self._errors
@@ -149,13 +154,13 @@ class Acker(Generic[RootKey]):
         marked = [(root, self.state(root), errors.get(root)) for root in marks]
         return complete, marked
 
-    def marked(self) -> Iterator[tuple[RootKey, Mark, str | None]]:
+    def marked(self) -> Iterator[tuple[RootKey, Mark, Note | None]]:
         """`(root, mark, error)` for every marked root (usually few: most have a value only)."""
         errors = self._errors
         for root, mark in self._marks.items():
             yield root, mark, errors.get(root)
 
-    def entries(self) -> Iterator[tuple[RootKey, int, Mark, str | None]]:
+    def entries(self) -> Iterator[tuple[RootKey, int, Mark, Note | None]]:
         """`(root, ack value, mark, error)` per root: what `merge` folds into another ledger."""
         marks, errors = self._marks, self._errors
         for root, value in self.values.items():

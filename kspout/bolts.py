@@ -25,10 +25,10 @@ from operator import itemgetter
 from typing import Any, overload
 
 from kspout.acker import Acker, Mark, new_tuple_id, random_bits
-from kspout.channel.beacon import BEACON
+from kspout.channel.beacon import thread_beacon
 from kspout.gc_pause import cyclic_gc_paused
 from kspout.kafka import Record
-from kspout.outcomes import describe_error
+from kspout.outcomes import Failure, FailureCatalog
 
 RootKey = tuple[int, int]  # (partition, offset) of the root record
 Values = Sequence[Any]
@@ -193,7 +193,16 @@ class Collector:
     or None (the last bolt, whose emits go nowhere).
     """
 
-    __slots__ = ("_acker", "_basic", "_fields", "_ledger", "_rows", "_tuples", "emits")
+    __slots__ = (
+        "_acker",
+        "_basic",
+        "_failures",
+        "_fields",
+        "_ledger",
+        "_rows",
+        "_tuples",
+        "emits",
+    )
 
     def __init__(
         self, acker: Acker[RootKey], fields: tuple[str, ...], out: list[Tuple] | Chunk | None
@@ -205,6 +214,7 @@ class Collector:
         self._tuples = out if isinstance(out, list) else None
         self.emits = out is not None  # False for the last bolt, whose emits go nowhere
         self._basic = BasicCollector(self)
+        self._failures = FailureCatalog()
 
     def basic(self, input_: Tuple) -> BasicCollector:
         """The `BasicCollector` for `input_` (one object per task, re-pointed per input: the
@@ -251,9 +261,10 @@ class Collector:
             ledger[root] = ledger.get(root, 0) ^ tuple_id
 
     def fail(self, tuple_: Tuple, error: str | BaseException = "failed by the bolt") -> None:
-        """This input failed: its roots fail at once with EXCEPTION."""
-        text = error if isinstance(error, str) else describe_error(error)
-        self._mark(tuple_, Mark.FAILED, text)
+        """This input failed: its roots fail at once with EXCEPTION (with what was raised, its
+        place and traceback, when `error` is an exception)."""
+        note = error if isinstance(error, str) else self._failures.of(error)
+        self._mark(tuple_, Mark.FAILED, note)
 
     def duplicate(self, tuple_: Tuple) -> None:
         """Ack a root tuple whose message was processed before (the dedup bolt's DUPLICATE)."""
@@ -276,7 +287,7 @@ class Collector:
         self._mark(tuple_, Mark.INVALID, reason)
         self.ack(tuple_)
 
-    def _mark(self, tuple_: Tuple, mark: Mark, error: str | None = None) -> None:
+    def _mark(self, tuple_: Tuple, mark: Mark, error: str | Failure | None = None) -> None:
         for root, _ in _pairs(tuple_._anchor, tuple_._id):
             self._acker.mark(root, mark, error)
 
@@ -381,7 +392,7 @@ class Bolt:
         The default runs `execute` per tuple, failing the tuple whose `execute` raised. Bolts
         that pay a round trip per call (the dedup bolt) override it to make one per batch.
         """
-        beacon = BEACON
+        beacon = thread_beacon()
         for tuple_ in tuples:
             beacon.current = tuple_
             try:
@@ -426,7 +437,7 @@ class BasicBolt(Bolt):
             return
         basic, ledger = collector._basic, collector._ledger
         process = self.process
-        beacon = BEACON
+        beacon = thread_beacon()
         for tuple_ in tuples:
             beacon.current = tuple_
             root = basic.point_at(tuple_)

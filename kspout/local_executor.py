@@ -1,19 +1,26 @@
-"""The in-process executor: runs micro-batches in the driver's own process, one at a time.
+"""The in-process executor: runs micro-batches in the driver's own process, on one thread.
 
-What `kspout run` uses without Spark. It keeps one `PartitionFetcher` for its lifetime, as a
-Spark Python worker keeps one cached consumer. A chain with groupings runs its stages one after
-another over the whole batch: with a single task per stage, every grouping holds trivially.
+What `kspout run` uses without Spark. Batches run one after another on a worker thread, so the
+driver loop keeps turning while one runs: its tasks beat and stream their outcomes over the
+outcome channel as Spark's do (live progress, per-message timeouts, the instance's heartbeat,
+metrics), and `stop_soon` ends a plain handler's batch at its next record. It keeps one
+`PartitionFetcher` for its lifetime, as a Spark Python worker keeps one cached consumer. A chain
+with groupings runs its stages one after another over the whole batch: with a single task per
+stage, every grouping holds trivially.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
 from functools import partial
 
 from kspout.acker import Acker
 from kspout.bolts import ROOT_FIELDS, Chunk, RootKey, TaskContext
-from kspout.channel.reporter import ChannelAddress
+from kspout.channel.messages import TaskId
+from kspout.channel.reporter import ChannelAddress, TaskReporter
 from kspout.config import TopicConfig
 from kspout.gc_pause import cyclic_gc_paused_until_built
 from kspout.kafka import PartitionFetcher
@@ -31,9 +38,17 @@ from kspout.topology import (
     task_results,
 )
 
+_Job = tuple[int, Sequence[PartitionTask], Future[list[TaskResult]]]
+
 
 class LocalExecutor:
-    """Runs each submitted batch to completion before `submit` returns."""
+    """Runs submitted batches in order on one daemon thread; `submit` returns at once.
+
+    States: idle (no thread) -> running (`submit` started the topology, the fetcher and the
+    thread) -> stopping (`stop_soon`: a plain handler's task releases the records it has not
+    started) -> closed (`close`: the thread ends after its batch; with `cancel`, at once, and
+    a batch still running is abandoned: its offsets are not committed and run again later).
+    """
 
     def __init__(
         self, config: TopicConfig, chain: Topology | ChainItem | Sequence[ChainItem]
@@ -42,48 +57,88 @@ class LocalExecutor:
         self._topology = chain if isinstance(chain, Topology) else Topology.of(chain)
         check_runs_in_order(config.ordering, per_record=self._topology.handler is not None)
         self._fetcher = PartitionFetcher(config)
-        self._started = False
-        self._batches = 0
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._address: ChannelAddress | None = None
 
     def submit(self, batch: int, tasks: Sequence[PartitionTask]) -> Future[list[TaskResult]]:
-        """Run the batch now; the returned future is already done."""
-        if not self._started:
+        """Queue the batch for the worker thread; its future ends with the batch."""
+        if self._thread is None:
             self._topology.start()
             self._fetcher.start()
-            self._started = True
+            self._stop.clear()
+            self._thread = threading.Thread(
+                target=self._work, name=f"kspout-local-{self._config.topic}", daemon=True
+            )
+            self._thread.start()
         future: Future[list[TaskResult]] = Future()
-        try:
-            future.set_result(self._run(tasks))
-        except Exception as exc:  # a fetch failure fails the batch, not the driver
-            future.set_exception(exc)
-        self._batches += 1
+        self._jobs.put((batch, tasks, future))
         return future
 
     def cancel(self, batch: int) -> None:
-        """Nothing to cancel: a batch has finished by the time `submit` returns."""
+        """A thread cannot be killed: a batch stuck in user code keeps running (Spark kills
+        its worker instead); records after it still time out one by one."""
+
+    def stop_soon(self) -> None:
+        """A plain handler's tasks release the records they have not started; a bolt chain
+        finishes its batch."""
+        self._stop.set()
 
     def channel_host(self) -> str | None:
-        """In-process batches send no beats (they finish inside `submit`)."""
-        return None
+        """Tasks beat to a listener on the loopback interface."""
+        return "127.0.0.1"
 
     def attach(self, address: ChannelAddress) -> None:
-        """Nothing to attach: see `channel_host`."""
+        self._address = address
 
     def close(self, *, cancel: bool = False) -> None:
-        """Close the fetcher (batches run inside `submit`, so none is ever left running)."""
+        """Stop the thread after the batch in hand (`cancel`: without waiting for it), then
+        close the fetcher (an abandoned batch's thread, a daemon, dies with the process)."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            if cancel:
+                self._stop.set()
+            self._jobs.put(None)
+            if not cancel:
+                thread.join()
+            if thread.is_alive():
+                return  # it still uses the fetcher
         self._fetcher.close()
-        self._started = False
 
-    def _run(self, tasks: Sequence[PartitionTask]) -> list[TaskResult]:
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            batch, tasks, future = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(self._run(batch, tasks))
+            except BaseException as exc:  # a fetch failure fails the batch, not the driver
+                future.set_exception(exc)
+
+    def _reporter(self, batch: int, partition: int | None) -> TaskReporter:
+        return TaskReporter(self._address, TaskId(batch, 0, 0), partition)
+
+    def _run(self, batch: int, tasks: Sequence[PartitionTask]) -> list[TaskResult]:
         handler = self._topology.handler
         if handler is not None:
-            return [run_task(self._fetcher, task, handler) for task in tasks]
+            results = []
+            for task in tasks:
+                with self._reporter(batch, task.partition) as reporter:
+                    results.append(
+                        run_task(self._fetcher, task, handler, reporter.fetched, self._stop)
+                    )
+            return results
+        with self._reporter(batch, None):
+            return self._run_chain(batch, tasks)
+
+    def _run_chain(self, batch: int, tasks: Sequence[PartitionTask]) -> list[TaskResult]:
         acker: Acker[RootKey] = Acker()
         with cyclic_gc_paused_until_built() as built:
             roots, reports = self._roots(tasks, acker)
             built()
             try:
-                output = run_guarded(roots, lambda: self._runner(0, acker)).chunk
+                output = run_guarded(roots, lambda: self._runner(0, acker, batch)).chunk
             except StageFailed as failed:
                 reports = [
                     r if r.infra_error else FetchReport(r.partition, (), None, failed.error)
@@ -91,7 +146,8 @@ class LocalExecutor:
                 ]
                 return task_results(tasks, acker, reports)
             for stage in range(1, len(self._topology.stages)):
-                output = run_later_stage(output, acker, partial(self._runner, stage, acker))
+                runner = partial(self._runner, stage, acker, batch)
+                output = run_later_stage(output, acker, runner)
         return task_results(tasks, acker, reports)
 
     def _roots(
@@ -111,7 +167,7 @@ class LocalExecutor:
             reports.append(FetchReport.of(task.partition, fetched))
         return roots, reports
 
-    def _runner(self, stage: int, acker: Acker[RootKey]) -> StageRunner:
-        context = TaskContext(self._config.topic, stage, 0, self._batches)
+    def _runner(self, stage: int, acker: Acker[RootKey], batch: int) -> StageRunner:
+        context = TaskContext(self._config.topic, stage, 0, batch)
         last = stage == len(self._topology.stages) - 1
         return StageRunner(self._topology.stages[stage], acker, context, last=last)

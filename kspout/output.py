@@ -42,7 +42,7 @@ from typing import Any
 from confluent_kafka import KafkaError, Message
 
 from kspout.bolts import Bolt, Collector, Tuple
-from kspout.channel.beacon import BEACON
+from kspout.channel.beacon import thread_beacon
 from kspout.config import TopicConfig
 from kspout.errors import KafkaUnavailable, KspoutError
 from kspout.kafka import Record
@@ -278,9 +278,10 @@ class Publish(Bolt):
     def execute_batch(self, tuples: Sequence[Tuple], collector: Collector) -> None:
         """Run the function on every input, flush once, then ack or fail each input."""
         output = self.output
+        beacon = thread_beacon()
         ran: list[tuple[Tuple, list[_Delivery]]] = []
         for tuple_ in tuples:
-            BEACON.current = tuple_
+            beacon.current = tuple_
             sent = output._track()
             try:
                 self.function(tuple_.record, output)
@@ -288,7 +289,7 @@ class Publish(Bolt):
                 collector.fail(tuple_, exc)
             else:
                 ran.append((tuple_, sent))
-        BEACON.current = None  # the flush below is Kafka's time, not the last input's
+        beacon.current = None  # the flush below is Kafka's time, not the last input's
         output._wait()
         output._track()
         for tuple_, sent in ran:

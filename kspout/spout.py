@@ -78,8 +78,14 @@ class KafkaSpout:
         until_caught_up: bool = False,
         stop: threading.Event | None = None,
         on_progress: Callable[[Progress], None] | None = None,
+        max_failures: int | None = None,
     ) -> Progress:
-        """Run a handler `f(record)`, a bolt, or a chain of bolts and groupings."""
+        """Run a handler `f(record)`, a bolt, or a chain of bolts and groupings.
+
+        Returns the final `Progress`: counts per partition, and `failures`, what user code
+        raised by exception, message and place (`failed_records` in all). With
+        `max_failures`, the run stops once more than that many records failed so.
+        """
         from kspout.spark import SparkExecutor
 
         topology = chain if isinstance(chain, Topology) else Topology.of(chain)
@@ -93,6 +99,7 @@ class KafkaSpout:
             stop,
             on_progress,
             topology.replay_window(),
+            max_failures,
         )
 
     def foreach_batch(
@@ -125,6 +132,7 @@ class KafkaSpout:
         stop: threading.Event | None,
         on_progress: Callable[[Progress], None] | None,
         window: float | None = None,
+        max_failures: int | None = None,
     ) -> Progress:
         """Run the driver loop; SIGTERM (YARN, Kubernetes) or Ctrl-C stops it cleanly."""
         with (
@@ -137,4 +145,9 @@ class KafkaSpout:
                 replay_past_window=self.replay_past_window,
             ) as driver,
         ):
-            return driver.run(max_batches=max_batches, until_caught_up=until_caught_up, stop=stop)
+            return driver.run(
+                max_batches=max_batches,
+                until_caught_up=until_caught_up,
+                stop=stop,
+                max_failures=max_failures,
+            )

@@ -2,7 +2,8 @@
 
 YARN and Kubernetes stop a driver with SIGTERM, then SIGKILL after a grace period. The first
 SIGTERM or Ctrl-C sets the run's `stop` event: the driver loop plans nothing more, waits for
-the batches in flight, writes their dead letters and commits, so a restart replays nothing that
+the batches in flight (an in-process handler stops after the record in hand, releasing the rest
+of its batch), writes their dead letters and commits, so a restart replays nothing that
 finished. A second one raises KeyboardInterrupt at once: the driver abandons what is in flight
 and commits only what was applied (the rest runs again on the next start).
 
@@ -47,7 +48,8 @@ def stop_on_signals(stop: threading.Event | None = None) -> Iterator[threading.E
             raise KeyboardInterrupt(f"{name} again: stopping now")
         stop.set()
         log.warning(
-            "%s: stopping after the batches in flight, then committing; send it again to stop now",
+            "%s: stopping after the batches in flight (in-process: after the record in hand), "
+            "then committing; send it again to stop now",
             name,
         )
 

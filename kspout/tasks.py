@@ -9,18 +9,26 @@ same function inside a Python worker.
 
 from __future__ import annotations
 
+import threading
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
-from kspout.channel.beacon import BEACON
+from kspout.channel.beacon import thread_beacon
 from kspout.errors import KafkaUnavailable
 from kspout.gc_pause import cyclic_gc_paused_until_built
 from kspout.kafka import FetchResult, PartitionFetcher, Record
 from kspout.ordering import WAITS_FOR_KEY, KeyGate, KeyOrder, fetch_ranges, within
-from kspout.outcomes import FailReason, Outcome, OutcomeKind, describe_error
+from kspout.outcomes import (
+    FailReason,
+    Failure,
+    FailureCatalog,
+    Outcome,
+    OutcomeKind,
+    describe_error,
+)
 from kspout.partition_manager import Plan
 
 if TYPE_CHECKING:
@@ -71,18 +79,19 @@ class TaskResult:
 
 
 CUT_SHORT = "not fetched: the fetch stopped where Kafka no longer had an offset"
+STOPPED = "not run: the spout was stopping"
 
 
-def cut_short(task: PartitionTask, reached: int) -> list[Outcome]:
+def cut_short(task: PartitionTask, reached: int, error: str = CUT_SHORT) -> list[Outcome]:
     """RELEASED outcomes for the planned offsets at or after `reached`, where an out-of-range
-    fetch stopped: nobody handled them, so they cost no attempt; the partition's out-of-range
-    policy decides what becomes of them."""
+    fetch (or a stop) cut the task: nobody handled them, so they cost no attempt; after an
+    out-of-range fetch the partition's out-of-range policy decides what becomes of them."""
     return [
         Outcome(
             max(span.start, reached),
             _RELEASED,
             span.attempt,
-            error=CUT_SHORT,
+            error=error,
             count=span.end - max(span.start, reached),
         )
         for span in task.plan.spans
@@ -112,6 +121,11 @@ class Executor(Protocol):
         """Stop a running batch (its tasks are killed); its future then fails."""
         ...
 
+    def stop_soon(self) -> None:
+        """The spout is stopping: batches may end early, releasing what they did not start
+        (in-process tasks do; Spark's jobs run to their end)."""
+        ...
+
     def channel_host(self) -> str | None:
         """Where the driver should listen for this executor's beats (None: it sends none)."""
         ...
@@ -132,12 +146,13 @@ class OutcomeLog:
     Offsets must be reported in ascending order.
     """
 
-    __slots__ = ("_attempt", "_attempt_of", "_end", "_outcomes", "_spans", "_start")
+    __slots__ = ("_attempt", "_attempt_of", "_end", "_failures", "_outcomes", "_spans", "_start")
 
     def __init__(self, task: PartitionTask) -> None:
         self._spans = task.plan.spans
         self._attempt_of = task.attempt_lookup()
         self._outcomes: list[Outcome] = []
+        self._failures = FailureCatalog()
         self._start = self._end = self._attempt = -1  # the run of acks not yet written
 
     def ack(self, offset: int) -> None:
@@ -166,9 +181,20 @@ class OutcomeLog:
         `finish`). The task's reporter thread reads it to stream failures early."""
         return self._outcomes
 
-    def fail(self, offset: int, error: str) -> None:
-        """A failure with EXCEPTION (user code raised or failed the tuple)."""
-        self.add(offset, _FAIL, FailReason.EXCEPTION, error)
+    def fail(self, offset: int, exc: Exception) -> None:
+        """A failure with EXCEPTION: user code raised `exc` (its type, message, place and
+        traceback go with the outcome)."""
+        failure = self._failures.of(exc)
+        self._outcomes.append(
+            Outcome(
+                offset,
+                _FAIL,
+                self._attempt_of(offset),
+                FailReason.EXCEPTION,
+                describe_error(exc),
+                failure=failure,
+            )
+        )
 
     def release(self, offset: int, exc: KafkaUnavailable) -> str:
         """User code met an outage of a Kafka it writes to: RELEASED, no attempt spent.
@@ -178,10 +204,20 @@ class OutcomeLog:
         return error
 
     def add(
-        self, offset: int, kind: OutcomeKind, reason: FailReason | None, error: str | None
+        self,
+        offset: int,
+        kind: OutcomeKind,
+        reason: FailReason | None,
+        error: str | Failure | None,
     ) -> None:
-        """Any outcome but an ack, at the attempt the plan gave `offset`."""
-        self._outcomes.append(Outcome(offset, kind, self._attempt_of(offset), reason, error))
+        """Any outcome but an ack, at the attempt the plan gave `offset` (`error`: a text, or
+        what user code raised)."""
+        attempt = self._attempt_of(offset)
+        if isinstance(error, Failure):
+            outcome = Outcome(offset, kind, attempt, reason, error.description, failure=error)
+        else:
+            outcome = Outcome(offset, kind, attempt, reason, error)
+        self._outcomes.append(outcome)
 
     def finish(self, missing: Sequence[tuple[int, int]]) -> list[Outcome]:
         """Every outcome, ascending, with `missing` ranges reported GONE."""
@@ -209,6 +245,7 @@ def settle(
     fetched: FetchResult,
     handler: Handler,
     on_fetched: OnFetched | None = None,
+    stop: threading.Event | None = None,
 ) -> TaskResult:
     """Run `handler` on every fetched record and report what happened, compactly.
 
@@ -216,17 +253,21 @@ def settle(
     and the error text, unless what it raised is `KafkaUnavailable` (the Kafka it writes to
     is down, e.g. `KafkaOutput.flush`): that is the infrastructure's fault, so the record is
     released, no attempt spent, and the partition's breaker hears of it. Offsets Kafka does
-    not have become GONE. `on_fetched(missing,
-    outcomes)` lets a reporter stream the outcomes while they grow; `BEACON.current` names
-    the record being handled.
+    not have become GONE. `on_fetched(missing, outcomes)` lets a reporter stream the
+    outcomes while they grow; its thread's beacon names the record being handled. Once `stop`
+    is set, the records not started yet are released (an in-process run stopping).
     """
     log = OutcomeLog(task)
     if on_fetched is not None:
         on_fetched(fetched.missing, log.outcomes)
-    beacon = BEACON
+    beacon = thread_beacon()
     outage: str | None = None  # the first KafkaUnavailable a handler raised
+    halted: int | None = None  # where `stop` cut the loop
     start = end = -1  # the run of acked offsets not yet handed to the log
     for record in fetched.records:
+        if stop is not None and stop.is_set():
+            halted = record.offset
+            break
         beacon.current = record
         try:
             handler(record)
@@ -234,7 +275,7 @@ def settle(
             outage = log.release(record.offset, exc) or outage
             continue
         except Exception as exc:
-            log.fail(record.offset, describe_error(exc))
+            log.fail(record.offset, exc)
             continue
         offset = record.offset
         if offset == end:
@@ -246,12 +287,29 @@ def settle(
     beacon.current = None
     if end > start:
         log.ack_run(start, end)
-    if fetched.out_of_range is not None:
+    return _result(task, log, fetched, fetched.missing, halted, outage)
+
+
+def _result(
+    task: PartitionTask,
+    log: OutcomeLog,
+    fetched: FetchResult,
+    missing: Sequence[tuple[int, int]],
+    halted: int | None,
+    outage: str | None,
+) -> TaskResult:
+    """The task's result once its loop is over: with `halted` (a stop cut the loop there),
+    every planned offset from there on is released; else, after an out-of-range fetch, those
+    the fetch did not reach."""
+    out_of_range = fetched.out_of_range
+    if halted is not None:
+        log.outcomes.extend(cut_short(task, halted, STOPPED))
+        missing = [(lo, min(hi, halted)) for lo, hi in missing if lo < halted]
+        out_of_range = None  # found again by the next run
+    elif out_of_range is not None:
         log.outcomes.extend(cut_short(task, fetched.reached(task.plan.spans[0].start)))
-    outcomes = log.finish(fetched.missing)
-    return TaskResult(
-        task.topic, task.partition, task.plan.epoch, outcomes, fetched.out_of_range, outage
-    )
+    outcomes = log.finish(missing)
+    return TaskResult(task.topic, task.partition, task.plan.epoch, outcomes, out_of_range, outage)
 
 
 def run_task(
@@ -259,8 +317,9 @@ def run_task(
     task: PartitionTask,
     handler: Handler,
     on_fetched: OnFetched | None = None,
+    stop: threading.Event | None = None,
 ) -> TaskResult:
-    """Fetch a task's offsets from Kafka and settle them with `handler`.
+    """Fetch a task's offsets from Kafka and settle them with `handler` (until `stop`).
 
     A failed fetch is the infrastructure's fault, not the messages': the task's offsets are
     released (no attempt spent) and the error is reported for the partition's breaker.
@@ -273,8 +332,8 @@ def run_task(
             return released(task, describe_error(exc))
         built()
         if task.keys is not None:
-            return settle_in_key_order(task, task.keys, fetched, handler, on_fetched)
-        return settle(task, fetched, handler, on_fetched)
+            return settle_in_key_order(task, task.keys, fetched, handler, on_fetched, stop)
+        return settle(task, fetched, handler, on_fetched, stop)
 
 
 def settle_in_key_order(
@@ -283,6 +342,7 @@ def settle_in_key_order(
     fetched: FetchResult,
     handler: Handler,
     on_fetched: OnFetched | None = None,
+    stop: threading.Event | None = None,
 ) -> TaskResult:
     """`settle` for `ordering = key` (see kspout.ordering): a record runs only when no
     earlier record of its key is unfinished; one that has to wait is DEFERRED.
@@ -298,10 +358,14 @@ def settle_in_key_order(
         on_fetched(missing, log.outcomes)
     records, blockers = _planned_and_blockers(fetched.records, planned)
     gate = KeyGate(blockers)
-    beacon = BEACON
+    beacon = thread_beacon()
     outage: str | None = None  # the first KafkaUnavailable a handler raised
+    halted: int | None = None  # where `stop` cut the loop
     for record in records:
         offset = record.offset
+        if stop is not None and stop.is_set():
+            halted = offset
+            break
         if not order.mine(record):
             log.ack(offset)
             continue
@@ -317,17 +381,12 @@ def settle_in_key_order(
             gate.hold(record)
             continue
         except Exception as exc:
-            log.fail(offset, describe_error(exc))
+            log.fail(offset, exc)
             gate.hold(record)
             continue
         log.ack(offset)
     beacon.current = None
-    if fetched.out_of_range is not None:
-        log.outcomes.extend(cut_short(task, fetched.reached(task.plan.spans[0].start)))
-    outcomes = log.finish(missing)
-    return TaskResult(
-        task.topic, task.partition, task.plan.epoch, outcomes, fetched.out_of_range, outage
-    )
+    return _result(task, log, fetched, missing, halted, outage)
 
 
 def _planned_and_blockers(

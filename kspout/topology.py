@@ -33,7 +33,7 @@ from kspout.bolts import (
     TaskContext,
     Tuple,
 )
-from kspout.channel.beacon import BEACON
+from kspout.channel.beacon import thread_beacon
 from kspout.errors import ChainError
 from kspout.gc_pause import cyclic_gc_paused
 from kspout.kafka import FetchResult
@@ -175,6 +175,7 @@ class StageRunner:
             Collector(acker, bolt.outputs, buffer)
             for bolt, buffer in zip(stage.bolts, [*self._buffers, final_out], strict=True)
         ]
+        self._beacon = thread_beacon()  # made in the thread that runs it
         for bolt in self._bolts:
             bolt.prepare(context)
 
@@ -192,7 +193,7 @@ class StageRunner:
     def _feed(self, tuple_: Tuple, index: int) -> None:
         """Execute `tuple_` in bolt `index`, then whatever it emitted in the next bolts."""
         collector = self._collectors[index]
-        BEACON.current = tuple_
+        self._beacon.current = tuple_
         try:
             self._bolts[index].execute(tuple_, collector)
         except Exception as exc:
@@ -297,7 +298,7 @@ def run_guarded(tuples: Sequence[Tuple], make_runner: Callable[[], StageRunner])
     except Exception as exc:
         error = exc
     finally:
-        BEACON.current = None
+        thread_beacon().current = None
         try:
             runner.close()
         except Exception as exc:
@@ -397,5 +398,5 @@ def _settle_roots(log: OutcomeLog, ledger: Acker[int]) -> str | None:
         if state is not RootState.PENDING:
             log.add(offset, *_SETTLED[state], error)
             if state is RootState.RELEASED and infra_error is None:
-                infra_error = error or "a later stage failed"
+                infra_error = str(error) if error else "a later stage failed"
     return infra_error

@@ -7,9 +7,12 @@ being handled and for how long, and for plain handlers the offsets settled so fa
 listener in the driver, and its final results as soon as they exist.
 
 * `messages` — what travels: `Beat`, `Final`.
-* `beacon` — the one attribute executor code sets per record (`BEACON.current`).
+* `beacon` — the one attribute executor code sets per record (`thread_beacon().current`).
 * `reporter` — executor side: a thread per task that sends beats.
 * `listener` — driver side: accepts connections and queues what arrives.
+
+The in-process executor's tasks use the same channel from their worker thread, so the driver
+watches a long in-process batch as it watches a Spark job.
 
 The channel is an accelerator, never the only path: results still come back through Spark, so
 a channel that cannot connect costs precision (timeouts fall back to whole batches), not data.

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
 from types import TracebackType
 
-from kspout.channel.beacon import BEACON
+from kspout.channel.beacon import thread_beacon
 from kspout.channel.messages import Beat, Final, Message, RootKey, TaskId
 from kspout.outcomes import Outcome, OutcomeKind
 from kspout.tasks import TaskResult
@@ -77,7 +77,7 @@ def _link(address: ChannelAddress) -> _Link:
 
 
 def root_of(current: object) -> RootKey | None:
-    """The root key of what `BEACON.current` holds: a Record, a Tuple, or None."""
+    """The root key of what a beacon holds: a Record, a Tuple, or None."""
     if current is None:
         return None
     roots = getattr(current, "roots", None)
@@ -89,7 +89,7 @@ def root_of(current: object) -> RootKey | None:
 class TaskReporter:
     """Beats for one task, from a daemon thread, while the task runs (a context manager).
 
-    The task's main thread sets `BEACON.current` per record; for a plain handler it also
+    The task's thread sets its beacon's `current` per record; for a plain handler it also
     passes the growing outcome list (`watch_outcomes`) so settled offsets stream early.
     """
 
@@ -113,9 +113,10 @@ class TaskReporter:
         self._sent = 0  # outcomes[:_sent] were reported
         self._seen: object = None
         self._since = time.monotonic()
+        self._beacon = thread_beacon()  # the thread that runs the task makes the reporter
 
     def __enter__(self) -> TaskReporter:
-        BEACON.current = None
+        self._beacon.current = None
         if self._link is not None:
             self._thread = threading.Thread(target=self._run, name="kspout-beat", daemon=True)
             self._thread.start()
@@ -127,7 +128,7 @@ class TaskReporter:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        BEACON.current = None
+        self._beacon.current = None
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -153,7 +154,7 @@ class TaskReporter:
 
     def _beat(self, *, done: bool) -> Beat:
         now = time.monotonic()
-        current = BEACON.current  # read before the outcomes: all of them below it are final
+        current = self._beacon.current  # read before the outcomes: all of them below it are final
         if current is not self._seen:
             self._seen, self._since = current, now
         root = root_of(current)

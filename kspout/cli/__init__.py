@@ -12,6 +12,8 @@ import click
 from rich.console import Console
 from rich.logging import RichHandler
 
+LOG_WIDTH = 250  # rich wraps at 80 columns where stderr is not a terminal
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="kspout")
@@ -22,7 +24,10 @@ def main(verbose: int) -> None:
     Every command prints a table for people, or one JSON object with --json for scripts.
     """
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
-    handler = RichHandler(console=Console(stderr=True), show_path=False, show_time=verbose > 0)
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        console.width = LOG_WIDTH  # a log file or pipe keeps each traceback line whole
+    handler = RichHandler(console=console, show_path=False, show_time=verbose > 0)
     logging.basicConfig(level=level, format="%(message)s", handlers=[handler], force=True)
     # kazoo warns at every dropped connection while it retries; kspout's own error says what
     # failed, so its chatter shows only with -v.

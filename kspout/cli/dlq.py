@@ -196,6 +196,7 @@ def letter_json(letter: StoredLetter) -> dict[str, Any]:
         "attempts": letter.attempts,
         "reason": letter.reason,
         "error": letter.error,
+        "traceback": letter.traceback or None,
         "key": printable(letter.key),
     }
 

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kspout.driver import PartitionView, Progress
+from kspout.driver.failure_log import FailureSummary
 
 COUNTERS = (
     "acked",
@@ -204,6 +205,8 @@ def progress_json(progress: Progress) -> dict[str, Any]:
             }
             for v in progress.partitions
         ],
+        "failed_records": progress.failed_records,
+        "failures": [failure_json(f) for f in progress.failures],
         "out_of_range_resets": [
             {
                 "partition": p,
@@ -215,4 +218,39 @@ def progress_json(progress: Progress) -> dict[str, Any]:
             }
             for p, r in progress.resets
         ],
+    }
+
+
+def failures_table(progress: Progress) -> Table:
+    """What user code raised, by exception, message and place: the end of a run's report."""
+    table = Table(
+        title=f"{progress.failed_records} records failed, by exception and place",
+        title_justify="left",
+    )
+    for name in ("exception", "place", "failures", "records", "dead-lettered", "partitions"):
+        table.add_column(name, justify="left" if name in ("exception", "place") else "right")
+    for f in progress.failures:
+        table.add_row(
+            f"{f.failure.kind}: {f.failure.message}" if f.failure.kind else f.failure.message,
+            f.failure.place or "-",
+            str(f.failures),
+            str(f.records),
+            str(f.dead_lettered),
+            ", ".join(map(str, f.partitions)),
+        )
+    return table
+
+
+def failure_json(summary: FailureSummary) -> dict[str, Any]:
+    """One kind of failure for scripts, with its first traceback."""
+    failure = summary.failure
+    return {
+        "exception": failure.kind or None,
+        "message": failure.message,
+        "place": failure.place or None,
+        "failures": summary.failures,
+        "records": summary.records,
+        "dead_lettered": summary.dead_lettered,
+        "partitions": list(summary.partitions),
+        "traceback": failure.traceback or None,
     }

@@ -2,9 +2,9 @@
 
 `--handler module:attr` names a function (called per record), a bolt, or a list of bolts and
 groupings. Without `--spark` batches run in this process; with `--spark MASTER` each batch is
-a Spark job. Ctrl-C or SIGTERM stops after the batches in flight and commits before exiting;
-a second one exits at once (nothing is lost: uncommitted offsets are processed again on the
-next start).
+a Spark job. Ctrl-C or SIGTERM stops after the batches in flight (in-process, a plain handler
+stops after the record in hand) and commits before exiting; a second one exits at once
+(nothing is lost: uncommitted offsets are processed again on the next start).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from kspout.cli import main
 from kspout.cli.answers import echo_json, stdout_console
 from kspout.cli.imports import import_failure
 from kspout.cli.options import config_option, dev_option, json_option, kspout_errors
-from kspout.cli.report import progress_json, progress_table
+from kspout.cli.report import failures_table, progress_json, progress_table
 from kspout.config import TopicConfig, load_config
 from kspout.driver import Driver, Progress
 from kspout.errors import ChainError
@@ -29,6 +29,8 @@ from kspout.local_executor import LocalExecutor
 from kspout.stopping import stop_on_signals
 from kspout.tasks import Executor
 from kspout.topology import Topology
+
+TOO_MANY_FAILURES = 4  # exit code: --max-failures stopped the run (1: an error, 2: usage)
 
 
 def load_chain(spec: str) -> Topology:
@@ -91,6 +93,14 @@ def make_executor(config: TopicConfig, chain: Topology, master: str | None) -> E
     help="Start even if the restart would replay messages finished longer ago than the dedup "
     "window ([dedup] ttl): their effects would apply again.",
 )
+@click.option(
+    "--max-failures",
+    type=click.IntRange(min=0),
+    metavar="N",
+    help="Stop, with exit code 4, once more than N records have failed because the handler or "
+    "a bolt raised (or failed them); infrastructure failures (Kafka, Redis unreachable) do not "
+    "count. --max-failures 0 stops at the first; for CI jobs and first runs.",
+)
 @json_option
 def run(
     config_path: str,
@@ -99,6 +109,7 @@ def run(
     max_batches: int | None,
     until_caught_up: bool,
     replay_past_window: bool,
+    max_failures: int | None,
     as_json: bool,
 ) -> None:
     """Consume a topic through a handler or bolt chain; an exception fails the record.
@@ -107,7 +118,13 @@ def run(
     per the config; the commit point goes to ZooKeeper every `commit_interval` and on exit.
 
     Prints a live progress table on stderr in a terminal, the metrics URL with `[metrics]`, and
-    the final table per partition on stdout (--json: the final progress as JSON).
+    the final table per partition on stdout (--json: the final progress as JSON). The first
+    failure of each kind per partition is logged with its traceback, later ones are counted;
+    the run ends with a summary of failures by exception and place.
+
+    Without --spark, batches run in this process, one at a time, on one core; Ctrl-C stops a
+    plain handler after the record in hand (the rest of the batch runs again on the next
+    start), a bolt chain after its batch.
     """
     with kspout_errors():
         config = load_config(config_path)
@@ -133,10 +150,22 @@ def run(
                 if driver.metrics_url is not None:  # the bound port, also for `port = 0`
                     console.print(f"metrics at {driver.metrics_url}", markup=False)
                 final = driver.run(
-                    max_batches=max_batches, until_caught_up=until_caught_up, stop=stop
+                    max_batches=max_batches,
+                    until_caught_up=until_caught_up,
+                    stop=stop,
+                    max_failures=max_failures,
                 )
         if as_json:
             echo_json(progress_json(final))
         else:
             out = stdout_console()
             out.print(progress_table(final, title=f"{config.topic}: final", width=out.width))
+            if final.failures:
+                out.print(failures_table(final))
+        if max_failures is not None and final.failed_records > max_failures:
+            click.echo(
+                f"stopped: {final.failed_records} records failed, more than --max-failures "
+                f"{max_failures}; the most frequent: {final.failures[0].failure}",
+                err=True,
+            )
+            sys.exit(TOO_MANY_FAILURES)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kspout.config import TopicConfig
@@ -71,6 +71,7 @@ def offset_runs(offsets: Iterable[int]) -> list[tuple[int, int]]:
 class _Job:
     partition: int
     tickets: tuple[DeadLetterTicket, ...]  # ascending by offset, one per offset
+    tracebacks: Mapping[int, str]  # by offset, where user code raised
     settled: bool = False  # its outcome has been posted (exactly once)
 
     @property
@@ -170,8 +171,14 @@ class DeadLetterWorker(Lifecycle):
 
     # -- the driver's side -------------------------------------------------------------------
 
-    def submit(self, partition: int, tickets: Sequence[DeadLetterTicket]) -> None:
-        """Queue one partition's tickets for writing; returns at once, never raises.
+    def submit(
+        self,
+        partition: int,
+        tickets: Sequence[DeadLetterTicket],
+        tracebacks: Mapping[int, str] | None = None,
+    ) -> None:
+        """Queue one partition's tickets for writing, with the tracebacks of those whose user
+        code raised (by offset); returns at once, never raises.
 
         After `close` (or if the worker thread died) the tickets are reported failed at once.
         """
@@ -180,7 +187,7 @@ class DeadLetterWorker(Lifecycle):
         by_offset: dict[int, DeadLetterTicket] = {}
         for ticket in tickets:
             by_offset.setdefault(ticket.offset, ticket)
-        job = _Job(partition, tuple(by_offset[o] for o in sorted(by_offset)))
+        job = _Job(partition, tuple(by_offset[o] for o in sorted(by_offset)), tracebacks or {})
         with self._cond:
             self._pending += len(job.tickets)
             self._unsettled += len(job.tickets)
@@ -254,6 +261,7 @@ class DeadLetterWorker(Lifecycle):
                         f"{t.reason.value if t.reason else 'deferred'} ({t.cause})",
                         t.error,
                         payloads.get(t.offset),
+                        job.tracebacks.get(t.offset),
                     )
                     for t in job.tickets
                 ]

@@ -3,7 +3,8 @@
 One PartitionManager per partition decides what to run; each step of the loop
 
 1. takes in what running tasks said over the outcome channel (streamed outcomes, beats) and
-   the results of batches that ended, and applies them (`_collect`);
+   the results of batches that ended, and applies them (`_collect`); what user code raised is
+   logged once per kind and partition, then counted and summed up (`FailureLog`);
 2. times out the roots tasks are stuck on, holds the records queued behind them, and cancels
    batches whose every open task is stuck (`BatchTracker.watch`);
 3. plans and submits the next batch: a group of suspects to run alone if one waits
@@ -45,6 +46,7 @@ from kspout.driver.batches import BatchTracker, Ended, RunningBatch
 from kspout.driver.breaker import BreakerState, CircuitBreaker
 from kspout.driver.commits import Committer
 from kspout.driver.dead_letters import DeadLetterWorker
+from kspout.driver.failure_log import FailureLog
 from kspout.driver.failures import JobFailure, classify
 from kspout.driver.isolation import Isolation, Suspects
 from kspout.driver.metrics import REFRESH, MetricsExporter
@@ -112,6 +114,7 @@ class Driver(Lifecycle):
         self._metadata = KafkaMetadata(config)
         self._store = ZkOffsetStore(config)
         self._dead_letters = DeadLetterWorker(config)
+        self._failures = FailureLog(config.topic, clock)
         self._watermarks = WatermarkCache(self._metadata, config.topic, clock)
         self._out_of_range = OutOfRangeHandler(config, self._metadata, self._watermarks)
         self._membership = Membership(
@@ -240,6 +243,7 @@ class Driver(Lifecycle):
         self._out_of_range.stopped.pop(p, None)
         self._isolation.drop_partition(p)
         self._committer.forget(p)
+        self._failures.drop(p)
 
     def _seed_stall(self, p: int, stored: StoredOffset | None) -> None:
         """A stall the record shows (unfinished offsets above a commit point that has not
@@ -254,7 +258,7 @@ class Driver(Lifecycle):
         disconnect."""
         try:
             if self._pms:
-                self._drain()
+                self.drain()
         finally:
             self._disconnect()
 
@@ -300,18 +304,56 @@ class Driver(Lifecycle):
         max_batches: int | None = None,
         until_caught_up: bool = False,
         stop: threading.Event | None = None,
+        max_failures: int | None = None,
     ) -> Progress:
-        """Step until `stop` is set, `max_batches` ran, or (optionally) everything is finished."""
+        """Step until `stop` is set, `max_batches` ran, more than `max_failures` records failed
+        for their own fault (user code raised), or (optionally) everything is finished.
+
+        On `stop` or `max_failures`, the executor stops soon (an in-process batch releases
+        the records it has not started); then what runs is applied and committed.
+        """
         while not (stop is not None and stop.is_set()):
             if max_batches is not None and self._submitted >= max_batches:
+                break
+            if max_failures is not None and self._failures.records > max_failures:
+                log.error(
+                    "%s: %d records failed, more than max_failures=%d allows: stopping",
+                    self.config.topic,
+                    self._failures.records,
+                    max_failures,
+                )
+                self._executor.stop_soon()
                 break
             submitted = self.step()
             if until_caught_up and self.caught_up():
                 break
             if not submitted:
                 self._wait(IDLE_WAIT)
-        self._drain()
-        return self.progress()
+        else:  # `stop` was set
+            self._executor.stop_soon()
+        self.drain()
+        progress = self.progress()
+        self._failures.tick(final=True)
+        self._warn_if_all_failed(progress)
+        return progress
+
+    def _warn_if_all_failed(self, progress: Progress) -> None:
+        """Say loudly when no record succeeded and some failed: a broken handler must not
+        look like a run that went through."""
+        if not progress.failures or progress.total("acked") + progress.total("duplicates"):
+            return
+        kinds = "; ".join(
+            f"{f.failure} ({f.records} {'record' if f.records == 1 else 'records'})"
+            for f in progress.failures[:3]
+        )
+        log.error(
+            "%s: EVERY RECORD FAILED in this run, none succeeded: %s. Fix the handler (the "
+            "traceback is logged above); failed records are retried, then dead-lettered to %s "
+            "(`kspout dlq show`) or skipped, per on_exhausted",
+            self.config.topic,
+            kinds,
+            self.config.dlq_topic,
+        )
 
     def step(self) -> bool:
         """One turn of the loop (see the module docstring); True if a batch was submitted."""
@@ -325,8 +367,9 @@ class Driver(Lifecycle):
                 pm.expire()  # the fallback for batches whose tasks are silent
         else:
             submitted = self._submit()
-            self._collect()  # an in-process batch is already done
+            self._collect()  # an executor that runs a batch inside `submit` is done with it
         self._write_dead_letters()
+        self._failures.tick()
         snapshot = None  # one progress snapshot per step, shared by whoever wants one
         if self._clock() - self._last_commit >= self.config.commit_interval:
             snapshot = self.commit()
@@ -403,6 +446,7 @@ class Driver(Lifecycle):
         self._stalls.observe({p: pm for p, pm in self._pms.items() if p not in stopped})
         for p, pm in self._pms.items():
             self._isolation.forget_below(p, pm.commit_point)
+        self._failures.finished_below({p: pm.commit_point for p, pm in self._pms.items()})
         progress = self.progress()
         self._reporter.report(progress)  # when it changed, or as a heartbeat
         self._metrics.publish(progress)
@@ -560,6 +604,7 @@ class Driver(Lifecycle):
             self._membership.instance_id,
             self._refused,
             self._dropped,
+            self._failures.summary(),
         )
 
     # -- collecting --------------------------------------------------------------------------
@@ -575,8 +620,9 @@ class Driver(Lifecycle):
         else:
             self._sleep(timeout)
 
-    def _drain(self) -> None:
-        """Apply every batch still in flight, write pending dead letters, commit."""
+    def drain(self) -> None:
+        """Wait for every batch still in flight and apply it, write pending dead letters,
+        commit (`run` and `close` end so; a test stepping a fake clock calls it after `step`)."""
         while len(self._batches):
             self._wait(IDLE_WAIT)
             self._collect()
@@ -609,6 +655,7 @@ class Driver(Lifecycle):
             self._crashed(batch, p, "an earlier attempt of the task died")
             return
         pm.apply(result.outcomes, epoch=result.epoch)
+        self._failures.record(p, result.outcomes)
         breaker = self._breakers[p]
         if result.infra_error is not None:
             breaker.failure(result.infra_error)
@@ -781,6 +828,7 @@ class Driver(Lifecycle):
                 continue  # it moved: its next owner runs those offsets again
             if outcome.error is None:
                 pm.dead_lettered(outcome.offsets)
+                self._failures.dead_lettered(outcome.partition, outcome.offsets)
                 self._dlq_breaker.success()
                 log.warning(
                     "%s[%d] dead-lettered %d offsets to %s",
@@ -802,4 +850,5 @@ class Driver(Lifecycle):
             if breaker.state is BreakerState.HALF_OPEN and not breaker.allow():
                 pm.dead_letter_failed([t.offset for t in tickets])  # after the probe's answer
                 return
-            self._dead_letters.submit(p, tickets)
+            offsets = [t.offset for t in tickets]
+            self._dead_letters.submit(p, tickets, self._failures.tracebacks(p, offsets))

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kspout.driver.breaker import BreakerView
+from kspout.driver.failure_log import FailureSummary
 from kspout.offsets import ZkOffsetStore, now_ms
 from kspout.partition_manager import OutOfRangeReset, Stats
 
@@ -61,6 +62,13 @@ class Progress:
     instance: str = ""  # this driver's instance id (its node under `instances/`)
     commits_refused: int = 0  # commits refused: another instance (or an operator) owned it
     partitions_dropped: int = 0  # partitions dropped after this instance lost them
+    # What user code raised, by kind (type, message, place), the most frequent first.
+    failures: list[FailureSummary] = field(default_factory=list)
+
+    @property
+    def failed_records(self) -> int:
+        """Records that failed for their own fault (user code raised or failed them)."""
+        return sum(f.records for f in self.failures)
 
     def total(self, name: str) -> int:
         """Sum one `Stats` field over the partitions."""

@@ -35,6 +35,7 @@ from kspout.kafka.deadletter import (
     SOURCE_OFFSET,
     SOURCE_PARTITION,
     SOURCE_TOPIC,
+    TRACEBACK,
     IdempotentProducer,
 )
 from kspout.kafka.fetcher import PartitionFetcher
@@ -43,6 +44,7 @@ from kspout.kafka.records import Headers, Record
 from kspout.lifecycle import Lifecycle
 from kspout.wording import count
 
+_OURS = frozenset((*LETTER_HEADERS, TRACEBACK))  # headers a letter does not replay
 REPLAYED_FROM = HEADER_PREFIX + "replayed_from"  # `<dlq topic>/<partition>/<offset>`
 REPLAYED_AT = HEADER_PREFIX + "replayed_at"  # ms since the epoch
 REPLAY_MARKS = (REPLAYED_FROM, REPLAYED_AT)
@@ -104,6 +106,7 @@ class StoredLetter:
     key: bytes | None
     value: bytes | None
     headers: Headers  # the original headers, kspout's dead-letter headers removed
+    traceback: str = ""  # where user code raised; "" when it did not
 
     @property
     def address(self) -> str:
@@ -113,8 +116,8 @@ class StoredLetter:
     @classmethod
     def parse(cls, record: Record) -> StoredLetter | None:
         """The letter a dead-letter record holds; None when it lacks kspout's headers."""
-        ours = {name: value for name, value in record.headers if name in LETTER_HEADERS}
-        if len(ours) < len(LETTER_HEADERS):
+        ours = {name: value for name, value in record.headers if name in _OURS}
+        if len(ours.keys() & LETTER_HEADERS) < len(LETTER_HEADERS):
             return None
         text = {name: (value or b"").decode("utf-8", "replace") for name, value in ours.items()}
         try:
@@ -135,7 +138,8 @@ class StoredLetter:
             error=text[ERROR],
             key=record.key,
             value=record.value,
-            headers=tuple(h for h in record.headers if h[0] not in LETTER_HEADERS),
+            headers=tuple(h for h in record.headers if h[0] not in _OURS),
+            traceback=text.get(TRACEBACK, ""),
         )
 
 

@@ -28,6 +28,9 @@ ATTEMPTS = HEADER_PREFIX + "attempts"
 REASON = HEADER_PREFIX + "reason"
 ERROR = HEADER_PREFIX + "error"  # the last error; empty when there was none
 LETTER_HEADERS = (SOURCE_TOPIC, SOURCE_PARTITION, SOURCE_OFFSET, ATTEMPTS, REASON, ERROR)
+# The traceback of the last failure, when user code raised (at most TRACEBACK_LIMIT
+# characters, kspout.outcomes); absent otherwise.
+TRACEBACK = HEADER_PREFIX + "traceback"
 # flush() waits this much longer than librdkafka's own delivery timeout, so every letter has
 # a delivery report (success or failure) by the time it returns.
 FLUSH_MARGIN = 5.0
@@ -35,7 +38,8 @@ FLUSH_MARGIN = 5.0
 
 def letter_headers(letter: DeadLetter) -> list[tuple[str, str | bytes | None]]:
     """The original headers, then kspout's: source topic, partition, offset, attempts, reason,
-    error (utf-8 strings; an absent error is an empty string)."""
+    error (utf-8 strings; an absent error is an empty string), and the traceback when user
+    code raised."""
     original: list[tuple[str, str | bytes | None]] = []
     if letter.record is not None:
         original.extend(letter.record.headers)
@@ -47,6 +51,8 @@ def letter_headers(letter: DeadLetter) -> list[tuple[str, str | bytes | None]]:
         REASON: letter.reason,
         ERROR: letter.error or "",
     }
+    if letter.traceback:
+        ours[TRACEBACK] = letter.traceback
     return original + [(name, value.encode()) for name, value in ours.items()]
 
 

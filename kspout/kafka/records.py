@@ -69,6 +69,7 @@ class DeadLetter:
     reason: str
     error: str | None
     record: Record | None
+    traceback: str | None = None  # where user code raised, when it did
 
 
 class RecordBuilder:

@@ -32,7 +32,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from kspout.config import TopicConfig
 from kspout.kafka import FetchResult, KafkaMetadata
-from kspout.outcomes import FailReason, Outcome, OutcomeKind, describe_error
+from kspout.outcomes import FailReason, Failure, FailureCatalog, Outcome, OutcomeKind
 from kspout.spans import runs
 from kspout.spark.jobs import SparkJobs
 from kspout.spark.schema import SCHEMA, to_row
@@ -157,15 +157,15 @@ class FrameExecutor(SparkJobs):
         return self._spark.createDataFrame(rows, SCHEMA)
 
     def _run(self, tasks: list[PartitionTask], batch: int) -> list[TaskResult]:
-        error: str | None = None
+        failure: Failure | None = None
         try:
             self._function(self.frame(tasks, batch), batch)
         except Exception as exc:
-            error = describe_error(exc)
+            failure = FailureCatalog().of(exc)
         finally:
             reports = self._take_reports(batch)
-        if error is not None:
-            return [_settled(task, error=error) for task in tasks]
+        if failure is not None:
+            return [_settled(task, failure=failure) for task in tasks]
         results: list[TaskResult] = []
         for task in tasks:
             report = reports.get(task.partition)
@@ -215,9 +215,10 @@ def settle_fetched(task: PartitionTask, unfetched: Unfetched) -> TaskResult:
 
 
 def _settled(
-    task: PartitionTask, *, error: str | None = None, low: int = 0, high: int = 0
+    task: PartitionTask, *, failure: Failure | None = None, low: int = 0, high: int = 0
 ) -> TaskResult:
-    """A whole task failed with `error`, or acked within Kafka's `[low, high)`.
+    """A whole task failed with what `f` raised (`failure`), or acked within Kafka's
+    `[low, high)`.
 
     The second is for a task no evaluation of the frame reported on, with the watermarks read
     after `f` returned: planned offsets outside `[low, high)` are no longer in Kafka (retention
@@ -228,10 +229,10 @@ def _settled(
     lost = False
     for span in task.plan.spans:
         start, end = span.start, span.end
-        if error is not None:
-            reason = FailReason.EXCEPTION
+        if failure is not None:
+            reason, error = FailReason.EXCEPTION, failure.description
             outcomes.append(
-                Outcome(start, OutcomeKind.FAIL, span.attempt, reason, error, end - start)
+                Outcome(start, OutcomeKind.FAIL, span.attempt, reason, error, end - start, failure)
             )
             continue
         start, end = max(start, low), min(end, high)

@@ -57,6 +57,9 @@ class SparkJobs:
                 return
         self._spark.sparkContext.cancelJobGroup(self._group(batch))
 
+    def stop_soon(self) -> None:
+        """Nothing to do: a job runs to its end (`close(cancel=True)` stops it)."""
+
     def channel_host(self) -> str | None:
         """No beats by default (see `SparkExecutor`)."""
         return None

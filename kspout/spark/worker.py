@@ -34,7 +34,7 @@ from kspout.channel.reporter import ChannelAddress, TaskReporter
 from kspout.config import TopicConfig
 from kspout.gc_pause import cyclic_gc_paused_until_built
 from kspout.kafka import PartitionFetcher
-from kspout.outcomes import describe_error
+from kspout.outcomes import Failure, describe_error
 from kspout.tasks import PartitionTask, TaskResult, released, run_task
 from kspout.topology import (
     FetchReport,
@@ -82,7 +82,7 @@ class Ledger:
     partition: int
     offsets: array[int]
     values: array[int]
-    marks: tuple[tuple[int, int, str | None], ...]  # (offset, mark, error)
+    marks: tuple[tuple[int, int, str | Failure | None], ...]  # (offset, mark, error)
     report: FetchReport | None = None
 
     @classmethod

@@ -97,9 +97,11 @@ def kspout_command() -> Path:
     return command
 
 
-def topic_file(path: Path, stack: DevStack, config: TopicConfig, extra: str = "") -> Path:
-    """A config file for `config`'s topic and spout id, with small batches and a 0.5 s commit
-    interval (and the TOML lines in `extra`), written to `path`."""
+def topic_file(
+    path: Path, stack: DevStack, config: TopicConfig, extra: str = "", *, batch_size: int = 25
+) -> Path:
+    """A config file for `config`'s topic and spout id, with small batches (`batch_size`) and a
+    0.5 s commit interval (and the TOML lines in `extra`), written to `path`."""
     path.write_text(
         textwrap.dedent(
             f"""\
@@ -109,7 +111,7 @@ def topic_file(path: Path, stack: DevStack, config: TopicConfig, extra: str = ""
             zk_root = "{ZK_ROOT}"
             brokers = "{stack.info.brokers}"
             zookeeper = "{stack.info.zookeeper}"
-            batch_size = 25
+            batch_size = {batch_size}
             commit_interval = 0.5
             """
         )
@@ -176,13 +178,19 @@ def handled_lines(log: Path) -> list[tuple[int, int]]:
 
 
 def prepare_kspout_run(
-    stack: DevStack, config: TopicConfig, tmp_path: Path, *, pause: float, extra: str = ""
+    stack: DevStack,
+    config: TopicConfig,
+    tmp_path: Path,
+    *,
+    pause: float,
+    extra: str = "",
+    batch_size: int = 25,
 ) -> tuple[list[str], dict[str, str], Path]:
     """argv, environment and handled-log path for `kspout run` with HANDLER_MODULE, which
     sleeps `pause` seconds per record (`extra`: more topic-file lines); run it with
     `cwd=tmp_path`."""
     (tmp_path / "slow_handler.py").write_text(HANDLER_MODULE)
-    toml = topic_file(tmp_path / "topic.toml", stack, config, extra)
+    toml = topic_file(tmp_path / "topic.toml", stack, config, extra, batch_size=batch_size)
     log = tmp_path / "handled.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("KSPOUT_")}
     env |= {"HANDLED_LOG": str(log), "HANDLER_PAUSE": str(pause)}

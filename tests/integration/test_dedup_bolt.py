@@ -73,6 +73,11 @@ def test_each_id_applies_once_and_a_replay_from_the_start_is_all_duplicates(
     assert applied(redis_client, key) == dict.fromkeys(ids, 1)
     assert first.total("acked") == 400 and first.total("retried") == len(failing)
     assert stored(config) == highs(config)
+    # What the handler raised under the bolt, with the handler's line.
+    line = Apply.__call__.__code__.co_firstlineno + 2
+    assert {(f.failure.kind, f.failure.place, f.records) for f in first.failures} == {
+        ("RuntimeError", f"test_dedup_bolt.py:{line}", 1)
+    }
 
     # Same namespace, a new spout id: the whole topic again, and nothing runs twice.
     again = config.model_copy(update={"spout_id": config.spout_id + "-again"})
@@ -225,8 +230,10 @@ def test_one_claim_and_one_settle_per_batch_in_process(
 
     with Driver(config, LocalExecutor(config, bolt)) as driver:
         assert driver.step()  # the first batch also loads the scripts and sets up the epoch
+        driver.drain()
         before = evalsha_calls(redis_client)
         assert driver.step()
+        driver.drain()
         after = evalsha_calls(redis_client)
         assert driver.progress().total("acked") == 2 * 300 * len(PARTITIONS)
 

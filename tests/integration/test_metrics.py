@@ -277,6 +277,7 @@ def test_the_consumer_group_follows_the_zookeeper_commit_points(
     with Driver(config, LocalExecutor(config, lambda record: None)) as driver:
         for _ in range(2):
             driver.step()
+            driver.drain()
         time.sleep(0.3)  # the last commit's mirror is answered by now
         driver.commit()
         midway = stored(config)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, wait
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,17 @@ from kspout.errors import ReplayPastWindow
 from kspout.kafka import Record
 from kspout.local_executor import LocalExecutor
 from kspout.offsets import Checkpoint, ZkOffsetStore, encode_done, history_fields, now_ms
+from kspout.tasks import PartitionTask, TaskResult
 from tests.integration.helpers import PARTITIONS, produce, stored, topic_file
+
+
+class InlineExecutor(LocalExecutor):
+    """Runs each batch to its end inside `submit`: a fake clock stands still while it runs."""
+
+    def submit(self, batch: int, tasks: Sequence[PartitionTask]) -> Future[list[TaskResult]]:
+        future = super().submit(batch, tasks)
+        wait([future])
+        return future
 
 
 def acks(record: Record) -> None:
@@ -102,7 +113,7 @@ def test_a_commit_point_stuck_for_half_the_window_is_reported_once(
 
     driver = Driver(
         config,
-        LocalExecutor(config, handler),
+        InlineExecutor(config, handler),
         clock=lambda: now[0],
         sleep=lambda s: None,
         replay_window=10.0,

@@ -548,10 +548,10 @@ def test_close_commits_what_the_steps_finished(
     with Driver(config, LocalExecutor(config, Recorder())) as driver:
         for _ in range(3):
             driver.step()
-        points = commit_points(driver.progress())
         # Only the claims wrote (the start offsets): only close() commits progress.
         assert stored(config) == dict.fromkeys(PARTITIONS, 0)
 
+    points = commit_points(driver.progress())  # close() applied the batches still running
     assert sorted(points) == list(PARTITIONS)
     assert all(0 < point < 500 for point in points.values()), points
     assert stored(config) == points
@@ -662,6 +662,9 @@ class HoldingExecutor:
 
     def cancel(self, batch: int) -> None:
         self.events.append(f"cancel {batch}")
+
+    def stop_soon(self) -> None:
+        self._inner.stop_soon()
 
     def channel_host(self) -> str | None:
         return None

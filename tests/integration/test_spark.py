@@ -44,6 +44,14 @@ def test_word_count_with_fields_grouping_retries_failures_and_commits_the_high_w
     progress = KafkaSpout(config, spark).run(chain, until_caught_up=True)
 
     check_word_count(progress, config, stack, redis_client, per_partition)
+    # What the bolts raised in Spark's workers reached the driver, with the bolts' lines: the
+    # first stage's through its task results, the last stage's through the merged ledgers.
+    kinds = {(f.failure.kind, f.failure.message, f.failure.place) for f in progress.failures}
+    assert kinds == {
+        ("RuntimeError", "injected: first attempt of a flaky sentence", "spark_jobs.py:44"),
+        ("ValueError", "poison word", "spark_jobs.py:59"),
+    }
+    assert all('spark_jobs.py", line' in f.failure.traceback for f in progress.failures)
 
 
 def test_only_the_record_past_message_timeout_times_out_not_those_queued_behind_it(
@@ -107,6 +115,12 @@ def test_foreach_batch_hands_a_dataframe_and_settles_the_batch_as_a_whole(
     assert progress.total("acked") == 250 * len(PARTITIONS)
     assert progress.total("retried") > 0  # the failed batch's offsets came again
     assert stored(config) == highs(config)
+    # What `per_batch` raised, with its place in this file, for each record of the batch.
+    [kind] = progress.failures
+    failure = kind.failure
+    assert failure.kind == "RuntimeError"
+    assert failure.message == "injected: the second batch fails once"
+    assert failure.place.startswith("test_spark.py:") and kind.records == kind.failures > 0
 
 
 def test_a_killed_driver_restarts_and_loses_nothing(

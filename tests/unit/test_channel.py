@@ -19,7 +19,7 @@ import pytest
 
 from kspout.bolts import Tuple
 from kspout.channel import reporter as reporter_module
-from kspout.channel.beacon import BEACON
+from kspout.channel.beacon import thread_beacon
 from kspout.channel.listener import OutcomeChannel
 from kspout.channel.messages import Beat, Final, Message, TaskId
 from kspout.channel.reporter import ChannelAddress, TaskReporter
@@ -37,7 +37,7 @@ P = 3
 
 @dataclass(frozen=True)
 class At:
-    """What executor code puts in `BEACON.current`: anything with a partition and an offset."""
+    """What executor code puts in its beacon: anything with a partition and an offset."""
 
     partition: int
     offset: int
@@ -57,7 +57,7 @@ def channel() -> Iterator[OutcomeChannel]:
     while ch._connections and time.monotonic() < deadline:
         time.sleep(0.002)
     ch.close()
-    BEACON.current = None
+    thread_beacon().current = None
 
 
 class Inbox:
@@ -106,7 +106,7 @@ def test_beats_name_the_root_and_how_long_the_task_has_been_on_it(
         assert first.current is None
         assert first.upto is None, "no outcomes to stream before the fetch"
 
-        BEACON.current = At(P, 17)
+        thread_beacon().current = At(P, 17)
         on_17 = inbox.beat("beat on 17", lambda b: b.current == (P, 17))
         later = inbox.beat("a later beat on 17", lambda b: b.current == (P, 17) and b is not on_17)
         time.sleep(0.05)
@@ -115,16 +115,16 @@ def test_beats_name_the_root_and_how_long_the_task_has_been_on_it(
         assert on_17.busy_for < later.busy_for < latest.busy_for, "busy_for grows on one root"
 
         # A bolt's tuple: its (first) root names the record it descends from.
-        BEACON.current = Tuple(("x",), ("word",), {(P, 23): 0x1234})
+        thread_beacon().current = Tuple(("x",), ("word",), {(P, 23): 0x1234})
         on_23 = inbox.beat("beat on the tuple's root", lambda b: b.current == (P, 23))
         assert on_23.busy_for < latest.busy_for, "a new root starts counting from zero"
 
-        BEACON.current = Tuple(("x",), ("word",), {})
+        thread_beacon().current = Tuple(("x",), ("word",), {})
         inbox.beat("beat on an unanchored tuple", lambda b: b.current is None)
     last = inbox.beat("last beat", lambda b: b.done)
     assert last.current is None
     assert inbox.beats()[-1] is last, "nothing follows the last beat"
-    assert BEACON.current is None
+    assert thread_beacon().current is None
 
 
 def test_outcomes_stream_below_the_current_root_and_the_final_arrives(
@@ -136,7 +136,7 @@ def test_outcomes_stream_below_the_current_root_and_the_final_arrives(
     also = Outcome(15, OutcomeKind.FAIL, 1, FailReason.EXCEPTION, "KeyError: 'id'")
     with TaskReporter(address_of(channel), TASK, P, interval=INTERVAL) as reporter:
         reporter.fetched([(20, 22)], outcomes)
-        BEACON.current = At(P, 10)
+        thread_beacon().current = At(P, 10)
         at_10 = inbox.beat("beat at 10", lambda b: b.upto == 10)
         assert at_10.failures == ()
 
@@ -144,19 +144,19 @@ def test_outcomes_stream_below_the_current_root_and_the_final_arrives(
         outcomes.append(Outcome(10, OutcomeKind.ACK, 1, count=2))
         outcomes.append(boom)
         outcomes.append(Outcome(13, OutcomeKind.ACK, 1, count=2))
-        BEACON.current = At(P, 15)
+        thread_beacon().current = At(P, 15)
         inbox.beat("beat at 15", lambda b: b.upto == 15)
 
         # 15 raised; the task moves to 16, then to 23 (20, 21 are missing in Kafka).
         outcomes.append(also)
-        BEACON.current = At(P, 16)
+        thread_beacon().current = At(P, 16)
         inbox.beat("beat at 16", lambda b: b.upto == 16)
         outcomes.append(Outcome(16, OutcomeKind.ACK, 1, count=4))
         outcomes.append(Outcome(22, OutcomeKind.ACK, 1))
-        BEACON.current = At(P, 23)
+        thread_beacon().current = At(P, 23)
         inbox.beat("beat at 23", lambda b: b.upto == 23)
 
-        BEACON.current = None
+        thread_beacon().current = None
         result = TaskResult("orders", P, 0, [*outcomes, Outcome(23, OutcomeKind.ACK, 1)])
         reporter.final([result])
         final = inbox.until("final", lambda m: isinstance(m, Final))
@@ -188,7 +188,7 @@ def test_a_client_with_the_wrong_key_is_refused_and_the_listener_keeps_working(
 
     inbox = Inbox(channel)
     with TaskReporter(address, TASK, P, interval=INTERVAL):
-        BEACON.current = At(P, 5)
+        thread_beacon().current = At(P, 5)
         inbox.beat("beat after the refusal", lambda b: b.current == (P, 5))
     inbox.beat("last beat", lambda b: b.done)
     assert all(not (isinstance(m, Final) and m.batch == 99) for m in inbox.messages)
@@ -201,7 +201,7 @@ def test_a_silent_peer_does_not_block_other_tasks(channel: OutcomeChannel) -> No
         inbox = Inbox(channel)
         deadline = time.monotonic() + 1.0
         with TaskReporter(address, TASK, P, interval=INTERVAL):
-            BEACON.current = At(P, 5)
+            thread_beacon().current = At(P, 5)
             while not channel.drain():
                 if time.monotonic() > deadline:
                     silent.close()  # let the listener go on, so the reporter can finish
@@ -247,7 +247,7 @@ def test_an_unreachable_driver_never_raises_into_the_task(
     reporter = TaskReporter(address, TaskId(7, 0, 0), P, interval=INTERVAL)
     with reporter:
         reporter.fetched([], [])
-        BEACON.current = At(P, 1)
+        thread_beacon().current = At(P, 1)
         deadline = time.monotonic() + WAIT
         while not reporter._link or not reporter._link.broken:
             assert time.monotonic() < deadline, "the link never noticed the driver is gone"
@@ -258,3 +258,15 @@ def test_an_unreachable_driver_never_raises_into_the_task(
     warnings = [r for r in caplog.records if "outcome channel" in r.getMessage()]
     assert len(warnings) == 1, "one warning, not one per beat"
     assert "k" * 32 not in caplog.text, "the key never appears in logs"
+
+
+def test_each_thread_has_its_own_beacon() -> None:
+    """Two in-process executors in one process (two drivers in threads) never read each
+    other's records: a reporter reads the beacon of the thread that opened it."""
+    mine = thread_beacon()
+    theirs: list[object] = []
+    thread = threading.Thread(target=lambda: theirs.append(thread_beacon()))
+    thread.start()
+    thread.join()
+    assert theirs == [theirs[0]] and theirs[0] is not mine
+    assert thread_beacon() is mine

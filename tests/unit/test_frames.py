@@ -13,7 +13,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from kspout.kafka import FetchResult, Record
-from kspout.outcomes import FailReason, Outcome, OutcomeKind
+from kspout.outcomes import FailReason, Failure, Outcome, OutcomeKind
 from kspout.partition_manager import Plan, Span
 from kspout.spark.frames import FetchReportsParam, Unfetched, _settled, settle_fetched
 from kspout.tasks import CUT_SHORT, PartitionTask
@@ -69,12 +69,14 @@ def test_offsets_outside_the_watermarks_are_reported_not_acked() -> None:
 
 
 def test_a_raising_batch_fails_every_planned_offset() -> None:
-    result = _settled(TASK, error="ValueError: boom")
+    failure = Failure("ValueError", "boom", "job.py:7", "Traceback ...")
+    result = _settled(TASK, failure=failure)
     reason = FailReason.EXCEPTION
     assert result.outcomes == [
         Outcome(0, FAIL, 2, reason, "ValueError: boom", 4),
         Outcome(4, FAIL, 1, reason, "ValueError: boom", 6),
     ]
+    assert all(o.failure is failure for o in result.outcomes)
 
 
 # -- settled by what was fetched ----------------------------------------------------------------

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+
 from kspout.errors import KafkaUnavailable
 from kspout.kafka import FetchResult, Record
 from kspout.outcomes import FailReason, Outcome, OutcomeKind, describe_error
 from kspout.output import OutputFailed, OutputUnavailable
 from kspout.partition_manager import Plan, Span
-from kspout.tasks import CUT_SHORT, PartitionTask, settle
+from kspout.tasks import CUT_SHORT, STOPPED, PartitionTask, settle
 
 ACK, FAIL, GONE = OutcomeKind.ACK, OutcomeKind.FAIL, OutcomeKind.GONE
 RELEASED = OutcomeKind.RELEASED
@@ -34,10 +36,35 @@ def test_an_exception_fails_only_its_record_and_splits_the_run() -> None:
             raise ValueError("bad payload\nsecond line")
 
     result = settle(PartitionTask("t", 0, plan), fetched, handler)
+    failure = result.outcomes[1].failure
     assert result.outcomes == [
         Outcome(0, ACK, 1, count=3),
-        Outcome(3, FAIL, 1, FailReason.EXCEPTION, "ValueError: bad payload"),
+        Outcome(3, FAIL, 1, FailReason.EXCEPTION, "ValueError: bad payload", failure=failure),
         Outcome(4, ACK, 1, count=4),
+    ]
+    # What the handler raised, and where: the line of the `raise` above.
+    line = handler.__code__.co_firstlineno + 2
+    assert failure is not None
+    assert failure.key == ("ValueError", "bad payload", f"test_tasks.py:{line}")
+    assert failure.traceback.splitlines()[1].endswith(f"line {line}, in handler")
+
+
+def test_a_stop_releases_the_records_not_started() -> None:
+    plan = Plan((Span(0, 4, 1), Span(4, 10, 2)), epoch=0)
+    fetched = FetchResult([record(o) for o in range(10) if o != 1], [(1, 2)])
+    stop = threading.Event()
+
+    def handler(r: Record) -> None:
+        if r.offset == 5:
+            stop.set()  # as Ctrl-C would, while offset 5 is in hand
+
+    result = settle(PartitionTask("t", 0, plan), fetched, handler, stop=stop)
+    assert result.outcomes == [
+        Outcome(0, ACK, 1),
+        Outcome(1, GONE),
+        Outcome(2, ACK, 1, count=2),
+        Outcome(4, ACK, 2, count=2),  # offset 5 finished: the stop came while it ran
+        Outcome(6, RELEASED, 2, error=STOPPED, count=4),
     ]
 
 
