@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import ssl
 import uuid
 from collections.abc import Callable, Sequence
 from functools import cache
@@ -60,11 +61,18 @@ from dedup.store import (
 from kspout.bolts import Bolt, Collector, TaskContext, Tuple
 from kspout.channel.beacon import thread_beacon
 from kspout.config import TopicConfig
-from kspout.errors import KafkaUnavailable, RedisUnavailable
+from kspout.errors import KafkaUnavailable, RedisLoginRefused, RedisTlsRefused, RedisUnavailable
 from kspout.kafka import Record
 from kspout.outcomes import describe_error
 
 log = logging.getLogger(__name__)
+
+
+def _tls_refused(exc: BaseException) -> bool:
+    """A failed TLS handshake: redis-py raises ConnectionError from ssl's error, or words it
+    with ssl's own reason (`[SSL: ...]`)."""
+    causes = (exc, exc.__cause__, exc.__context__)
+    return "[SSL" in str(exc) or any(isinstance(c, ssl.SSLError) for c in causes)
 
 
 class Effects:
@@ -226,15 +234,21 @@ class IdempotencyBolt(Bolt):
     def start(self) -> None:
         """On the driver: warn when a Redis server (each master of a cluster) could lose
         acknowledged records; refuse `wait_aof` on a server without WAITAOF; `RedisUnavailable`
-        when Redis does not answer."""
+        when Redis does not answer, `RedisLoginRefused` or `RedisTlsRefused` when it refuses
+        this client."""
         self.warnings = []
         try:
             for server in primaries(redis_client(self.config)):
                 if self.config.dedup.wait_aof:
                     require_wait_aof(server)
                 self.warnings += server_durability_warnings(server)
+        except redis.AuthenticationError as exc:
+            user = self.config.redis.username or "default"
+            raise RedisLoginRefused(self.config.redis.url, user, str(exc)) from None
         except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
             url = self.config.redis.url
+            if _tls_refused(exc):
+                raise RedisTlsRefused(url, str(exc)) from None
             raise RedisUnavailable(url, self.config.origin("redis.url"), str(exc)) from None
         for warning in dict.fromkeys(self.warnings):
             log.warning("dedup Redis %s: %s", self.config.redis.url, warning)

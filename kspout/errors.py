@@ -141,6 +141,35 @@ class RedisUnavailable(KspoutError):
         )
 
 
+class RedisLoginRefused(KspoutError):
+    """The dedup bolt's Redis refused its login at start: a wrong or missing user or password
+    (fix the config, retrying will not help)."""
+
+    def __init__(self, url: str, user: str, cause: str) -> None:
+        self.url = url
+        self.user = user
+        self.cause = cause
+        super().__init__(
+            f"Redis at {url} refused the login of user {user!r} ({cause}): check "
+            "`redis.username` and the password (`redis.password`, `password_file` or "
+            "`password_env`), and that the ACL user exists and is enabled"
+        )
+
+
+class RedisTlsRefused(KspoutError):
+    """The TLS handshake with the dedup bolt's Redis failed at start: an unknown server
+    certificate, or a server that wants a client certificate (fix the config)."""
+
+    def __init__(self, url: str, cause: str) -> None:
+        self.url = url
+        self.cause = cause
+        super().__init__(
+            f"TLS with Redis at {url} failed ({cause}): check `redis.ssl_ca_certs` (the CA "
+            "that signed the server's certificate) and `redis.ssl_certfile`/`ssl_keyfile` "
+            "(a client certificate, when the server asks for one)"
+        )
+
+
 class StackError(KspoutError):
     """The embedded development stack could not start, or a part of it is missing."""
 

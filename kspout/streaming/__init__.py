@@ -21,6 +21,7 @@ This package is imported without PySpark; `register` loads the source.
 from __future__ import annotations
 
 import importlib.util
+import os
 from typing import TYPE_CHECKING
 
 from kspout.errors import KspoutError
@@ -40,7 +41,8 @@ def supported() -> bool:
 
 
 def register(spark: SparkSession) -> None:
-    """Make `format("kspout")` available to `spark.readStream` and `spark.read`."""
+    """Make `format("kspout")` available to `spark.readStream` and `spark.read`; a relative
+    `config` path is read from the current working directory."""
     if not supported():
         import pyspark
 
@@ -51,4 +53,7 @@ def register(spark: SparkSession) -> None:
         )
     from kspout.streaming.source import KspoutDataSource
 
-    spark.dataSource.register(KspoutDataSource)
+    # A subclass made here travels to Spark's Python workers by value, with the driver's
+    # working directory, so `.option("config", "orders.toml")` means this directory's file.
+    here = type(KspoutDataSource.__name__, (KspoutDataSource,), {"workdir": os.getcwd()})
+    spark.dataSource.register(here)

@@ -110,12 +110,15 @@ class SourceSettings:
     given: frozenset[str] = frozenset()  # the option names given, as OPTIONS spells them
 
     @classmethod
-    def of(cls, options: Mapping[str, str]) -> SourceSettings:
-        """Check `options` (Spark's `DataSource.options`) and load the topic file."""
+    def of(cls, options: Mapping[str, str], workdir: str | None = None) -> SourceSettings:
+        """Check `options` (Spark's `DataSource.options`) and load the topic file, a relative
+        path from `workdir` (else this process's working directory)."""
         opts = {name.lower(): value for name, value in options.items()}
         for name in opts:
             _check_known(name)
         path = opts.get("config") or None
+        if path is not None and workdir is not None:
+            path = os.path.join(workdir, path)  # an absolute path stays as it is
         config = _base_config(path, opts.get("subscribe"), "kafka.bootstrap.servers" in opts)
         update, starting = _overrides(opts, config)
         ending = None

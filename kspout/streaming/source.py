@@ -37,12 +37,16 @@ class KspoutDataSource(DataSource):
         return "kspout"
 
     _settings: SourceSettings | None = None  # PySpark asks not to override __init__
+    # Where a relative `config` path starts: the driver program's working directory, which
+    # `kspout.register` records (Spark runs this class in a Python worker of its JVM, whose
+    # working directory may differ).
+    workdir: str | None = None
 
     def settings(self) -> SourceSettings:
         """The options, checked, and the topic file, loaded on the first call (and pickled
         with the data source from then on)."""
         if self._settings is None:
-            self._settings = SourceSettings.of(self.options)
+            self._settings = SourceSettings.of(self.options, self.workdir)
         return self._settings
 
     def schema(self) -> StructType:

@@ -33,7 +33,7 @@ from kspout.config import TopicConfig
 from kspout.devstack import DevStack, RedisServer
 from kspout.devstack.ports import LOOPBACK
 from kspout.driver import Driver, Progress
-from kspout.errors import StackError
+from kspout.errors import RedisLoginRefused, RedisTlsRefused, StackError
 from kspout.kafka import Record
 from kspout.local_executor import LocalExecutor
 from tests.integration.helpers import PARTITIONS, produce
@@ -242,9 +242,12 @@ def test_the_dedup_bolt_without_the_redis_credentials_fails_at_start(
     monkeypatch.setenv("T_REDIS_PASSWORD", REDIS_PASSWORD + "-wrong")
     config = make_config(redis={"url": acl_redis.url, **login})
     bolt = IdempotencyBolt(Count("unused"), config)
-    with pytest.raises(redis.AuthenticationError, match=error) as caught:
+    with pytest.raises(RedisLoginRefused, match=error) as caught:
         bolt.start()
     assert REDIS_PASSWORD not in str(caught.value)
+    user = login.get("username", "default")
+    assert f"refused the login of user {user!r}" in str(caught.value)
+    assert "`redis.username`" in str(caught.value)  # the key to fix
 
 
 # -- Redis over TLS ------------------------------------------------------------------------------
@@ -387,8 +390,9 @@ def test_tls_without_the_ca_or_the_client_certificate_fails(
     if missing == "ssl_certfile":
         del files["ssl_keyfile"]
     config = make_config(redis=tls_settings(tls_redis, rediss=True, **files))
-    with pytest.raises(redis.ConnectionError, match=error):
+    with pytest.raises(RedisTlsRefused, match=error) as caught:
         IdempotencyBolt(Count("unused"), config).start()
+    assert f"`redis.{missing}`" in str(caught.value)  # the key to fix
 
 
 # -- no secret in kspout's output ----------------------------------------------------------------
