@@ -9,27 +9,29 @@ psycopg 3). See ../shared/design.md, "dedup".
 """
 
 from dedup.bolt import Effects, IdempotencyBolt
-from dedup.epoch import EpochCorrupt, ZkEpoch
-from dedup.store import (
-    ALLOWED_EFFECTS,
+from dedup.effects import ALLOWED_EFFECTS
+from dedup.epoch import ZkEpoch
+from dedup.errors import (
+    DedupError,
+    EffectNotAllowed,
+    EpochConflict,
+    EpochCorrupt,
+    NotDurable,
+    WaitAofUnsupported,
+)
+from dedup.records import (
     Claim,
     ClaimRun,
     ClaimStatus,
-    DedupError,
     Effect,
-    EffectNotAllowed,
-    EpochConflict,
-    EpochSource,
-    IdempotencyStore,
-    NotDurable,
     Record,
     RecordState,
     Settlement,
     SettleResult,
     SettleStatus,
-    WaitAofUnsupported,
-    server_durability_warnings,
 )
+from dedup.server_checks import server_durability_warnings
+from dedup.store import EpochSource, IdempotencyStore
 
 __all__ = [
     "ALLOWED_EFFECTS",

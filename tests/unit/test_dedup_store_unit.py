@@ -7,7 +7,8 @@ import pytest
 import redis
 
 from dedup import Claim, ClaimStatus, EffectNotAllowed, IdempotencyStore, Record, RecordState
-from dedup.store import ClaimRun, _claim_runs, _remap, check_effect, expand, hash_tag
+from dedup.effects import check_effect, hash_tag
+from dedup.records import ClaimRun, _claim_runs, _remap, expand
 
 
 class FixedEpoch:
