@@ -1,11 +1,18 @@
-"""The effects a settlement may apply with DONE: the allowlist, and the check of one effect."""
+"""The effects a settlement may apply with DONE: the allowlist, and the check of one effect.
+
+Effects atomic with DONE run in the settle script, so on a cluster their keys must be in the
+record's slot: the rule is that an effect key carries its record's hash tag
+(`IdempotencyStore.effect_key(name, partition)` makes one, e.g. `{orders:p3}:revenue`); other
+keys are refused with `EffectNotAllowed` before anything is sent. On one server any key is
+allowed.
+"""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
 from dedup.errors import EffectNotAllowed
-from dedup.records import Effect, _text
+from dedup.records import Effect, text
 
 MAX_EFFECT_ARGS = 1000  # arguments of one effect; settle.lua's MAX_ARGS (Lua's unpack)
 INT64 = range(-(2**63), 2**63)  # increments Redis accepts
@@ -75,6 +82,6 @@ def check_effect(
             effect,
             f"on a Redis Cluster an effect key must carry its record's hash tag {{{tag}}}, so "
             f"that it is written atomically with the record (Effects.key(name) makes one, "
-            f"e.g. {{{tag}}}:{_text(key)})",
+            f"e.g. {{{tag}}}:{text(key)})",
         )
     return code, key, args

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from itertools import islice, repeat
 from typing import Any, NamedTuple
 
+from dedup.scripts import REJECTED_RUN, SettleCode
+
 
 class ClaimStatus(enum.Enum):
     CLAIMED = "claimed"  # run the user code with `token`; settle it afterwards
@@ -122,9 +124,12 @@ class Record:
         return cls(state, int(token, 16), int(attempts), error=error.decode())
 
 
-_RESULT_BY_DIGIT = {ord(str(i)): SettleResult(status) for i, status in enumerate(SettleStatus)}
-_REJECTED_DIGIT = ord("3")
-_SETTLED = SettleResult(SettleStatus.SETTLED)
+# a settle reply's digits (bytes) by value: SettleCode's names are SettleStatus's
+_RESULT_BY_DIGIT = {
+    ord(str(int(code))): SettleResult(SettleStatus[code.name]) for code in SettleCode
+}
+_REJECTED_DIGIT = ord(str(int(SettleCode.REJECTED)))
+SETTLED = SettleResult(SettleStatus.SETTLED)
 _DUPLICATE = Claim(ClaimStatus.DUPLICATE, 0, 0, 0, None)
 _CLAIMED = ClaimStatus.CLAIMED
 _DEFERRED = ClaimStatus.DEFERRED
@@ -135,13 +140,12 @@ _REJECTED = ClaimStatus.REJECTED
 _new_tuple = tuple.__new__
 
 
-def _start(run: ClaimRun) -> int:
-    return run.start
-
-
-def _claim_runs(first: int, codes: bytes | str, reasons: Sequence[bytes | str]) -> list[ClaimRun]:
-    """Decode the claim script's runs (`<code>:<count>` joined by ','); the k-th id of the call
-    (from 0) has token first + k + 1 if CLAIMED; `reasons` are the REJECTED ids' errors."""
+def decode_claim_runs(
+    first: int, codes: bytes | str, reasons: Sequence[bytes | str]
+) -> list[ClaimRun]:
+    """Decode the claim script's runs (`<code>:<count>` joined by ','; the codes:
+    `dedup.scripts.REJECTED_RUN`); the k-th id of the call (from 0) has token first + k + 1 if
+    CLAIMED; `reasons` are the REJECTED ids' errors."""
     text = codes.decode() if isinstance(codes, bytes) else codes
     errors = map(_decoded, reasons)
     runs: list[ClaimRun] = []
@@ -149,7 +153,7 @@ def _claim_runs(first: int, codes: bytes | str, reasons: Sequence[bytes | str]) 
     for part in text.split(","):
         code, _, counted = part.partition(":")
         count = int(counted)
-        if code == "r":
+        if code == REJECTED_RUN:
             runs.append(ClaimRun(_REJECTED, start, count, 0, 0, 0, tuple(islice(errors, count))))
         elif (value := int(code)) > 0:
             runs.append(ClaimRun(_CLAIMED, start, count, first + start + 1, value, 0))
@@ -161,7 +165,7 @@ def _claim_runs(first: int, codes: bytes | str, reasons: Sequence[bytes | str]) 
     return runs
 
 
-def _remap(runs: Sequence[ClaimRun], positions: list[int]) -> list[ClaimRun]:
+def remap_runs(runs: Sequence[ClaimRun], positions: list[int]) -> list[ClaimRun]:
     """Runs over a shard's ids (the ids at `positions` of a call) as runs over the call's
     positions: a run is cut where the positions are not consecutive."""
     out: list[ClaimRun] = []
@@ -178,15 +182,15 @@ def _remap(runs: Sequence[ClaimRun], positions: list[int]) -> list[ClaimRun]:
     return out
 
 
-def _settle_results(reply: list[Any], n: int) -> list[SettleResult]:
+def decode_settle_results(reply: list[Any], n: int) -> list[SettleResult]:
     """Decode a settle script's reply for `n` items."""
     digits, reasons = reply
     raw = digits.encode() if isinstance(digits, str) else digits
     if not raw:
-        return [_SETTLED] * n
+        return [SETTLED] * n
     results = [_RESULT_BY_DIGIT[digit] for digit in raw]
     if reasons:
-        errors = map(_text, reasons)
+        errors = map(text, reasons)
         results = [
             SettleResult(r.status, next(errors)) if d == _REJECTED_DIGIT else r
             for d, r in zip(raw, results, strict=True)
@@ -198,7 +202,8 @@ def _decoded(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _text(value: object) -> str | None:
+def text(value: object) -> str | None:
+    """A reply's value as text (bytes decoded), None as None."""
     if value is None:
         return None
     return value.decode() if isinstance(value, bytes) else str(value)

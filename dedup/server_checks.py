@@ -5,7 +5,7 @@ from __future__ import annotations
 import redis
 
 from dedup.errors import WaitAofUnsupported
-from dedup.records import _text
+from dedup.records import text
 
 
 def require_wait_aof(client: redis.Redis) -> None:
@@ -36,7 +36,7 @@ def server_durability_warnings(client: redis.Redis) -> list[str]:
             "that the server runs with appendonly yes, appendfsync everysec or always, and "
             "maxmemory-policy noeviction"
         ]
-    config = {_text(k): _text(v) for k, v in raw.items()}
+    config = {text(k): text(v) for k, v in raw.items()}
     warnings = []
     if config.get("appendonly") != "yes":
         warnings.append(

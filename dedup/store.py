@@ -1,4 +1,4 @@
-"""The Redis side of the dedup bolt: one idempotency record per message id, moved by Lua scripts.
+"""The claim/settle protocol of the dedup bolt: one record per message id, moved by Lua scripts.
 
 Records live in shards, one Redis hash tag each, so that every script call touches one Redis
 Cluster slot. On one server there is one shard, the namespace: an id's record is the string
@@ -57,53 +57,48 @@ Redis data loss. A store always installs an epoch it just took (never the source
 one): that one may have been installed before and lost with the data, and installing it again
 would restart its counter. A loss that keeps the fence but drops recent writes (the last second
 of an `appendfsync everysec` file on a machine crash, a failover to a lagging replica) is not
-detected: tokens from the lost window can be handed out again. `server_durability_warnings`
-names the settings that make losses likely.
+detected: tokens from the lost window can be handed out again.
+`dedup.server_checks.server_durability_warnings` names the settings that make losses likely.
 
-Effects atomic with DONE run in the settle script, so on a cluster their keys must be in the
-record's slot: the rule is that an effect key carries its record's hash tag (`effect_key(name,
-partition)` makes one, e.g. `{orders:p3}:revenue`); other keys are refused with
-`EffectNotAllowed` before anything is sent. On one server any key is allowed.
+Effects atomic with DONE run in the settle script, checked first against the allowlist
+(`dedup.effects`); on a cluster an effect key carries its record's hash tag (`effect_key`).
 
 Replicas: with `wait_replicas` (and `wait_aof`), the script calls to a node are followed, on the
-same connection and in the same round trip, by `WAIT` (or `WAITAOF`, Redis >= 7.2). A settle that
-fewer replicas acknowledged in time raises `NotDurable` (its writes stay on the primary; the
-caller must not ack), and a claim's DUPLICATE answers become DEFERRED (a DONE record on the
-primary alone is not yet a reason to ack). The claim script always writes (it reserves
-counters), so its WAIT covers every DONE record it read. WAIT is not strong consistency: a
-failover may still promote a replica that did not acknowledge, and a write that timed out is
-not undone.
+same connection and in the same round trip, by `WAIT` (or `WAITAOF`, Redis >= 7.2: `dedup.wire`).
+A settle that fewer replicas acknowledged in time raises `NotDurable` (its writes stay on the
+primary; the caller must not ack), and a claim's DUPLICATE answers become DEFERRED (a DONE
+record on the primary alone is not yet a reason to ack). The claim script always writes (it
+reserves counters), so its WAIT covers every DONE record it read. WAIT is not strong
+consistency: a failover may still promote a replica that did not acknowledge, and a write that
+timed out is not undone.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from itertools import chain
-from typing import Any, Protocol
+from typing import Protocol
 
-import redis
 from redis.cluster import RedisCluster
 from redis.typing import EncodableT
 
 from dedup.effects import check_effect
 from dedup.errors import EffectNotAllowed, EpochConflict, NotDurable
 from dedup.records import (
-    _DEFERRED,
-    _DUP,
-    _SETTLED,
+    SETTLED,
     Claim,
     ClaimRun,
+    ClaimStatus,
     Record,
     Settlement,
     SettleResult,
-    _claim_runs,
-    _remap,
-    _settle_results,
+    decode_claim_runs,
+    decode_settle_results,
     expand,
+    remap_runs,
 )
-from dedup.server_checks import require_wait_aof
-from dedup.wire import ADVANCE_EPOCH, CLAIM, SETTLE, Client, _Answer, _Call, _roundtrip, _short
+from dedup.scripts import ADVANCE_EPOCH, CLAIM, SETTLE, ClaimScriptStatus
+from dedup.wire import Call, Client, ScriptRunner
 
 COUNTER_BITS = 40  # the counter part of a token; the claim script asks for a new epoch at 2**40
 MAX_ERROR_CHARS = 1000  # error text kept in a FAILED record: enough to diagnose, bounded memory
@@ -167,10 +162,13 @@ class IdempotencyStore:
         self.wait_timeout_ms = wait_timeout_ms
         self.wait_aof = wait_aof
         self.sharded = isinstance(client, RedisCluster)
-        # the least acceptable reply of WAIT (replicas,) or WAITAOF (1, replicas) after each
-        # node's script calls; None before the first (WAITAOF is checked then)
-        self._wanted: tuple[int, ...] | None = None
         self._client = client
+        self._runner = ScriptRunner(
+            client,
+            wait_replicas=wait_replicas,
+            wait_timeout_ms=wait_timeout_ms,
+            wait_aof=wait_aof,
+        )
         self._source = epoch_source
         self._epochs: dict[str, int] = {}  # per shard tag: its fence's epoch as last seen
 
@@ -220,18 +218,18 @@ class IdempotencyStore:
         runs: list[ClaimRun] = []
         for _ in range(EPOCH_ROUNDS):
             calls = [self._claim_call(tag, ids, positions, owner) for tag, positions in pending]
-            answers = self._execute(calls)
+            answers = self._runner.run(calls)
             retry: Shards = []
             for (tag, positions), call, (reply, short) in zip(pending, calls, answers, strict=True):
                 status, base, codes, reasons, *read_only = reply
                 epoch = int(call.args[0])
-                if status == 0:
-                    found = _claim_runs((epoch << COUNTER_BITS) + base, codes, reasons)
-                    if short is not None or (read_only and self._wanted):
+                if status == ClaimScriptStatus.CLAIMED:
+                    found = decode_claim_runs((epoch << COUNTER_BITS) + base, codes, reasons)
+                    if short is not None or (read_only and self._runner.wanted):
                         found = self._not_yet_duplicates(found)
-                    runs += found if positions is None else _remap(found, positions)
+                    runs += found if positions is None else remap_runs(found, positions)
                     continue
-                if status == 2 and base > epoch:
+                if status == ClaimScriptStatus.EPOCH_MISMATCH and base > epoch:
                     self._adopt(tag, base)  # another client moved the fence on: use its epoch
                 else:
                     self._move_fence(tag, epoch)  # fence missing, older, or its counter used up
@@ -250,7 +248,7 @@ class IdempotencyStore:
 
     def _claim_call(
         self, tag: str, ids: Sequence[str], positions: list[int] | None, owner: str
-    ) -> _Call:
+    ) -> Call:
         """The claim script's call for the ids at `positions` (None: all), all in shard `tag`."""
         epoch = self._epochs.get(tag)
         if epoch is None:
@@ -258,14 +256,16 @@ class IdempotencyStore:
         prefix = f"{{{tag}}}:r:"
         chosen = ids if positions is None else [ids[p] for p in positions]
         keys: list[str | bytes] = [f"{{{tag}}}:fence", *[prefix + id for id in chosen]]
-        return _Call(CLAIM, keys, [epoch, owner, self.lease_ms, self.claim_ttl_ms])
+        return Call(CLAIM, keys, [epoch, owner, self.lease_ms, self.claim_ttl_ms])
 
     def _not_yet_duplicates(self, runs: list[ClaimRun]) -> list[ClaimRun]:
         """`runs` with DUPLICATE made DEFERRED: DONE on the primary alone (or not shown to be
         on the replicas) is no reason to ack yet."""
         wait = self.wait_timeout_ms
         return [
-            run._replace(status=_DEFERRED, retry_after_ms=wait) if run.status is _DUP else run
+            run._replace(status=ClaimStatus.DEFERRED, retry_after_ms=wait)
+            if run.status is ClaimStatus.DUPLICATE
+            else run
             for run in runs
         ]
 
@@ -273,7 +273,7 @@ class IdempotencyStore:
         """Take a fresh epoch from the source and move the shard's fence to it; if another
         client moved it higher meanwhile, use that one."""
         fresh = self._source.bump(seen)
-        [(fence, _)] = self._execute([_Call(ADVANCE_EPOCH, [f"{{{tag}}}:fence"], [fresh])])
+        [(fence, _)] = self._runner.run([Call(ADVANCE_EPOCH, [f"{{{tag}}}:fence"], [fresh])])
         if fence > fresh:
             self._adopt(tag, fence)
         else:
@@ -311,25 +311,25 @@ class IdempotencyStore:
             self._settle_call(tag, items if positions is None else [items[p] for p in positions])
             for tag, positions in shards
         ]
-        answers = self._execute(calls)
+        answers = self._runner.run(calls)
         if len(shards) == 1:
-            results = _settle_results(answers[0].reply, len(items))
+            results = decode_settle_results(answers[0].reply, len(items))
         else:
-            results = [_SETTLED] * len(items)
+            results = [SETTLED] * len(items)
             for (_, positions), answer in zip(shards, answers, strict=True):
                 assert positions is not None
                 for position, result in zip(
-                    positions, _settle_results(answer.reply, len(positions)), strict=True
+                    positions, decode_settle_results(answer.reply, len(positions)), strict=True
                 ):
                     results[position] = result
         short = next((answer.short for answer in answers if answer.short is not None), None)
         if short is not None:
-            assert self._wanted is not None
+            assert self._runner.wanted is not None
             command = "WAITAOF" if self.wait_aof else "WAIT"
-            raise NotDurable(command, self._wanted, short, results)
+            raise NotDurable(command, self._runner.wanted, short, results)
         return results
 
-    def _settle_call(self, tag: str, items: Sequence[Settlement]) -> _Call:
+    def _settle_call(self, tag: str, items: Sequence[Settlement]) -> Call:
         """The settle script's call for `items`, all in shard `tag`; checks their effects."""
         prefix = f"{{{tag}}}:r:"
         ids, tokens, dones, _, effects, attempts = zip(*items, strict=True)
@@ -339,7 +339,7 @@ class IdempotencyStore:
             "%x:%d " * len(items) % tuple(chain.from_iterable(zip(tokens, attempts, strict=True)))
         )
         if all(dones) and not any(effects):
-            return _Call(SETTLE, keys, [self.done_ttl_ms, claims, "D" * len(items), ""])
+            return Call(SETTLE, keys, [self.done_ttl_ms, claims, "D" * len(items), ""])
         required = tag if self.sharded else None
         outcomes: list[str] = []
         shapes: list[str] = []
@@ -360,7 +360,7 @@ class IdempotencyStore:
             shapes.append(",")
         effect_shapes = "".join(shapes) if len(keys) > len(items) else ""
         args = [self.done_ttl_ms, claims, "".join(outcomes), effect_shapes, *stream]
-        return _Call(SETTLE, keys, args)
+        return Call(SETTLE, keys, args)
 
     # -- inspection -----------------------------------------------------------------------------
 
@@ -395,99 +395,6 @@ class IdempotencyStore:
         for position, partition in enumerate(partitions):
             shards.setdefault(self.tag(partition), []).append(position)
         return list(shards.items())
-
-    def _execute(self, calls: Sequence[_Call]) -> list[_Answer]:
-        """Run script calls, those to one node pipelined in one round trip (with the wait, if
-        any, after them); the answers in the calls' order."""
-        by_node: dict[int, tuple[redis.Redis, list[int]]] = {}
-        for index, call in enumerate(calls):
-            node = self._node(call.keys[0])
-            by_node.setdefault(id(node), (node, []))[1].append(index)
-        answers: list[_Answer] = [_Answer(None, None)] * len(calls)
-        for node, indexes in by_node.values():
-            replies, short = self._pipeline(node, [calls[i] for i in indexes])
-            for index, reply in zip(indexes, replies, strict=True):
-                answers[index] = _Answer(reply, short)
-        return answers
-
-    def _node(self, key: str | bytes) -> redis.Redis:
-        """The client of the node serving `key`'s slot (on one server, the client itself)."""
-        client = self._client
-        if isinstance(client, RedisCluster):
-            node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
-            return client.get_redis_connection(node)
-        return client
-
-    def _pipeline(
-        self, node: redis.Redis, calls: Sequence[_Call]
-    ) -> tuple[list[Any], tuple[int, ...] | None]:
-        """Run `calls` on `node` in one round trip, then with `wait_replicas` or `wait_aof`
-        WAIT (or WAITAOF) on the same connection. Returns the replies, and what was
-        acknowledged if that fell short (else None). A call whose script the node does not
-        know runs again, alone with the others that failed so, after SCRIPT LOAD.
-
-        On a cluster, an error that may mean the cluster changed refreshes the client's map of
-        it before the error propagates (`_refresh`).
-        """
-        waiting = bool(self.wait_replicas or self.wait_aof)
-        wanted = (self._wanted or self._check_wait(node)) if waiting else ()
-        replies: list[Any] = [None] * len(calls)
-        pending = list(range(len(calls)))
-        for _ in range(2):  # the second time after loading scripts
-            commands: list[tuple[EncodableT, ...]] = []
-            for index in pending:
-                script, keys, args = calls[index]
-                commands.append(("EVALSHA", script.sha, len(keys), *keys, *args))
-            if self.wait_aof:
-                commands.append(("WAITAOF", 1, self.wait_replicas, self.wait_timeout_ms))
-            elif waiting:
-                commands.append(("WAIT", self.wait_replicas, self.wait_timeout_ms))
-            try:
-                answers = _roundtrip(node, commands)
-            except (redis.ConnectionError, redis.TimeoutError) as error:
-                self._refresh(error)
-                raise
-            unknown = []
-            for index, answer in zip(pending, answers, strict=False):
-                if isinstance(answer, redis.exceptions.NoScriptError):
-                    unknown.append(index)
-                elif isinstance(answer, Exception):
-                    self._refresh(answer)
-                    raise answer
-                else:
-                    replies[index] = answer
-            if not unknown:
-                return replies, _short(answers[-1], wanted) if waiting else None
-            for script in {calls[index].script for index in unknown}:
-                node.script_load(script.text)
-            pending = unknown
-        raise redis.exceptions.NoScriptError("the dedup scripts did not load")
-
-    def _refresh(self, error: Exception) -> None:
-        """After an error that may mean the cluster changed (MOVED or ASK: a resharding; a node
-        that does not answer: a failover may follow), reload the cluster's slot map, if it can
-        be read now; the error propagates either way, and the caller's retry goes where the
-        map says."""
-        changed = (
-            redis.exceptions.MovedError,
-            redis.exceptions.AskError,
-            redis.exceptions.ClusterDownError,
-            redis.ConnectionError,
-            redis.TimeoutError,
-        )
-        if isinstance(self._client, RedisCluster) and isinstance(error, changed):
-            with contextlib.suppress(redis.RedisError):
-                self._client.nodes_manager.initialize()
-
-    def _check_wait(self, node: redis.Redis) -> tuple[int, ...]:
-        """The least acceptable reply of the wait; `WaitAofUnsupported` if WAITAOF is asked for
-        and the server does not have it."""
-        if self.wait_aof:
-            require_wait_aof(node)
-            self._wanted = (1, self.wait_replicas)
-        else:
-            self._wanted = (self.wait_replicas,)
-        return self._wanted
 
 
 def _start(run: ClaimRun) -> int:

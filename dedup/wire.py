@@ -1,10 +1,20 @@
-"""The store's Redis client: the Lua scripts, sent in one raw round trip per node, and WAIT."""
+"""The store's Redis client: script calls, sent in one raw round trip per node, then WAIT.
+
+The calls to one node go out in one write, as RESP packed in C (`hiredis`), and their replies
+are read back on the same pooled connection; a node that does not know a script gets SCRIPT
+LOAD and the call again. On a Redis Cluster the calls are grouped by the node serving their
+first key's slot, and an error that may mean the cluster changed reloads the slot map.
+
+With `wait_replicas` (and `wait_aof`), a node's script calls are followed, on the same
+connection and in the same round trip, by `WAIT` (or `WAITAOF`, Redis >= 7.2); each answer
+says what the wait acknowledged if that fell short of what was asked (the store decides what a
+short wait means: `dedup.store`).
+"""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
-from hashlib import sha1
-from importlib.resources import files
 from typing import Any, NamedTuple
 
 import hiredis
@@ -12,40 +22,136 @@ import redis
 from redis.cluster import RedisCluster
 from redis.typing import EncodableT
 
+from dedup.scripts import Script
+from dedup.server_checks import require_wait_aof
+
 Client = redis.Redis | RedisCluster
 
 
-class _Script(NamedTuple):
-    """A Lua script and its SHA1, the name EVALSHA runs it by."""
-
-    text: str
-    sha: str
-
-
-def _script(name: str) -> _Script:
-    """The script `dedup/lua/<name>`."""
-    text = files("dedup").joinpath("lua", name).read_text(encoding="utf-8")
-    return _Script(text, sha1(text.encode()).hexdigest())
-
-
-CLAIM = _script("claim.lua")
-ADVANCE_EPOCH = _script("advance_epoch.lua")
-SETTLE = _script("settle.lua")
-
-
-class _Call(NamedTuple):
+class Call(NamedTuple):
     """One script call, on the shard of `keys[0]`."""
 
-    script: _Script
+    script: Script
     keys: list[str | bytes]
     args: list[EncodableT]
 
 
-class _Answer(NamedTuple):
+class Answer(NamedTuple):
     """A script call's reply, and what the wait after it acknowledged if that fell short."""
 
     reply: Any
     short: tuple[int, ...] | None
+
+
+class ScriptRunner:
+    """Runs script calls on one Redis server or cluster: the calls to one node in one round
+    trip, with the wait after them if the store asks for one.
+
+    `wanted` is the least acceptable reply of WAIT `(replicas,)` or WAITAOF `(1, replicas)`,
+    None before the first call (WAITAOF is checked then). No I/O before the first call.
+    """
+
+    def __init__(
+        self, client: Client, *, wait_replicas: int, wait_timeout_ms: int, wait_aof: bool
+    ) -> None:
+        self.client = client
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = wait_timeout_ms
+        self.wait_aof = wait_aof
+        self.wanted: tuple[int, ...] | None = None
+
+    def run(self, calls: Sequence[Call]) -> list[Answer]:
+        """Run script calls, those to one node pipelined in one round trip (with the wait, if
+        any, after them); the answers in the calls' order."""
+        by_node: dict[int, tuple[redis.Redis, list[int]]] = {}
+        for index, call in enumerate(calls):
+            node = self._node(call.keys[0])
+            by_node.setdefault(id(node), (node, []))[1].append(index)
+        answers: list[Answer] = [Answer(None, None)] * len(calls)
+        for node, indexes in by_node.values():
+            replies, short = self._pipeline(node, [calls[i] for i in indexes])
+            for index, reply in zip(indexes, replies, strict=True):
+                answers[index] = Answer(reply, short)
+        return answers
+
+    def _node(self, key: str | bytes) -> redis.Redis:
+        """The client of the node serving `key`'s slot (on one server, the client itself)."""
+        client = self.client
+        if isinstance(client, RedisCluster):
+            node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+            return client.get_redis_connection(node)
+        return client
+
+    def _pipeline(
+        self, node: redis.Redis, calls: Sequence[Call]
+    ) -> tuple[list[Any], tuple[int, ...] | None]:
+        """Run `calls` on `node` in one round trip, then with `wait_replicas` or `wait_aof`
+        WAIT (or WAITAOF) on the same connection. Returns the replies, and what was
+        acknowledged if that fell short (else None). A call whose script the node does not
+        know runs again, alone with the others that failed so, after SCRIPT LOAD.
+
+        On a cluster, an error that may mean the cluster changed refreshes the client's map of
+        it before the error propagates (`_refresh`).
+        """
+        waiting = bool(self.wait_replicas or self.wait_aof)
+        wanted = (self.wanted or self._check_wait(node)) if waiting else ()
+        replies: list[Any] = [None] * len(calls)
+        pending = list(range(len(calls)))
+        for _ in range(2):  # the second time after loading scripts
+            commands: list[tuple[EncodableT, ...]] = []
+            for index in pending:
+                script, keys, args = calls[index]
+                commands.append(("EVALSHA", script.sha, len(keys), *keys, *args))
+            if self.wait_aof:
+                commands.append(("WAITAOF", 1, self.wait_replicas, self.wait_timeout_ms))
+            elif waiting:
+                commands.append(("WAIT", self.wait_replicas, self.wait_timeout_ms))
+            try:
+                answers = _roundtrip(node, commands)
+            except (redis.ConnectionError, redis.TimeoutError) as error:
+                self._refresh(error)
+                raise
+            unknown = []
+            for index, answer in zip(pending, answers, strict=False):
+                if isinstance(answer, redis.exceptions.NoScriptError):
+                    unknown.append(index)
+                elif isinstance(answer, Exception):
+                    self._refresh(answer)
+                    raise answer
+                else:
+                    replies[index] = answer
+            if not unknown:
+                return replies, _short(answers[-1], wanted) if waiting else None
+            for script in {calls[index].script for index in unknown}:
+                node.script_load(script.text)
+            pending = unknown
+        raise redis.exceptions.NoScriptError("the dedup scripts did not load")
+
+    def _refresh(self, error: Exception) -> None:
+        """After an error that may mean the cluster changed (MOVED or ASK: a resharding; a node
+        that does not answer: a failover may follow), reload the cluster's slot map, if it can
+        be read now; the error propagates either way, and the caller's retry goes where the
+        map says."""
+        changed = (
+            redis.exceptions.MovedError,
+            redis.exceptions.AskError,
+            redis.exceptions.ClusterDownError,
+            redis.ConnectionError,
+            redis.TimeoutError,
+        )
+        if isinstance(self.client, RedisCluster) and isinstance(error, changed):
+            with contextlib.suppress(redis.RedisError):
+                self.client.nodes_manager.initialize()
+
+    def _check_wait(self, node: redis.Redis) -> tuple[int, ...]:
+        """The least acceptable reply of the wait; `WaitAofUnsupported` if WAITAOF is asked for
+        and the server does not have it."""
+        if self.wait_aof:
+            require_wait_aof(node)
+            self.wanted = (1, self.wait_replicas)
+        else:
+            self.wanted = (self.wait_replicas,)
+        return self.wanted
 
 
 def _roundtrip(node: redis.Redis, commands: Sequence[tuple[EncodableT, ...]]) -> list[Any]:

@@ -34,8 +34,8 @@ from dedup import (
     server_durability_warnings,
 )
 from dedup.batch import _claim
+from dedup.scripts import ADVANCE_EPOCH, SETTLE
 from dedup.store import COUNTER_BITS
-from dedup.wire import ADVANCE_EPOCH, SETTLE
 from kspout.devstack import DevStack, RedisServer
 
 pytestmark = pytest.mark.integration
