@@ -5,7 +5,8 @@ come from ids.py; the Redis layer is `IdempotencyStore` over Lua scripts in `ded
 one Redis server or a Redis Cluster (records sharded per Kafka partition); the fencing tokens'
 epochs live in ZooKeeper (`ZkEpoch`). Effects in PostgreSQL go through the
 fenced SQL sink, `dedup.postgres.PostgresSink` (not imported here: it needs the `sql` extra,
-psycopg 3). See ../shared/design.md, "dedup".
+psycopg 3). Every error is a `DedupError` (errors.py), grouped by the caller's next move:
+`RetryLater`, `FixSetup`, `GiveUp`. See ../shared/design.md, "dedup".
 """
 
 from dedup.bolt import Effects, IdempotencyBolt
@@ -16,7 +17,10 @@ from dedup.errors import (
     EffectNotAllowed,
     EpochConflict,
     EpochCorrupt,
+    FixSetup,
+    GiveUp,
     NotDurable,
+    RetryLater,
     WaitAofUnsupported,
 )
 from dedup.records import (
@@ -45,11 +49,14 @@ __all__ = [
     "EpochConflict",
     "EpochCorrupt",
     "EpochSource",
+    "FixSetup",
+    "GiveUp",
     "IdempotencyBolt",
     "IdempotencyStore",
     "NotDurable",
     "Record",
     "RecordState",
+    "RetryLater",
     "SettleResult",
     "SettleStatus",
     "Settlement",
