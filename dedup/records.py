@@ -124,7 +124,7 @@ class Record:
         return cls(state, int(token, 16), int(attempts), error=error.decode())
 
 
-# a settle reply's digits (bytes) by value: SettleCode's names are SettleStatus's
+# a settle reply's digit (a byte) -> its result (SettleCode's names are SettleStatus's)
 _RESULT_BY_DIGIT = {
     ord(str(int(code))): SettleResult(SettleStatus[code.name]) for code in SettleCode
 }

@@ -381,7 +381,7 @@ class IdempotencyStore:
         head = f"I:{token:x}:"
         return (raw.decode() if isinstance(raw, bytes) else raw).startswith(head)
 
-    # -- calls ----------------------------------------------------------------------------------
+    # -- shards ---------------------------------------------------------------------------------
 
     def _shards(self, partitions: int | Sequence[int], n: int) -> Shards:
         """The shards `n` ids of `partitions` (one for all, or one per id) live in."""
