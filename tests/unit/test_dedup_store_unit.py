@@ -1,5 +1,5 @@
-"""Pure logic of dedup.store: effect validation, record decoding, constructor checks (no server:
-a redis.Redis client connects only on its first command)."""
+"""Pure logic of the dedup store: effects (dedup.effects), records and replies (dedup.records),
+constructor checks (no server: a redis.Redis client connects only on its first command)."""
 
 from __future__ import annotations
 
