@@ -42,7 +42,8 @@ from redis.cluster import RedisCluster
 
 from bench.report import table
 from dedup import ClaimStatus, IdempotencyStore, Settlement, SettleStatus
-from dedup.store import Client, Effect
+from dedup.records import Effect
+from dedup.wire import Client
 from kspout.devstack import RedisServer
 from kspout.devstack.components import RedisClusterServers
 

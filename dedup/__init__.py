@@ -5,31 +5,37 @@ come from ids.py; the Redis layer is `IdempotencyStore` over Lua scripts in `ded
 one Redis server or a Redis Cluster (records sharded per Kafka partition); the fencing tokens'
 epochs live in ZooKeeper (`ZkEpoch`). Effects in PostgreSQL go through the
 fenced SQL sink, `dedup.postgres.PostgresSink` (not imported here: it needs the `sql` extra,
-psycopg 3). See ../shared/design.md, "dedup".
+psycopg 3). Every error is a `DedupError` (errors.py), grouped by the caller's next move:
+`RetryLater`, `FixSetup`, `GiveUp`. See ../shared/design.md, "dedup".
 """
 
 from dedup.bolt import Effects, IdempotencyBolt
-from dedup.epoch import EpochCorrupt, ZkEpoch
-from dedup.store import (
-    ALLOWED_EFFECTS,
+from dedup.effects import ALLOWED_EFFECTS
+from dedup.epoch import ZkEpoch
+from dedup.errors import (
+    DedupError,
+    EffectNotAllowed,
+    EpochConflict,
+    EpochCorrupt,
+    FixSetup,
+    GiveUp,
+    NotDurable,
+    RetryLater,
+    WaitAofUnsupported,
+)
+from dedup.records import (
     Claim,
     ClaimRun,
     ClaimStatus,
-    DedupError,
     Effect,
-    EffectNotAllowed,
-    EpochConflict,
-    EpochSource,
-    IdempotencyStore,
-    NotDurable,
     Record,
     RecordState,
     Settlement,
     SettleResult,
     SettleStatus,
-    WaitAofUnsupported,
-    server_durability_warnings,
 )
+from dedup.server_checks import server_durability_warnings
+from dedup.store import EpochSource, IdempotencyStore
 
 __all__ = [
     "ALLOWED_EFFECTS",
@@ -43,11 +49,14 @@ __all__ = [
     "EpochConflict",
     "EpochCorrupt",
     "EpochSource",
+    "FixSetup",
+    "GiveUp",
     "IdempotencyBolt",
     "IdempotencyStore",
     "NotDurable",
     "Record",
     "RecordState",
+    "RetryLater",
     "SettleResult",
     "SettleStatus",
     "Settlement",

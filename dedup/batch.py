@@ -47,8 +47,16 @@ from itertools import islice
 from typing import TYPE_CHECKING, Literal
 
 from dedup.bolt import Effects, worker_store
+from dedup.errors import (
+    HandlerFailed,
+    InFlightElsewhere,
+    MissingMessageId,
+    Position,
+    SettlementRefused,
+)
 from dedup.ids import id_reader
-from dedup.store import Claim, ClaimStatus, DedupError, IdempotencyStore, Settlement, SettleStatus
+from dedup.records import Claim, ClaimStatus, Settlement, SettleStatus
+from dedup.store import IdempotencyStore
 from kspout.config import TopicConfig
 from kspout.kafka import Record
 from kspout.outcomes import describe_error
@@ -59,78 +67,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Key = Literal["id", "offset"]
-Position = tuple[str, int, int]  # a row's (topic, partition, offset)
 RowHandler = Callable[["Row", Effects], object]
 
 CHUNK = 1000  # rows per claim and per settlement: two Redis round trips per 1,000 rows
 POLL = 0.5  # seconds between two claims of rows held by a live claim elsewhere
 POSITION = ("topic", "partition", "offset")  # columns every row needs (ids, errors)
 ID_COLUMN = {"key": "key", "header": "headers", "json": "value"}  # by `[dedup] id_source` kind
-
-
-# -- errors ------------------------------------------------------------------------------------
-
-
-class BatchNotApplied(DedupError):
-    """Some rows of the batch were not applied: the batch must run again (raised out of
-    `foreachBatch`, it fails the query's batch; Spark runs it again from the checkpoint)."""
-
-
-class HandlerFailed(BatchNotApplied):
-    """The handler raised on a row: its id is FAILED and runs again with the batch."""
-
-    def __init__(self, id: str, position: Position, error: str, failed: int) -> None:
-        self.id = id
-        self.position = position  # (topic, partition, offset)
-        self.failed = failed  # rows of the chunk whose handler raised
-        super().__init__(
-            f"the handler raised on {_where(position)} (id {id!r}): {error}"
-            + (f" (and on {failed - 1} more rows)" if failed > 1 else "")
-            + "; the batch runs again: those rows run again, the others are duplicates"
-        )
-
-
-class SettlementRefused(BatchNotApplied):
-    """Redis did not confirm a row as DONE: another claim took it over, its record vanished,
-    or Redis rejected its record or effects (`reason`)."""
-
-    def __init__(self, id: str, position: Position, reason: str) -> None:
-        self.id = id
-        self.position = position
-        self.reason = reason
-        super().__init__(
-            f"{_where(position)} (id {id!r}) was not settled: {reason}; the batch runs again"
-        )
-
-
-class InFlightElsewhere(BatchNotApplied):
-    """A row stayed claimed by another live owner for two leases (a clock or lease setting
-    is off: a holder that died loses its lease within one): the batch runs again later."""
-
-    def __init__(self, id: str, waited: float) -> None:
-        self.id = id
-        self.waited = waited
-        super().__init__(
-            f"id {id!r} stayed in flight elsewhere for {waited:g}s, two [dedup] leases; the "
-            "batch runs again"
-        )
-
-
-class MissingMessageId(DedupError):
-    """A row has no message id per `[dedup] id_source`: fix the producer, or key by offset."""
-
-    def __init__(self, position: Position, why: str) -> None:
-        self.position = position
-        self.why = why
-        super().__init__(
-            f"{_where(position)}: {why}; such a message can never be applied: fix its producer, "
-            'or key the batch by offset (ExactlyOnce(..., key="offset"))'
-        )
-
-
-def _where(position: Position) -> str:
-    topic, partition, offset = position
-    return f"{topic}[{partition}]@{offset}"
 
 
 # -- applying rows -----------------------------------------------------------------------------

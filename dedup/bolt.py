@@ -44,20 +44,14 @@ from kazoo.client import KazooClient
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
+from dedup.effects import check_effect
 from dedup.epoch import ZkEpoch
+from dedup.errors import NotDurable
 from dedup.ids import IdReader, id_reader
-from dedup.store import (
-    ClaimStatus,
-    Client,
-    Effect,
-    IdempotencyStore,
-    NotDurable,
-    Settlement,
-    SettleStatus,
-    check_effect,
-    require_wait_aof,
-    server_durability_warnings,
-)
+from dedup.records import ClaimStatus, Effect, Settlement, SettleStatus
+from dedup.server_checks import require_wait_aof, server_durability_warnings
+from dedup.store import IdempotencyStore
+from dedup.wire import Client
 from kspout.bolts import Bolt, Collector, TaskContext, Tuple
 from kspout.channel.beacon import thread_beacon
 from kspout.config import TopicConfig

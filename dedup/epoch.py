@@ -11,17 +11,7 @@ from __future__ import annotations
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
-from dedup.store import DedupError
-
-
-class EpochCorrupt(DedupError):
-    """The epoch znode holds something other than a non-negative integer: never retried; an
-    operator must repair `path` (set it to an integer at least as high as any epoch in use)."""
-
-    def __init__(self, path: str, data: bytes) -> None:
-        self.path = path
-        self.data = data
-        super().__init__(f"epoch znode {path} holds {data!r}, not a non-negative integer")
+from dedup.errors import EpochCorrupt
 
 
 class ZkEpoch:

@@ -61,8 +61,7 @@ import psycopg
 import psycopg.conninfo
 from psycopg import sql
 
-from dedup.store import DedupError
-from kspout.errors import KspoutError
+from dedup.errors import FencedOut, FenceRowMissing, FenceTableMissing, PostgresUnavailable
 
 FENCE_TABLE = "kspout_fence"
 
@@ -70,59 +69,6 @@ FENCE_TABLE = "kspout_fence"
 class SinkOutcome(enum.Enum):
     APPLIED = "applied"  # this write committed the message's effects with its fence row
     ALREADY_APPLIED = "already_applied"  # a claim with a token <= this one committed them
-
-
-class FencedOut(DedupError):
-    """A newer claim of the message already committed its effects: this writer is a zombie and
-    wrote nothing. Let it propagate out of the handler (the newer owner settles the message);
-    never retry the write."""
-
-    def __init__(self, id: str, token: int, fence_token: int) -> None:
-        self.id = id
-        self.token = token
-        self.fence_token = fence_token
-        super().__init__(
-            f"message {id!r}: the claim with token {token} is fenced out: token {fence_token} "
-            "already committed its effects (this claim's lease ran out while it ran)"
-        )
-
-
-class FenceTableMissing(DedupError):
-    """The fence table does not exist: call `PostgresSink.create_table()` once, before the job."""
-
-    def __init__(self, table: str) -> None:
-        self.table = table
-        super().__init__(
-            f"the fence table {table!r} does not exist; create it once before the job runs with "
-            "PostgresSink(...).create_table()"
-        )
-
-
-class FenceRowMissing(DedupError):
-    """The fence row that made this insert conflict was gone a statement later: something
-    deletes rows of the fence table while their messages can still be replayed."""
-
-    def __init__(self, table: str, id: str) -> None:
-        self.table = table
-        self.id = id
-        super().__init__(
-            f"the fence row of message {id!r} in {table!r} vanished during a write: delete fence "
-            "rows only once no replay can reach their messages"
-        )
-
-
-class PostgresUnavailable(DedupError, KspoutError):
-    """No connection to PostgreSQL could be made (the server is down or unreachable, or it
-    refused the login). Names the server, never the conninfo, which may hold a password."""
-
-    def __init__(self, server: str, cause: str) -> None:
-        self.server = server
-        self.cause = cause
-        super().__init__(
-            f"cannot connect to PostgreSQL at {server} ({cause}): check that the server runs and "
-            "this host can reach it, and the conninfo given to PostgresSink (host, port, dbname, "
-            "user, password)"
-        )
 
 
 def connect(conninfo: str) -> psycopg.Connection[Any]:

@@ -7,7 +7,7 @@
 -- ARGV[1]     the caller's epoch (decimal); claims proceed only if it equals the fence's epoch
 -- ARGV[2]     owner (any string)
 -- ARGV[3]     lease length, ms
--- ARGV[4]     how long an IN_FLIGHT record is kept, ms (>= the lease; see store.py)
+-- ARGV[4]     how long an IN_FLIGHT record is kept, ms (>= the lease; see dedup/store.py)
 --
 -- Records (one string per id; the owner and the error text come last, so they may hold ':'):
 --   IN_FLIGHT  I:<token hex>:<attempts>:<lease deadline, ms of Redis time>:<owner>
@@ -25,15 +25,16 @@
 -- call then answers from reads alone if every id is DONE, and fails with Redis's error if not,
 -- having written nothing.
 --
--- Returns {status, base, runs, reasons}:
---   status 0  claimed as below
---   status 1  the fence is missing: Redis lost data (or the shard is new); nothing changed
---   status 2  the fence holds another epoch, returned as `base`; nothing changed
---   status 3  the counter would pass 2^40: a new epoch is needed; nothing changed
+-- Returns {status, base, runs, reasons}; the statuses are dedup.scripts.ClaimScriptStatus:
+--   status 0  CLAIMED: the ids were answered as below
+--   status 1  FENCE_MISSING: Redis lost data (or the shard is new); nothing changed
+--   status 2  EPOCH_MISMATCH: the fence holds another epoch, returned as `base`; nothing changed
+--   status 3  COUNTER_USED_UP: the counter would pass 2^40: a new epoch is needed; nothing
+--             changed
 --   runs      the answers as counted runs of consecutive ids, `<code>:<count>` joined by ',':
 --             code n > 0 CLAIMED at attempt n, 0 DUPLICATE (DONE), -m DEFERRED (a live lease
---             held by another owner; m: the longest wait in the run, ms), r REJECTED; a batch
---             of new ids answers `1:<n>`
+--             held by another owner; m: the longest wait in the run, ms), r REJECTED
+--             (dedup.scripts.REJECTED_RUN); a batch of new ids answers `1:<n>`
 --   reasons   an array of one error text per REJECTED id, in order
 --   a fifth element, 1, if nothing was written (the reservation was refused): a WAIT after this
 --   call then proves nothing about the DONE records it read

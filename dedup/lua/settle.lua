@@ -35,10 +35,10 @@
 -- a script's first write: the call then fails with Redis's error, having written nothing): a
 -- batch never stops half applied, and the items after a rejected one settle. An item whose
 -- record key holds another type is REJECTED, untouched.
--- Returns {digits, reasons}: digits '' if every item settled, else one digit per item, 0
--- settled, 1 STALE (another token holds the record, or it is already settled), 2 LOST (no
--- record: it expired or Redis lost it), 3 REJECTED; reasons, an array of one error text per
--- REJECTED item, in order.
+-- Returns {digits, reasons}: digits '' if every item settled, else one digit per item
+-- (dedup.scripts.SettleCode), 0 SETTLED, 1 STALE (another token holds the record, or it is
+-- already settled), 2 LOST (no record: it expired or Redis lost it), 3 REJECTED; reasons, an
+-- array of one error text per REJECTED item, in order.
 
 local COMMANDS = {S = 'SET', I = 'INCRBY', H = 'HINCRBY', A = 'SADD', T = 'HSET'}
 local KINDS = {SET = 'string', INCRBY = 'string', HINCRBY = 'hash', SADD = 'set', HSET = 'hash'}
@@ -46,7 +46,7 @@ local KINDS = {SET = 'string', INCRBY = 'string', HINCRBY = 'hash', SADD = 'set'
 -- replaces any value, so it needs none); INCRBY's and HINCRBY's also read the value
 local PROBES = {INCRBY = 'GET', HINCRBY = 'HGET', SADD = 'SCARD', HSET = 'HLEN'}
 local WRONGTYPE = 'WRONGTYPE Operation against a key holding the wrong kind of value'
-local MAX_ARGS = 1000 -- per effect; store.MAX_EFFECT_ARGS (unpack fails at about 8000)
+local MAX_ARGS = 1000 -- per effect; dedup.effects.MAX_EFFECT_ARGS (unpack fails at about 8000)
 
 local shapes = ARGV[4]
 local bad = string.match(shapes, '[^,%dSIHAT]')

@@ -35,7 +35,8 @@ import psycopg
 import redis
 
 from dedup import Effects, IdempotencyBolt
-from dedup.postgres import FencedOut, PostgresSink, SinkOutcome
+from dedup.errors import FencedOut
+from dedup.postgres import PostgresSink, SinkOutcome
 from kspout.config import TopicConfig, load_config
 from kspout.kafka import Record
 

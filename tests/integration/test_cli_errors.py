@@ -231,7 +231,8 @@ def test_a_handler_module_that_is_not_there_says_where_it_looked(
 def test_an_unreachable_postgresql_is_one_line_naming_the_server_not_the_password() -> None:
     """What `PostgresSink.create_table` (before a job) and `write` (in a handler) raise: a
     KspoutError, so the `kspout` command prints it as one line."""
-    from dedup.postgres import PostgresSink, PostgresUnavailable
+    from dedup.errors import PostgresUnavailable
+    from dedup.postgres import PostgresSink
 
     port = closed_port()
     sink = PostgresSink(f"host=127.0.0.1 port={port} dbname=orders password=s3cret", "ns")

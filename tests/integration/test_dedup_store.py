@@ -34,7 +34,8 @@ from dedup import (
     server_durability_warnings,
 )
 from dedup.batch import _claim
-from dedup.store import ADVANCE_EPOCH, COUNTER_BITS, SETTLE
+from dedup.scripts import ADVANCE_EPOCH, SETTLE
+from dedup.store import COUNTER_BITS
 from kspout.devstack import DevStack, RedisServer
 
 pytestmark = pytest.mark.integration

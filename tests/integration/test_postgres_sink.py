@@ -33,7 +33,8 @@ from dedup import (
     ZkEpoch,
 )
 from dedup.bolt import worker_store
-from dedup.postgres import FencedOut, FenceTableMissing, PostgresSink, SinkOutcome
+from dedup.errors import FencedOut, FenceTableMissing
+from dedup.postgres import PostgresSink, SinkOutcome
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack, PostgresServer
 from kspout.driver import Driver

@@ -1,5 +1,5 @@
-"""Pure logic of dedup.store: effect validation, record decoding, constructor checks (no server:
-a redis.Redis client connects only on its first command)."""
+"""Pure logic of the dedup store: effects (dedup.effects), records and replies (dedup.records),
+constructor checks (no server: a redis.Redis client connects only on its first command)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import pytest
 import redis
 
 from dedup import Claim, ClaimStatus, EffectNotAllowed, IdempotencyStore, Record, RecordState
-from dedup.store import ClaimRun, _claim_runs, _remap, check_effect, expand, hash_tag
+from dedup.effects import check_effect, hash_tag
+from dedup.records import ClaimRun, decode_claim_runs, expand, remap_runs
 
 
 class FixedEpoch:
@@ -68,7 +69,7 @@ FIRST = (3 << 40) + 7  # the counter before a claim call's first token
 @pytest.mark.parametrize("runs", [b"1:1", b"1:3", "1:1000"])
 def test_a_batch_of_new_ids_is_one_run_of_consecutive_tokens(runs: bytes | str) -> None:
     n = int(runs[2:])
-    [run] = _claim_runs(FIRST, runs, [])
+    [run] = decode_claim_runs(FIRST, runs, [])
 
     assert run == ClaimRun(ClaimStatus.CLAIMED, 0, n, FIRST + 1, 1, 0)
     claims = expand([run])
@@ -82,7 +83,7 @@ def test_a_batch_of_new_ids_is_one_run_of_consecutive_tokens(runs: bytes | str) 
 )
 def test_claim_runs_decode_to_one_claim_per_id_in_order(runs: bytes) -> None:
     reasons: list[bytes | str] = [b"why 1", "why 2"]
-    claims = expand(_claim_runs(FIRST, runs, reasons[: runs.count(b"r")]))
+    claims = expand(decode_claim_runs(FIRST, runs, reasons[: runs.count(b"r")]))
 
     expected: list[Claim] = []
     errors = iter(["why 1", "why 2"])
@@ -103,7 +104,7 @@ def test_claim_runs_decode_to_one_claim_per_id_in_order(runs: bytes) -> None:
 
 
 def test_duplicates_and_deferred_ids_come_back_as_counted_runs() -> None:
-    runs = _claim_runs(FIRST, b"0:700,-90:200,1:99,r:1", [b"WRONGTYPE"])
+    runs = decode_claim_runs(FIRST, b"0:700,-90:200,1:99,r:1", [b"WRONGTYPE"])
 
     assert [(r.status, r.start, r.length) for r in runs] == [
         (ClaimStatus.DUPLICATE, 0, 700),
@@ -117,9 +118,9 @@ def test_duplicates_and_deferred_ids_come_back_as_counted_runs() -> None:
 
 def test_runs_of_one_shard_map_back_to_the_positions_of_its_ids_in_the_call() -> None:
     # the shard's 5 ids were at positions 0, 1, 4, 5, 6 of the call; 2 and 3 were elsewhere
-    runs = _claim_runs(FIRST, b"1:3,r:2", [b"a", b"b"])
+    runs = decode_claim_runs(FIRST, b"1:3,r:2", [b"a", b"b"])
 
-    mapped = _remap(runs, [0, 1, 4, 5, 6])
+    mapped = remap_runs(runs, [0, 1, 4, 5, 6])
 
     assert mapped == [
         ClaimRun(ClaimStatus.CLAIMED, 0, 2, FIRST + 1, 1, 0),

@@ -1,0 +1,55 @@
+"""The Lua scripts in `dedup/lua/`, by name, and the statuses and codes their replies carry.
+
+Each script's header documents its KEYS, ARGV and reply, naming the constants below; this module
+is the Python side of those names, so no caller reads a bare number out of a reply. Pure: no
+Redis here (`dedup.wire` sends the scripts).
+"""
+
+from __future__ import annotations
+
+import enum
+from hashlib import sha1
+from importlib.resources import files
+from typing import NamedTuple
+
+
+class Script(NamedTuple):
+    """A Lua script and its SHA1, the name EVALSHA runs it by."""
+
+    text: str
+    sha: str
+
+
+def _script(name: str) -> Script:
+    """The script `dedup/lua/<name>`."""
+    text = files("dedup").joinpath("lua", name).read_text(encoding="utf-8")
+    return Script(text, sha1(text.encode()).hexdigest())
+
+
+CLAIM = _script("claim.lua")  # claim a batch of one shard's ids: {status, base, runs, reasons}
+ADVANCE_EPOCH = _script("advance_epoch.lua")  # move a shard's fence on: the fence's epoch after
+SETTLE = _script("settle.lua")  # settle a batch of one shard's ids: {codes, reasons}
+
+
+class ClaimScriptStatus(enum.IntEnum):
+    """The first element of `CLAIM`'s reply: whether it claimed, or why it changed nothing."""
+
+    CLAIMED = 0  # the ids were answered: base, runs and reasons follow
+    FENCE_MISSING = 1  # no fence: Redis lost data, or the shard is new
+    EPOCH_MISMATCH = 2  # the fence holds another epoch, returned in place of base
+    COUNTER_USED_UP = 3  # the counter would pass 2**40: a new epoch is needed
+
+
+# `CLAIM`'s runs are `<code>:<count>` joined by ',': code n > 0 CLAIMED at attempt n, 0
+# DUPLICATE, -m DEFERRED (m: the longest wait of the run, ms), or this one, REJECTED
+REJECTED_RUN = "r"
+
+
+class SettleCode(enum.IntEnum):
+    """One item's digit in `SETTLE`'s reply (the reply has none when every item settled); the
+    names are `dedup.records.SettleStatus`'s."""
+
+    SETTLED = 0  # DONE (effects applied) or FAILED
+    STALE = 1  # another token holds the record, or it is already settled
+    LOST = 2  # no record: it expired, or Redis lost it
+    REJECTED = 3  # an effect Redis would refuse (record FAILED), or the key holds another type
