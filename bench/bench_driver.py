@@ -50,9 +50,9 @@ from bench.stack import zookeeper_and_kafka_cluster
 from kspout.channel.reporter import ChannelAddress
 from kspout.config import TopicConfig
 from kspout.driver.loop import Driver
+from kspout.executor.task import PartitionTask, TaskResult
 from kspout.kafka import KafkaMetadata
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
-from kspout.tasks import PartitionTask, TaskResult
 
 PARTITIONS = 1_000
 BROKERS = 3

@@ -73,8 +73,9 @@ from kspout.bolts import BasicCollector
 from kspout.config import TopicConfig, parse_config
 from kspout.devstack import DevStack, create_topic
 from kspout.driver import Driver, Progress
+from kspout.executor.local import LocalExecutor
+from kspout.executor.task import PartitionTask, run_task
 from kspout.kafka import PartitionFetcher, Record
-from kspout.local_executor import LocalExecutor
 from kspout.partition_manager import PartitionManager
 from kspout.policy import PartitionPolicy
 from kspout.spark import spark_session
@@ -86,7 +87,6 @@ from kspout.spark.worker import (
     first_stage,
     later_stage,
 )
-from kspout.tasks import PartitionTask, run_task
 from kspout.topology import ChainItem, Topology
 
 # design.md's targets on Spark, as ratios to the fastest bare loop of the run

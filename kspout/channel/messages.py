@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kspout.executor.task import TaskResult
 from kspout.outcomes import Outcome
-from kspout.tasks import TaskResult
 
 RootKey = tuple[int, int]  # (partition, offset)
 

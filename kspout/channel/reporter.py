@@ -18,8 +18,8 @@ from types import TracebackType
 
 from kspout.channel.beacon import thread_beacon
 from kspout.channel.messages import Beat, Final, Message, RootKey, TaskId
+from kspout.executor.task import TaskResult
 from kspout.outcomes import Outcome, OutcomeKind
-from kspout.tasks import TaskResult
 
 log = logging.getLogger(__name__)
 

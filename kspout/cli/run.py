@@ -25,9 +25,9 @@ from kspout.cli.report import failures_table, progress_json, progress_table
 from kspout.config import TopicConfig, load_config
 from kspout.driver import Driver, Progress
 from kspout.errors import ChainError
-from kspout.local_executor import LocalExecutor
+from kspout.executor.local import LocalExecutor
+from kspout.executor.task import Executor
 from kspout.stopping import stop_on_signals
-from kspout.tasks import Executor
 from kspout.topology import Topology
 
 TOO_MANY_FAILURES = 4  # exit code: --max-failures stopped the run (1: an error, 2: usage)

@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 
 from kspout.channel.messages import Beat, Final, Message, RootKey, TaskId
 from kspout.driver.isolation import Suspects
+from kspout.executor.task import PartitionTask, TaskResult
 from kspout.outcomes import FailReason, Outcome, OutcomeKind, describe_error
 from kspout.partition_manager import PartitionManager, Span
-from kspout.tasks import PartitionTask, TaskResult
 
 log = logging.getLogger(__name__)
 

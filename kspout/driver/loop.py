@@ -55,6 +55,7 @@ from kspout.driver.progress import InstanceReporter, PartitionView, Progress
 from kspout.driver.watermarks import WatermarkCache
 from kspout.driver.window import StallWatch, check_start
 from kspout.errors import KafkaUnavailable, OffsetConflict, ReplayPastWindow
+from kspout.executor.task import Executor, PartitionTask, TaskResult
 from kspout.kafka import KafkaMetadata
 from kspout.kafka.group_mirror import GroupMirror
 from kspout.lifecycle import Lifecycle
@@ -64,7 +65,6 @@ from kspout.outcomes import FailReason, describe_error
 from kspout.ownership.membership import Membership
 from kspout.partition_manager import PartitionManager, Plan, Span
 from kspout.policy import Backoff
-from kspout.tasks import Executor, PartitionTask, TaskResult
 
 log = logging.getLogger(__name__)
 

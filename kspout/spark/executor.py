@@ -19,6 +19,7 @@ from pyspark.sql import SparkSession
 
 from kspout.channel.reporter import ChannelAddress
 from kspout.config import TopicConfig
+from kspout.executor.task import PartitionTask, TaskResult, join_slices, split_by_key
 from kspout.spark.jobs import SparkJobs
 from kspout.spark.worker import (
     BatchSpec,
@@ -29,7 +30,6 @@ from kspout.spark.worker import (
     later_stage,
     single_stage_tasks,
 )
-from kspout.tasks import PartitionTask, TaskResult, join_slices, split_by_key
 from kspout.topology import Topology
 
 

@@ -31,13 +31,13 @@ from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.sql import DataFrame, SparkSession
 
 from kspout.config import TopicConfig
+from kspout.executor.task import CUT_SHORT, PartitionTask, TaskResult
 from kspout.kafka import FetchResult, KafkaMetadata
 from kspout.outcomes import FailReason, Failure, FailureCatalog, Outcome, OutcomeKind
 from kspout.spans import runs
 from kspout.spark.jobs import SparkJobs
 from kspout.spark.schema import SCHEMA, to_row
 from kspout.spark.worker import fetcher_for
-from kspout.tasks import CUT_SHORT, PartitionTask, TaskResult
 
 BatchFunction = Callable[[DataFrame, int], object]
 

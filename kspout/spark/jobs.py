@@ -16,7 +16,7 @@ from pyspark.sql import SparkSession
 
 from kspout.channel.reporter import ChannelAddress
 from kspout.config import TopicConfig
-from kspout.tasks import PartitionTask, TaskResult
+from kspout.executor.task import PartitionTask, TaskResult
 
 
 class BatchCancelled(Exception):

@@ -32,10 +32,10 @@ from kspout.bolts import Chunk, RootKey, TaskContext
 from kspout.channel.messages import TaskId
 from kspout.channel.reporter import ChannelAddress, TaskReporter
 from kspout.config import TopicConfig
+from kspout.executor.task import PartitionTask, TaskResult, released, run_task
 from kspout.gc_pause import cyclic_gc_paused_until_built
 from kspout.kafka import PartitionFetcher
 from kspout.outcomes import Failure, describe_error
-from kspout.tasks import PartitionTask, TaskResult, released, run_task
 from kspout.topology import (
     FetchReport,
     StageFailed,

@@ -19,10 +19,10 @@ from pyspark.sql import DataFrame, SparkSession
 from kspout import KafkaSpout
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
+from kspout.executor.task import PartitionTask, TaskResult
 from kspout.outcomes import OutcomeKind
 from kspout.partition_manager import Plan, Span
 from kspout.spark import FrameExecutor
-from kspout.tasks import PartitionTask, TaskResult
 from tests.integration.helpers import delete_records, produce, stored, watermarks
 
 CUT = 400  # `f` deletes the records below this offset of partition 0

@@ -22,10 +22,10 @@ from kspout.config import TopicConfig
 from kspout.devstack import DevStack
 from kspout.driver import Driver
 from kspout.errors import ReplayPastWindow
+from kspout.executor.local import LocalExecutor
+from kspout.executor.task import PartitionTask, TaskResult
 from kspout.kafka import Record
-from kspout.local_executor import LocalExecutor
 from kspout.offsets import Checkpoint, ZkOffsetStore, encode_done, history_fields, now_ms
-from kspout.tasks import PartitionTask, TaskResult
 from tests.integration.helpers import PARTITIONS, produce, stored, topic_file
 
 

@@ -23,8 +23,8 @@ from kspout.channel.beacon import thread_beacon
 from kspout.channel.listener import OutcomeChannel
 from kspout.channel.messages import Beat, Final, Message, TaskId
 from kspout.channel.reporter import ChannelAddress, TaskReporter
+from kspout.executor.task import TaskResult
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
-from kspout.tasks import TaskResult
 
 # A regression that blocks a handshake must fail the test, not hang the run.
 pytestmark = pytest.mark.timeout(30)

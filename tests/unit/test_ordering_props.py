@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kspout.executor.task import PartitionTask, join_slices, settle_in_key_order, split_by_key
 from kspout.kafka.records import FetchResult, Record
 from kspout.ordering import KeyOrder, blockers_of
 from kspout.partition_manager import DONE, PartitionManager
 from kspout.policy import Backoff, ExhaustedPolicy, PartitionPolicy
-from kspout.tasks import PartitionTask, join_slices, settle_in_key_order, split_by_key
 
 TOPIC = "t"
 

@@ -39,10 +39,10 @@ from kspout.bolts import (
     stable_hash,
 )
 from kspout.errors import ChainError, KspoutError
+from kspout.executor.task import CUT_SHORT, PartitionTask, TaskResult
 from kspout.kafka import FetchResult, Record
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
 from kspout.partition_manager import Plan, Span
-from kspout.tasks import CUT_SHORT, PartitionTask, TaskResult
 from kspout.topology import (
     ChainItem,
     FetchReport,

@@ -22,10 +22,10 @@ from kspout.bolts import ROOT_FIELDS, Chunk, RootKey, TaskContext
 from kspout.channel.messages import TaskId
 from kspout.channel.reporter import ChannelAddress, TaskReporter
 from kspout.config import TopicConfig
+from kspout.executor.task import PartitionTask, TaskResult, run_task
 from kspout.gc_pause import cyclic_gc_paused_until_built
 from kspout.kafka import PartitionFetcher
 from kspout.ordering import check_runs_in_order
-from kspout.tasks import PartitionTask, TaskResult, run_task
 from kspout.topology import (
     ChainItem,
     FetchReport,
