@@ -71,10 +71,11 @@ from bench.report import table
 from kspout import BasicBolt, Fields, KafkaSpout, TaskContext, Tuple
 from kspout.bolts import BasicCollector
 from kspout.config import TopicConfig, parse_config
+from kspout.contract import PartitionTask
 from kspout.devstack import DevStack, create_topic
 from kspout.driver import Driver, Progress
 from kspout.executor.local import LocalExecutor
-from kspout.executor.task import PartitionTask, run_task
+from kspout.executor.task import run_task
 from kspout.kafka import PartitionFetcher, Record
 from kspout.partition_manager import PartitionManager
 from kspout.policy import PartitionPolicy

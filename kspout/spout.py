@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kspout.config import TopicConfig, load_config
+from kspout.contract import Executor
 from kspout.driver import Driver, Progress
-from kspout.executor.task import Executor
 from kspout.ordering import check_runs_in_order
 from kspout.stopping import stop_on_signals
 from kspout.topology import ChainItem, Topology

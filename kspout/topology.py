@@ -34,8 +34,10 @@ from kspout.bolts import (
     Tuple,
 )
 from kspout.channel.beacon import thread_beacon
+from kspout.contract import PartitionTask, TaskResult
 from kspout.errors import ChainError
-from kspout.executor.task import Handler, OutcomeLog, PartitionTask, TaskResult, cut_short, released
+from kspout.executor.outcome_log import OutcomeLog
+from kspout.executor.task import Handler, cut_short, released
 from kspout.gc_pause import cyclic_gc_paused
 from kspout.kafka import FetchResult
 from kspout.outcomes import FailReason, OutcomeKind, describe_error

@@ -23,10 +23,10 @@ from kspout.cli.imports import import_failure
 from kspout.cli.options import config_option, dev_option, json_option, kspout_errors
 from kspout.cli.report import failures_table, progress_json, progress_table
 from kspout.config import TopicConfig, load_config
+from kspout.contract import Executor
 from kspout.driver import Driver, Progress
 from kspout.errors import ChainError
 from kspout.executor.local import LocalExecutor
-from kspout.executor.task import Executor
 from kspout.stopping import stop_on_signals
 from kspout.topology import Topology
 

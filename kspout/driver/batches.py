@@ -30,9 +30,8 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from kspout.channel.messages import Beat, Final, Message, RootKey, TaskId
+from kspout.contract import Beat, Final, Message, PartitionTask, RootKey, TaskId, TaskResult
 from kspout.driver.isolation import Suspects
-from kspout.executor.task import PartitionTask, TaskResult
 from kspout.outcomes import FailReason, Outcome, OutcomeKind, describe_error
 from kspout.partition_manager import PartitionManager, Span
 

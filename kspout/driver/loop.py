@@ -42,6 +42,7 @@ from types import MappingProxyType, TracebackType
 
 from kspout.channel.listener import OutcomeChannel
 from kspout.config import TopicConfig
+from kspout.contract import Executor, PartitionTask, TaskResult
 from kspout.driver.batches import BatchTracker, Ended, RunningBatch
 from kspout.driver.breaker import BreakerState, CircuitBreaker
 from kspout.driver.commits import Committer
@@ -55,7 +56,6 @@ from kspout.driver.progress import InstanceReporter, PartitionView, Progress
 from kspout.driver.watermarks import WatermarkCache
 from kspout.driver.window import StallWatch, check_start
 from kspout.errors import KafkaUnavailable, OffsetConflict, ReplayPastWindow
-from kspout.executor.task import Executor, PartitionTask, TaskResult
 from kspout.kafka import KafkaMetadata
 from kspout.kafka.group_mirror import GroupMirror
 from kspout.lifecycle import Lifecycle

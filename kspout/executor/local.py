@@ -19,10 +19,10 @@ from functools import partial
 
 from kspout.acker import Acker
 from kspout.bolts import ROOT_FIELDS, Chunk, RootKey, TaskContext
-from kspout.channel.messages import TaskId
-from kspout.channel.reporter import ChannelAddress, TaskReporter
+from kspout.channel.reporter import TaskReporter
 from kspout.config import TopicConfig
-from kspout.executor.task import PartitionTask, TaskResult, run_task
+from kspout.contract import ChannelAddress, PartitionTask, TaskId, TaskResult
+from kspout.executor.task import run_task
 from kspout.gc_pause import cyclic_gc_paused_until_built
 from kspout.kafka import PartitionFetcher
 from kspout.ordering import check_runs_in_order

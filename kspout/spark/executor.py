@@ -17,9 +17,9 @@ from functools import partial
 from pyspark import RDD
 from pyspark.sql import SparkSession
 
-from kspout.channel.reporter import ChannelAddress
 from kspout.config import TopicConfig
-from kspout.executor.task import PartitionTask, TaskResult, join_slices, split_by_key
+from kspout.contract import ChannelAddress, PartitionTask, TaskResult
+from kspout.executor.slices import join_slices, split_by_key
 from kspout.spark.jobs import SparkJobs
 from kspout.spark.worker import (
     BatchSpec,

@@ -31,7 +31,8 @@ from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.sql import DataFrame, SparkSession
 
 from kspout.config import TopicConfig
-from kspout.executor.task import CUT_SHORT, PartitionTask, TaskResult
+from kspout.contract import PartitionTask, TaskResult
+from kspout.executor.task import CUT_SHORT
 from kspout.kafka import FetchResult, KafkaMetadata
 from kspout.outcomes import FailReason, Failure, FailureCatalog, Outcome, OutcomeKind
 from kspout.spans import runs

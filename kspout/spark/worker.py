@@ -29,10 +29,10 @@ from pyspark import TaskContext as SparkTaskContext
 
 from kspout.acker import Acker, Mark
 from kspout.bolts import Chunk, RootKey, TaskContext
-from kspout.channel.messages import TaskId
-from kspout.channel.reporter import ChannelAddress, TaskReporter
+from kspout.channel.reporter import TaskReporter
 from kspout.config import TopicConfig
-from kspout.executor.task import PartitionTask, TaskResult, released, run_task
+from kspout.contract import ChannelAddress, PartitionTask, TaskId, TaskResult
+from kspout.executor.task import released, run_task
 from kspout.gc_pause import cyclic_gc_paused_until_built
 from kspout.kafka import PartitionFetcher
 from kspout.outcomes import Failure, describe_error

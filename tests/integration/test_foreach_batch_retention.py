@@ -18,8 +18,8 @@ from pyspark.sql import DataFrame, SparkSession
 
 from kspout import KafkaSpout
 from kspout.config import TopicConfig
+from kspout.contract import PartitionTask, TaskResult
 from kspout.devstack import DevStack
-from kspout.executor.task import PartitionTask, TaskResult
 from kspout.outcomes import OutcomeKind
 from kspout.partition_manager import Plan, Span
 from kspout.spark import FrameExecutor

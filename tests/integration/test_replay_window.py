@@ -19,11 +19,11 @@ from confluent_kafka import Producer
 from kspout.cli import main
 from kspout.cli.report import progress_json
 from kspout.config import TopicConfig
+from kspout.contract import PartitionTask, TaskResult
 from kspout.devstack import DevStack
 from kspout.driver import Driver
 from kspout.errors import ReplayPastWindow
 from kspout.executor.local import LocalExecutor
-from kspout.executor.task import PartitionTask, TaskResult
 from kspout.kafka import Record
 from kspout.offsets import Checkpoint, ZkOffsetStore, encode_done, history_fields, now_ms
 from tests.integration.helpers import PARTITIONS, produce, stored, topic_file

@@ -25,11 +25,11 @@ from kazoo.client import KazooClient
 
 from kspout.cli import main
 from kspout.config import TopicConfig
+from kspout.contract import PartitionTask, TaskResult
 from kspout.devstack import DevStack
 from kspout.driver import Driver, Progress
 from kspout.errors import DeadLetterWriteFailed, TopicMismatch
 from kspout.executor.local import LocalExecutor
-from kspout.executor.task import PartitionTask, TaskResult
 from kspout.kafka import DeadLetter, Record
 from kspout.offsets import ZkOffsetStore
 from tests.integration.helpers import (

@@ -36,7 +36,7 @@ from hypothesis.stateful import (
 
 from kspout.acker import Acker, Mark, RootState, new_tuple_id
 from kspout.bolts import Collector, RootKey, Tuple, root_tuple
-from kspout.executor.task import PartitionTask
+from kspout.contract import PartitionTask
 from kspout.kafka import Record
 from kspout.outcomes import FailReason, OutcomeKind
 from kspout.partition_manager import DONE, InFlight, PartitionManager, Waiting

@@ -21,9 +21,8 @@ from kspout.bolts import Tuple
 from kspout.channel import reporter as reporter_module
 from kspout.channel.beacon import thread_beacon
 from kspout.channel.listener import OutcomeChannel
-from kspout.channel.messages import Beat, Final, Message, TaskId
-from kspout.channel.reporter import ChannelAddress, TaskReporter
-from kspout.executor.task import TaskResult
+from kspout.channel.reporter import TaskReporter
+from kspout.contract import Beat, ChannelAddress, Final, Message, TaskId, TaskResult
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
 
 # A regression that blocks a handshake must fail the test, not hang the run.

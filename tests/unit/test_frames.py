@@ -12,7 +12,8 @@ from itertools import pairwise
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from kspout.executor.task import CUT_SHORT, PartitionTask
+from kspout.contract import PartitionTask
+from kspout.executor.task import CUT_SHORT
 from kspout.kafka import FetchResult, Record
 from kspout.outcomes import FailReason, Failure, Outcome, OutcomeKind
 from kspout.partition_manager import Plan, Span

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from kspout.executor.task import PartitionTask, TaskResult, merge_slices
+from kspout.contract import PartitionTask, TaskResult
+from kspout.executor.slices import merge_slices
 from kspout.ordering import KeyOrder, blockers_of, fetch_ranges, slice_of
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
 from kspout.partition_manager import Plan, Span

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import threading
 
+from kspout.contract import PartitionTask
 from kspout.errors import KafkaUnavailable
-from kspout.executor.task import CUT_SHORT, STOPPED, PartitionTask, settle
+from kspout.executor.task import CUT_SHORT, STOPPED, settle
 from kspout.kafka import FetchResult, Record
 from kspout.outcomes import FailReason, Outcome, OutcomeKind, describe_error
 from kspout.output import OutputFailed, OutputUnavailable

@@ -38,8 +38,9 @@ from kspout.bolts import (
     root_tuple,
     stable_hash,
 )
+from kspout.contract import PartitionTask, TaskResult
 from kspout.errors import ChainError, KspoutError
-from kspout.executor.task import CUT_SHORT, PartitionTask, TaskResult
+from kspout.executor.task import CUT_SHORT
 from kspout.kafka import FetchResult, Record
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
 from kspout.partition_manager import Plan, Span
