@@ -76,6 +76,7 @@ from kspout.devstack import DevStack, create_topic
 from kspout.driver import Driver, Progress
 from kspout.executor.local import LocalExecutor
 from kspout.executor.task import run_task
+from kspout.executor.topology import ChainItem, Topology
 from kspout.kafka import PartitionFetcher, Record
 from kspout.partition_manager import PartitionManager
 from kspout.policy import PartitionPolicy
@@ -88,7 +89,6 @@ from kspout.spark.worker import (
     first_stage,
     later_stage,
 )
-from kspout.topology import ChainItem, Topology
 
 # design.md's targets on Spark, as ratios to the fastest bare loop of the run
 HANDLER_TARGET, BOLT_TARGET, STAGES_TARGET = 1.0, 0.7, 0.3

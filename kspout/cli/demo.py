@@ -41,8 +41,8 @@ from kspout.demo import (
 )
 from kspout.devstack import DevStack
 from kspout.driver import Progress
+from kspout.executor.topology import ChainItem
 from kspout.spout import KafkaSpout
-from kspout.topology import ChainItem
 from kspout.wording import count
 
 if TYPE_CHECKING:

@@ -27,8 +27,8 @@ from kspout.contract import Executor
 from kspout.driver import Driver, Progress
 from kspout.errors import ChainError
 from kspout.executor.local import LocalExecutor
+from kspout.executor.topology import Topology
 from kspout.stopping import stop_on_signals
-from kspout.topology import Topology
 
 TOO_MANY_FAILURES = 4  # exit code: --max-failures stopped the run (1: an error, 2: usage)
 

@@ -33,10 +33,7 @@ from kspout.channel.reporter import TaskReporter
 from kspout.config import TopicConfig
 from kspout.contract import ChannelAddress, PartitionTask, TaskId, TaskResult
 from kspout.executor.task import released, run_task
-from kspout.gc_pause import cyclic_gc_paused_until_built
-from kspout.kafka import PartitionFetcher
-from kspout.outcomes import Failure, describe_error
-from kspout.topology import (
+from kspout.executor.topology import (
     FetchReport,
     StageFailed,
     StageRunner,
@@ -48,6 +45,9 @@ from kspout.topology import (
     run_later_stage,
     task_results,
 )
+from kspout.gc_pause import cyclic_gc_paused_until_built
+from kspout.kafka import PartitionFetcher
+from kspout.outcomes import Failure, describe_error
 
 _fetchers: dict[str, PartitionFetcher] = {}
 

@@ -26,8 +26,8 @@ from kspout.devstack import DevStack, RedisServer
 from kspout.driver import Driver, Progress
 from kspout.errors import ChainError
 from kspout.executor.local import LocalExecutor
+from kspout.executor.topology import Topology
 from kspout.kafka import Record
-from kspout.topology import Topology
 from tests.integration.helpers import PARTITIONS, dead_letter_headers, highs, produce, stored
 
 
