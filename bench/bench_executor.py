@@ -74,6 +74,7 @@ from kspout.config import TopicConfig, parse_config
 from kspout.contract import PartitionTask
 from kspout.devstack import DevStack, create_topic
 from kspout.driver import Driver, Progress
+from kspout.executor.fetchers import close_fetchers
 from kspout.executor.local import LocalExecutor
 from kspout.executor.task import run_task
 from kspout.executor.topology import ChainItem, Topology
@@ -84,7 +85,6 @@ from kspout.spark import spark_session
 from kspout.spark.worker import (
     BatchSpec,
     Item,
-    close_fetchers,
     combine,
     first_stage,
     later_stage,

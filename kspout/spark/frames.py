@@ -32,13 +32,13 @@ from pyspark.sql import DataFrame, SparkSession
 
 from kspout.config import TopicConfig
 from kspout.contract import PartitionTask, TaskResult
+from kspout.executor.fetchers import fetcher_for
 from kspout.executor.task import CUT_SHORT
 from kspout.kafka import FetchResult, KafkaMetadata
 from kspout.outcomes import FailReason, Failure, FailureCatalog, Outcome, OutcomeKind
 from kspout.spans import runs
 from kspout.spark.jobs import SparkJobs
 from kspout.spark.schema import SCHEMA, to_row
-from kspout.spark.worker import fetcher_for
 
 BatchFunction = Callable[[DataFrame, int], object]
 
