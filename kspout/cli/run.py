@@ -17,8 +17,8 @@ import click
 from rich.console import Console
 from rich.live import Live
 
-from kspout.cli import main
 from kspout.cli.answers import echo_json, stdout_console
+from kspout.cli.group import main
 from kspout.cli.imports import import_failure
 from kspout.cli.options import config_option, dev_option, json_option, kspout_errors
 from kspout.cli.report import failures_table, progress_json, progress_table
