@@ -1,5 +1,6 @@
 """kspout imports one way: no import circle among its modules, nor among the parts of any
-package (its modules and subpackages, each subpackage standing for everything under it).
+package (its modules and subpackages, each subpackage standing for everything under it); the
+driver-executor contract sits under both sides and reaches only pure code.
 
 The graph is read from the source with `ast`, imports under `TYPE_CHECKING` included: a
 circle that only the type checker follows is still two modules that cannot be read apart.
@@ -8,6 +9,7 @@ circle that only the type checker follows is still two modules that cannot be re
 from __future__ import annotations
 
 import ast
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +27,17 @@ def module_name(path: Path) -> str:
 
 def modules() -> dict[str, Path]:
     return {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def libraries(path: Path) -> set[str]:
+    """The top-level names of what `path` imports from outside the standard library."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.split(".")[0])
+    return names - set(sys.stdlib_module_names) - {"__future__", "kspout"}
 
 
 def imported(name: str, path: Path, known: set[str]) -> Iterator[str]:
@@ -102,6 +115,17 @@ def find_cycle(graph: Graph) -> list[str] | None:
     return None
 
 
+def reachable(graph: Graph, start: str) -> set[str]:
+    """Every module `start` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for target in graph[todo.pop()] - seen:
+            seen.add(target)
+            todo.append(target)
+    return seen
+
+
 def packages() -> list[str]:
     return sorted(name for name, path in modules().items() if path.name == "__init__.py")
 
@@ -117,6 +141,23 @@ def test_the_graph_sees_the_contract_under_both_channel_and_executor() -> None:
     graph = module_graph()
     assert "kspout.contract" in graph["kspout.channel.reporter"]
     assert "kspout.contract" in graph["kspout.executor.task"]
+
+
+def test_the_contract_reaches_only_pure_code_and_neither_side() -> None:
+    graph = module_graph()
+    found = modules()
+    reached = reachable(graph, "kspout.contract") | {"kspout.contract"}
+    sides = ("kspout.channel", "kspout.driver", "kspout.executor", "kspout.spark")
+    assert sorted(m for m in reached if m.startswith(sides)) == []
+    assert {m: libraries(found[m]) for m in reached if libraries(found[m])} == {}
+
+
+def test_the_driver_reaches_executors_only_through_the_contract_and_the_listener() -> None:
+    graph = module_graph()
+    executor_side = ("kspout.executor", "kspout.spark", "kspout.channel.reporter")
+    reached = set().union(*(reachable(graph, m) for m in graph if m.startswith("kspout.driver")))
+    assert sorted(m for m in reached if m.startswith(executor_side)) == []
+    assert {"kspout.contract", "kspout.channel.listener"} <= reached
 
 
 def test_no_module_imports_itself_back() -> None:
