@@ -84,13 +84,13 @@ def settle(
     outage: str | None = None  # the first KafkaUnavailable a handler raised
     halted: int | None = None  # where `stop` cut the loop
     start = end = -1  # the run of acked offsets not yet handed to the log
+    admit = None if gate is None else gate.admit  # a plain task's loop pays one test
     for record in records:
         offset = record.offset
         if stop is not None and stop.is_set():
             halted = offset
             break
-        verdict = _RUN if gate is None else gate.admit(record)
-        if verdict is _RUN:
+        if admit is None or (verdict := admit(record)) is _RUN:
             beacon.current = record
             try:
                 handler(record)
