@@ -47,12 +47,11 @@ from confluent_kafka import Producer
 from bench.bench_executor import load_note
 from bench.report import table
 from bench.stack import zookeeper_and_kafka_cluster
-from kspout.channel.reporter import ChannelAddress
 from kspout.config import TopicConfig
+from kspout.contract import ChannelAddress, PartitionTask, TaskResult
 from kspout.driver.loop import Driver
 from kspout.kafka import KafkaMetadata
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
-from kspout.tasks import PartitionTask, TaskResult
 
 PARTITIONS = 1_000
 BROKERS = 3

@@ -71,23 +71,24 @@ from bench.report import table
 from kspout import BasicBolt, Fields, KafkaSpout, TaskContext, Tuple
 from kspout.bolts import BasicCollector
 from kspout.config import TopicConfig, parse_config
+from kspout.contract import PartitionTask
 from kspout.devstack import DevStack, create_topic
 from kspout.driver import Driver, Progress
+from kspout.executor.fetchers import close_fetchers
+from kspout.executor.local import LocalExecutor
+from kspout.executor.task import run_task
+from kspout.executor.topology import ChainItem, Topology
 from kspout.kafka import PartitionFetcher, Record
-from kspout.local_executor import LocalExecutor
 from kspout.partition_manager import PartitionManager
 from kspout.policy import PartitionPolicy
 from kspout.spark import spark_session
 from kspout.spark.worker import (
     BatchSpec,
     Item,
-    close_fetchers,
     combine,
     first_stage,
     later_stage,
 )
-from kspout.tasks import PartitionTask, run_task
-from kspout.topology import ChainItem, Topology
 
 # design.md's targets on Spark, as ratios to the fastest bare loop of the run
 HANDLER_TARGET, BOLT_TARGET, STAGES_TARGET = 1.0, 0.7, 0.3

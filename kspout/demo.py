@@ -32,10 +32,10 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from dedup import Effects, IdempotencyBolt
 from kspout.bolts import BasicBolt, BasicCollector, Fields, TaskContext, Tuple
 from kspout.config import TopicConfig
+from kspout.executor.topology import ChainItem
 from kspout.kafka import Record, client_settings
 from kspout.kafka.topics import ensure_topic
 from kspout.offsets import ZkOffsetStore
-from kspout.topology import ChainItem
 
 WORDS = (
     "storm", "spark", "kafka", "stream", "bolt", "spout", "tuple", "offset", "partition",

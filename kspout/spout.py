@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kspout.config import TopicConfig, load_config
+from kspout.contract import Executor
 from kspout.driver import Driver, Progress
+from kspout.executor.topology import ChainItem, Topology
 from kspout.ordering import check_runs_in_order
 from kspout.stopping import stop_on_signals
-from kspout.tasks import Executor
-from kspout.topology import ChainItem, Topology
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

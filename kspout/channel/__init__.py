@@ -4,9 +4,10 @@ Spark returns a task's results only when its whole job ends, so on its own the d
 tell a slow record from the thousands queued behind it, nor which record a crashed or hung
 task was on. Each task therefore keeps a small reporter thread that sends `Beat`s (the root
 being handled and for how long, and for plain handlers the offsets settled so far) to a
-listener in the driver, and its final results as soon as they exist.
+listener in the driver, and its final results as soon as they exist. What travels (`Beat`,
+`Final`) and where to (`ChannelAddress`) are part of the driver-executor contract,
+`kspout.contract`.
 
-* `messages` — what travels: `Beat`, `Final`.
 * `beacon` — the one attribute executor code sets per record (`thread_beacon().current`).
 * `reporter` — executor side: a thread per task that sends beats.
 * `listener` — driver side: accepts connections and queues what arrives.

@@ -22,8 +22,7 @@ from multiprocessing.connection import (
     deliver_challenge,
 )
 
-from kspout.channel.messages import Message
-from kspout.channel.reporter import ChannelAddress
+from kspout.contract import ChannelAddress, Message
 from kspout.lifecycle import Lifecycle
 
 log = logging.getLogger(__name__)

@@ -12,31 +12,17 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
 from types import TracebackType
 
 from kspout.channel.beacon import thread_beacon
-from kspout.channel.messages import Beat, Final, Message, RootKey, TaskId
+from kspout.contract import Beat, ChannelAddress, Final, Message, RootKey, TaskId, TaskResult
 from kspout.outcomes import Outcome, OutcomeKind
-from kspout.tasks import TaskResult
 
 log = logging.getLogger(__name__)
 
 # Seconds between beats: the precision of per-message timeouts and of "which record was it on".
 BEAT_INTERVAL = 0.2
-
-
-@dataclass(frozen=True, slots=True)
-class ChannelAddress:
-    """Where the driver listens, and the key that authenticates its tasks."""
-
-    host: str
-    port: int
-    authkey: bytes
-
-    def __repr__(self) -> str:  # the key never appears in logs
-        return f"ChannelAddress({self.host}:{self.port})"
 
 
 class _Link:

@@ -24,8 +24,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from kspout.cli import main
 from kspout.cli.answers import echo_json, stdout_console
+from kspout.cli.group import main
 from kspout.cli.options import json_option, kspout_errors, use_dev_stack
 from kspout.cli.report import progress_json, progress_table
 from kspout.config import TopicConfig, load_config
@@ -41,8 +41,8 @@ from kspout.demo import (
 )
 from kspout.devstack import DevStack
 from kspout.driver import Progress
+from kspout.executor.topology import ChainItem
 from kspout.spout import KafkaSpout
-from kspout.topology import ChainItem
 from kspout.wording import count
 
 if TYPE_CHECKING:

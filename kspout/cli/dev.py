@@ -17,8 +17,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from kspout.cli import main
 from kspout.cli.answers import echo_json
+from kspout.cli.group import main
 from kspout.cli.options import json_option
 from kspout.devstack.processes import GRACE, pid_alive, stop_pid
 from kspout.devstack.stack import DevStack

@@ -26,8 +26,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 from rich.text import Text
 
-from kspout.cli import main
 from kspout.cli.answers import echo_json, stdout_console
+from kspout.cli.group import main
 from kspout.cli.options import config_option, dev_option, json_option, kspout_errors
 from kspout.config import TopicConfig, load_config
 from kspout.kafka.dead_letter_log import (

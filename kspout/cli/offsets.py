@@ -23,8 +23,8 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from kspout.cli import main
 from kspout.cli.answers import change, echo_json, stdout_console
+from kspout.cli.group import main
 from kspout.cli.options import (
     chosen_partitions,
     config_option,

@@ -16,8 +16,8 @@ import click
 from kazoo.exceptions import BadVersionError, NodeExistsError
 from rich.console import Console
 
-from kspout.cli import main
 from kspout.cli.answers import change, echo_json, rows_table, stdout_console
+from kspout.cli.group import main
 from kspout.cli.options import (
     chosen_partitions,
     config_option,

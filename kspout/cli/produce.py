@@ -17,8 +17,8 @@ from typing import BinaryIO
 import click
 from rich.table import Table
 
-from kspout.cli import main
 from kspout.cli.answers import echo_json, stdout_console
+from kspout.cli.group import main
 from kspout.cli.options import NotThere, config_option, dev_option, json_option, kspout_errors
 from kspout.config import TopicConfig, load_config
 from kspout.errors import TopicNotFound

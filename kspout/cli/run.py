@@ -17,18 +17,18 @@ import click
 from rich.console import Console
 from rich.live import Live
 
-from kspout.cli import main
 from kspout.cli.answers import echo_json, stdout_console
+from kspout.cli.group import main
 from kspout.cli.imports import import_failure
 from kspout.cli.options import config_option, dev_option, json_option, kspout_errors
 from kspout.cli.report import failures_table, progress_json, progress_table
 from kspout.config import TopicConfig, load_config
+from kspout.contract import Executor
 from kspout.driver import Driver, Progress
 from kspout.errors import ChainError
-from kspout.local_executor import LocalExecutor
+from kspout.executor.local import LocalExecutor
+from kspout.executor.topology import Topology
 from kspout.stopping import stop_on_signals
-from kspout.tasks import Executor
-from kspout.topology import Topology
 
 TOO_MANY_FAILURES = 4  # exit code: --max-failures stopped the run (1: an error, 2: usage)
 

@@ -26,8 +26,8 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from kspout.cli import main
 from kspout.cli.answers import echo_json, stdout_console
+from kspout.cli.group import main
 from kspout.cli.options import config_option, dev_option, json_option
 from kspout.cli.views import PartitionMarks, age, iso, read_marks
 from kspout.config import TopicConfig, load_config

@@ -30,11 +30,10 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from kspout.channel.messages import Beat, Final, Message, RootKey, TaskId
+from kspout.contract import Beat, Final, Message, PartitionTask, RootKey, TaskId, TaskResult
 from kspout.driver.isolation import Suspects
 from kspout.outcomes import FailReason, Outcome, OutcomeKind, describe_error
 from kspout.partition_manager import PartitionManager, Span
-from kspout.tasks import PartitionTask, TaskResult
 
 log = logging.getLogger(__name__)
 

@@ -42,6 +42,7 @@ from types import MappingProxyType, TracebackType
 
 from kspout.channel.listener import OutcomeChannel
 from kspout.config import TopicConfig
+from kspout.contract import Executor, PartitionTask, TaskResult
 from kspout.driver.batches import BatchTracker, Ended, RunningBatch
 from kspout.driver.breaker import BreakerState, CircuitBreaker
 from kspout.driver.commits import Committer
@@ -64,7 +65,6 @@ from kspout.outcomes import FailReason, describe_error
 from kspout.ownership.membership import Membership
 from kspout.partition_manager import PartitionManager, Plan, Span
 from kspout.policy import Backoff
-from kspout.tasks import Executor, PartitionTask, TaskResult
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,10 @@ from functools import partial
 from pyspark import RDD
 from pyspark.sql import SparkSession
 
-from kspout.channel.reporter import ChannelAddress
 from kspout.config import TopicConfig
+from kspout.contract import ChannelAddress, PartitionTask, TaskResult
+from kspout.executor.slices import join_slices, split_by_key
+from kspout.executor.topology import Topology
 from kspout.spark.jobs import SparkJobs
 from kspout.spark.worker import (
     BatchSpec,
@@ -29,8 +31,6 @@ from kspout.spark.worker import (
     later_stage,
     single_stage_tasks,
 )
-from kspout.tasks import PartitionTask, TaskResult, join_slices, split_by_key
-from kspout.topology import Topology
 
 
 def _identity(target: int) -> int:

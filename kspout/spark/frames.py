@@ -2,7 +2,7 @@
 
 The user's `f(df, batch_id)` runs on the driver; the DataFrame is lazy, and its rows are
 fetched from Kafka by executors whenever `f` evaluates it, with the columns of Spark's Kafka
-source (`kspout.spark.schema`). The batch is failed as a whole, with EXCEPTION, when `f`
+source (`kspout.streaming.columns`). The batch is failed as a whole, with EXCEPTION, when `f`
 raises. When `f` returns, only what the frame held is acked:
 
 * Every evaluation of the frame reports, per partition, what its fetch did not return, through
@@ -31,13 +31,14 @@ from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.sql import DataFrame, SparkSession
 
 from kspout.config import TopicConfig
+from kspout.contract import PartitionTask, TaskResult
+from kspout.executor.fetchers import fetcher_for
+from kspout.executor.task import CUT_SHORT
 from kspout.kafka import FetchResult, KafkaMetadata
 from kspout.outcomes import FailReason, Failure, FailureCatalog, Outcome, OutcomeKind
 from kspout.spans import runs
 from kspout.spark.jobs import SparkJobs
-from kspout.spark.schema import SCHEMA, to_row
-from kspout.spark.worker import fetcher_for
-from kspout.tasks import CUT_SHORT, PartitionTask, TaskResult
+from kspout.streaming.columns import SCHEMA, to_row
 
 BatchFunction = Callable[[DataFrame, int], object]
 

@@ -14,9 +14,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from pyspark.sql import SparkSession
 
-from kspout.channel.reporter import ChannelAddress
 from kspout.config import TopicConfig
-from kspout.tasks import PartitionTask, TaskResult
+from kspout.contract import ChannelAddress, PartitionTask, TaskResult
 
 
 class BatchCancelled(Exception):

@@ -1,8 +1,8 @@
 """What runs inside Spark's Python workers: fetch, run the chain's stages, report outcomes.
 
-Kafka consumers do not pickle, so each Python worker keeps its own `PartitionFetcher`, made on
-first use and reused by every later task the worker runs. Everything else a task needs (the
-config, the plan, the bolts, the driver's channel address) arrives pickled with the task.
+Each Python worker keeps its own `PartitionFetcher` (`kspout.executor.fetchers`); everything
+else a task needs (the config, the plan, the bolts, the driver's channel address) arrives
+pickled with the task.
 
 Every task reports to the driver while it runs (`TaskReporter`): which root it is on and for
 how long, and for a plain handler the offsets it settled so far; results are sent over the
@@ -29,14 +29,12 @@ from pyspark import TaskContext as SparkTaskContext
 
 from kspout.acker import Acker, Mark
 from kspout.bolts import Chunk, RootKey, TaskContext
-from kspout.channel.messages import TaskId
-from kspout.channel.reporter import ChannelAddress, TaskReporter
+from kspout.channel.reporter import TaskReporter
 from kspout.config import TopicConfig
-from kspout.gc_pause import cyclic_gc_paused_until_built
-from kspout.kafka import PartitionFetcher
-from kspout.outcomes import Failure, describe_error
-from kspout.tasks import PartitionTask, TaskResult, released, run_task
-from kspout.topology import (
+from kspout.contract import ChannelAddress, PartitionTask, TaskId, TaskResult
+from kspout.executor.fetchers import fetcher_for
+from kspout.executor.task import released, run_task
+from kspout.executor.topology import (
     FetchReport,
     StageFailed,
     StageRunner,
@@ -48,27 +46,8 @@ from kspout.topology import (
     run_later_stage,
     task_results,
 )
-
-_fetchers: dict[str, PartitionFetcher] = {}
-
-
-def fetcher_for(config: TopicConfig) -> PartitionFetcher:
-    """This worker's fetcher for the config's cluster, started on first use."""
-    key = repr((config.brokers, sorted(config.kafka_config().items())))
-    fetcher = _fetchers.get(key)
-    if fetcher is None:
-        fetcher = PartitionFetcher(config)
-        fetcher.start()
-        _fetchers[key] = fetcher
-    return fetcher
-
-
-def close_fetchers() -> None:
-    """Close the fetchers `fetcher_for` made in this process (for tools that run task bodies
-    in process; a Spark worker keeps its fetcher until it exits)."""
-    while _fetchers:
-        _, fetcher = _fetchers.popitem()
-        fetcher.close()
+from kspout.gc_pause import cyclic_gc_paused_until_built
+from kspout.outcomes import Failure, describe_error
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,8 @@ job: `source` (the data source), `options` (its options: the topic file and Spar
 names), `reader` (what PySpark calls for a stream), `batch` (for a batch read), `planner` (the
 driver side: batches' offsets, out-of-range policies, admission control), `watermarks` (asked
 at a bounded rate), `zk_copy` (the query's progress copied to ZooKeeper), `read` (the executor
-side: fetching a batch's ranges), `schema` (Spark's Kafka columns, as Arrow batches),
+side: fetching a batch's ranges), `columns` (Spark's Kafka source's columns, which
+`foreach_batch` frames share), `schema` (those columns as Arrow batches),
 `positions` (offsets as Spark checkpoints them, `minOffsetsPerTrigger`). Spark's checkpoint is
 the source of truth for a query: it is at least once, and exactly-once effects come from
 `dedup.batch` in `foreachBatch`. Per-message retries and dead letters are what

@@ -1,7 +1,7 @@
 """Executor side of a stream or a `spark.read`: read one partition's range from Kafka.
 
 PySpark runs `read()` in executors' Python workers, so the Kafka consumer is made there: the
-worker's cached fetcher (`kspout.spark.worker.fetcher_for`), shared with `KafkaSpout`'s tasks.
+worker's cached fetcher (`kspout.executor.fetchers`), shared with `KafkaSpout`'s tasks.
 The range is fetched in chunks, so one task holds a chunk of records at a time, not its range.
 
 The driver planned the range from watermarks a moment old; retention can delete its start
@@ -23,8 +23,8 @@ from pyspark.sql.datasource import InputPartition
 
 from kspout.config import TopicConfig
 from kspout.errors import KspoutError, PartitionStopped
+from kspout.executor.fetchers import fetcher_for
 from kspout.partition_manager import PartitionManager
-from kspout.spark.worker import fetcher_for
 from kspout.streaming.schema import Batch, to_batch
 
 # Offsets per fetch: bounds a task's memory (one chunk of records and its Arrow batch) while

@@ -1,4 +1,4 @@
-"""Records as Arrow record batches of Spark's Kafka source's columns (`kspout.spark.schema`).
+"""Records as Arrow record batches of Spark's Kafka source's columns (`columns`).
 
 Executors hand Spark Arrow record batches built column by column: PySpark's own conversion of
 Python tuples checks and converts every value one at a time.
@@ -13,7 +13,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from kspout.kafka import Record
-from kspout.spark.schema import SCHEMA
+from kspout.streaming.columns import SCHEMA
 
 # What PySpark checks each batch against (its planner converts SCHEMA the same way).
 ARROW_SCHEMA = to_arrow_schema(SCHEMA, timezone="UTC")

@@ -23,8 +23,8 @@ from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
 from kspout.errors import ConfigError, KspoutError
-from kspout.spark.schema import SCHEMA
 from kspout.streaming.batch import KspoutBatchReader
+from kspout.streaming.columns import SCHEMA
 from kspout.streaming.options import WHERE, SourceSettings
 from kspout.streaming.reader import KspoutStreamReader
 

@@ -60,8 +60,8 @@ from kspout.config import TopicConfig, parse_config
 from kspout.devstack import DevStack, create_topic
 from kspout.devstack.kafka_broker import KafkaBroker, KafkaCluster
 from kspout.driver import Driver, Progress
+from kspout.executor.local import LocalExecutor
 from kspout.kafka import KafkaMetadata
-from kspout.local_executor import LocalExecutor
 from kspout.outcomes import describe_error
 from kspout.output import ID_HEADER, KafkaOutput
 from tests.chaos.broker_faults_jobs import PublishOnce, encode

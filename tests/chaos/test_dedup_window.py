@@ -28,9 +28,9 @@ from kspout.cli import main
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
 from kspout.driver import Driver
+from kspout.executor.local import LocalExecutor
+from kspout.executor.topology import Topology
 from kspout.kafka import Record
-from kspout.local_executor import LocalExecutor
-from kspout.topology import Topology
 from tests.integration.helpers import PARTITIONS, produce, stored, topic_file
 
 TTL = 2.0  # seconds: the dedup window

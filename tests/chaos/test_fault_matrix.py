@@ -54,11 +54,11 @@ from kspout.config import TopicConfig
 from kspout.devstack import DevStack, KafkaCluster
 from kspout.driver import Progress
 from kspout.errors import FetchTimeout
+from kspout.executor.topology import ChainItem
 from kspout.kafka import KafkaMetadata, PartitionFetcher
 from kspout.offsets import ZkOffsetStore
 from kspout.outcomes import describe_error
 from kspout.spout import KafkaSpout
-from kspout.topology import ChainItem
 from tests.chaos.faults import (
     CleanupFailsOnce,
     DedupApply,

@@ -22,9 +22,9 @@ from kspout.devstack import KafkaCluster
 from kspout.driver import Driver
 from kspout.driver.watermarks import MAX_AGE, WatermarkCache
 from kspout.errors import KafkaRequestFailed, OffsetConflict
+from kspout.executor.local import LocalExecutor
 from kspout.kafka import KafkaMetadata, Record
 from kspout.kafka.metadata import Bounds
-from kspout.local_executor import LocalExecutor
 from kspout.offsets import CHUNK_BYTES, OffsetWrite, ZkOffsetStore
 from kspout.ownership.tree import SpoutTree
 from tests.chaos.faults import wait_led

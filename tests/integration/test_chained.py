@@ -32,11 +32,11 @@ from examples.chained.stages import (
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack, KafkaBroker, create_topic
 from kspout.driver import Driver, Progress
+from kspout.executor.local import LocalExecutor
+from kspout.executor.topology import ChainItem
 from kspout.kafka import Record
-from kspout.local_executor import LocalExecutor
 from kspout.output import ID_HEADER, KafkaOutput, Publish, output_id
 from kspout.spout import KafkaSpout
-from kspout.topology import ChainItem
 from tests.integration.helpers import (
     TopicFactory,
     dead_letter_headers,

@@ -23,8 +23,8 @@ from kspout.cli import main
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
 from kspout.driver import Driver
+from kspout.executor.local import LocalExecutor
 from kspout.kafka import Record
-from kspout.local_executor import LocalExecutor
 from kspout.offsets import ZkOffsetStore
 from tests.integration.helpers import PARTITIONS, produce, topic_file
 

@@ -25,9 +25,9 @@ from kspout.cli import main
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
 from kspout.driver import Driver, Progress
+from kspout.executor.local import LocalExecutor
 from kspout.kafka import PartitionFetcher, Record
 from kspout.kafka.deadletter import LETTER_HEADERS
-from kspout.local_executor import LocalExecutor
 from tests.integration.helpers import (
     dead_letter_headers,
     highs,

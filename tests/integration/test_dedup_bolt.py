@@ -25,9 +25,9 @@ from kspout.config import TopicConfig
 from kspout.devstack import DevStack, RedisServer
 from kspout.driver import Driver, Progress
 from kspout.errors import ChainError
+from kspout.executor.local import LocalExecutor
+from kspout.executor.topology import Topology
 from kspout.kafka import Record
-from kspout.local_executor import LocalExecutor
-from kspout.topology import Topology
 from tests.integration.helpers import PARTITIONS, dead_letter_headers, highs, produce, stored
 
 

@@ -33,7 +33,7 @@ from kspout.config import TopicConfig
 from kspout.devstack import RedisServer
 from kspout.devstack.ports import LOOPBACK
 from kspout.driver import Driver
-from kspout.local_executor import LocalExecutor
+from kspout.executor.local import LocalExecutor
 from tests.integration.helpers import FAST_BACKOFF, highs, produce, stored
 from tests.integration.test_dedup_bolt import Apply, applied, keyed
 

@@ -18,11 +18,11 @@ from pyspark.sql import DataFrame, SparkSession
 
 from kspout import KafkaSpout
 from kspout.config import TopicConfig
+from kspout.contract import PartitionTask, TaskResult
 from kspout.devstack import DevStack
 from kspout.outcomes import OutcomeKind
 from kspout.partition_manager import Plan, Span
 from kspout.spark import FrameExecutor
-from kspout.tasks import PartitionTask, TaskResult
 from tests.integration.helpers import delete_records, produce, stored, watermarks
 
 CUT = 400  # `f` deletes the records below this offset of partition 0

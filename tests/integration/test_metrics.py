@@ -28,9 +28,9 @@ from kspout.devstack.ports import LOOPBACK, free_port
 from kspout.driver import Driver, PartitionView, Progress
 from kspout.driver.metrics import MetricsExporter
 from kspout.errors import ConfigError
+from kspout.executor.local import LocalExecutor
 from kspout.kafka import Record
 from kspout.kafka.group_mirror import GroupMirror
-from kspout.local_executor import LocalExecutor
 from tests.integration.helpers import PARTITIONS, TopicFactory, produce, stored
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

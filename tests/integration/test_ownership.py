@@ -24,8 +24,8 @@ from kspout.cli import main
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
 from kspout.driver import Driver
+from kspout.executor.local import LocalExecutor
 from kspout.kafka.records import Record
-from kspout.local_executor import LocalExecutor
 from kspout.offsets import ZkOffsetStore
 from kspout.ownership.tree import read_ownership
 from tests.conftest import TopicFactory

@@ -38,8 +38,8 @@ from dedup.postgres import PostgresSink, SinkOutcome
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack, PostgresServer
 from kspout.driver import Driver
+from kspout.executor.local import LocalExecutor
 from kspout.kafka import Record
-from kspout.local_executor import LocalExecutor
 from tests.integration.helpers import produce
 
 pytestmark = pytest.mark.integration

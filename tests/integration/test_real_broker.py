@@ -29,8 +29,8 @@ from confluent_kafka.admin import AdminClient
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
 from kspout.driver import Driver
+from kspout.executor.local import LocalExecutor
 from kspout.kafka import Record
-from kspout.local_executor import LocalExecutor
 from kspout.offsets import ZkOffsetStore
 from tests.conftest import TopicFactory
 from tests.integration.helpers import (

@@ -19,13 +19,13 @@ from confluent_kafka import Producer
 from kspout.cli import main
 from kspout.cli.report import progress_json
 from kspout.config import TopicConfig
+from kspout.contract import PartitionTask, TaskResult
 from kspout.devstack import DevStack
 from kspout.driver import Driver
 from kspout.errors import ReplayPastWindow
+from kspout.executor.local import LocalExecutor
 from kspout.kafka import Record
-from kspout.local_executor import LocalExecutor
 from kspout.offsets import Checkpoint, ZkOffsetStore, encode_done, history_fields, now_ms
-from kspout.tasks import PartitionTask, TaskResult
 from tests.integration.helpers import PARTITIONS, produce, stored, topic_file
 
 

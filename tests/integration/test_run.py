@@ -25,13 +25,13 @@ from kazoo.client import KazooClient
 
 from kspout.cli import main
 from kspout.config import TopicConfig
+from kspout.contract import PartitionTask, TaskResult
 from kspout.devstack import DevStack
 from kspout.driver import Driver, Progress
 from kspout.errors import DeadLetterWriteFailed, TopicMismatch
+from kspout.executor.local import LocalExecutor
 from kspout.kafka import DeadLetter, Record
-from kspout.local_executor import LocalExecutor
 from kspout.offsets import ZkOffsetStore
-from kspout.tasks import PartitionTask, TaskResult
 from tests.integration.helpers import (
     PARTITIONS,
     delete_records,

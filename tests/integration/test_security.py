@@ -34,8 +34,8 @@ from kspout.devstack import DevStack, RedisServer
 from kspout.devstack.ports import LOOPBACK
 from kspout.driver import Driver, Progress
 from kspout.errors import RedisLoginRefused, RedisTlsRefused, StackError
+from kspout.executor.local import LocalExecutor
 from kspout.kafka import Record
-from kspout.local_executor import LocalExecutor
 from tests.integration.helpers import PARTITIONS, produce
 
 ZK_PASSWORD = "zk-s3cret-pw"

@@ -22,7 +22,7 @@ from kspout import Fields, KafkaSpout
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
 from kspout.driver import Progress
-from kspout.topology import ChainItem
+from kspout.executor.topology import ChainItem
 from tests.integration.helpers import PARTITIONS, highs, kspout_command, produce, stored, topic_file
 from tests.integration.spark_jobs import Count, RecordEffect, SlowOnce, Split
 from tests.integration.word_count import check_word_count, sentence

@@ -25,7 +25,7 @@ from kspout.devstack.ports import LOOPBACK, port_open
 from kspout.devstack.processes import pid_alive
 from kspout.devstack.spark_cluster import SparkStandalone
 from kspout.errors import StackError
-from kspout.topology import ChainItem
+from kspout.executor.topology import ChainItem
 from tests.integration import spark_jobs
 from tests.integration.helpers import PARTITIONS, produce
 from tests.integration.spark_jobs import Count, Split

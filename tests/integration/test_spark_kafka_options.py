@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from kspout import KafkaSpout
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
-from kspout.spark.schema import SCHEMA
+from kspout.streaming.columns import SCHEMA
 from kspout.streaming.errors import ReadStopped
 from kspout.streaming.options import WHERE, SourceSettings
 from kspout.streaming.planner import StreamPlanner

@@ -36,13 +36,13 @@ from hypothesis.stateful import (
 
 from kspout.acker import Acker, Mark, RootState, new_tuple_id
 from kspout.bolts import Collector, RootKey, Tuple, root_tuple
+from kspout.contract import PartitionTask
+from kspout.executor.topology import FetchReport, by_partition, task_results
 from kspout.kafka import Record
 from kspout.outcomes import FailReason, OutcomeKind
 from kspout.partition_manager import DONE, InFlight, PartitionManager, Waiting
 from kspout.policy import Backoff, PartitionPolicy
 from kspout.spark.worker import Ledger
-from kspout.tasks import PartitionTask
-from kspout.topology import FetchReport, by_partition, task_results
 
 MAX_ROOTS = 8
 MAX_TUPLES = 40

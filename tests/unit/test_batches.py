@@ -10,13 +10,12 @@ from concurrent.futures import Future
 
 import pytest
 
-from kspout.channel.messages import Beat, Final, Message, RootKey, TaskId
+from kspout.contract import Beat, Final, Message, PartitionTask, RootKey, TaskId, TaskResult
 from kspout.driver.batches import CANCEL_GRACE, BatchTracker, RunningBatch
 from kspout.driver.isolation import Suspects
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
 from kspout.partition_manager import InFlight, PartitionManager, Plan, Span, Waiting
 from kspout.policy import Backoff, PartitionPolicy
-from kspout.tasks import PartitionTask, TaskResult
 
 TOPIC = "orders"
 TIMEOUT = 5.0

@@ -21,10 +21,9 @@ from kspout.bolts import Tuple
 from kspout.channel import reporter as reporter_module
 from kspout.channel.beacon import thread_beacon
 from kspout.channel.listener import OutcomeChannel
-from kspout.channel.messages import Beat, Final, Message, TaskId
-from kspout.channel.reporter import ChannelAddress, TaskReporter
+from kspout.channel.reporter import TaskReporter
+from kspout.contract import Beat, ChannelAddress, Final, Message, TaskId, TaskResult
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
-from kspout.tasks import TaskResult
 
 # A regression that blocks a handshake must fail the test, not hang the run.
 pytestmark = pytest.mark.timeout(30)

@@ -23,10 +23,10 @@ from kspout.bolts import (
     Tuple,
     make_tuple,
 )
+from kspout.executor.topology import by_partition, root_tuples
 from kspout.gc_pause import cyclic_gc_paused_until_built
 from kspout.kafka import FetchResult, Record
 from kspout.spark.worker import Ledger
-from kspout.topology import by_partition, root_tuples
 
 
 def record(partition: int, offset: int, value: bytes = b"a b") -> Record:

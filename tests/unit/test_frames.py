@@ -12,11 +12,12 @@ from itertools import pairwise
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from kspout.contract import PartitionTask
+from kspout.executor.task import CUT_SHORT
 from kspout.kafka import FetchResult, Record
 from kspout.outcomes import FailReason, Failure, Outcome, OutcomeKind
 from kspout.partition_manager import Plan, Span
 from kspout.spark.frames import FetchReportsParam, Unfetched, _settled, settle_fetched
-from kspout.tasks import CUT_SHORT, PartitionTask
 
 ACK, FAIL, GONE = OutcomeKind.ACK, OutcomeKind.FAIL, OutcomeKind.GONE
 TASK = PartitionTask("t", 2, Plan((Span(0, 4, 2), Span(4, 10, 1)), epoch=5))

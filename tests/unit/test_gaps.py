@@ -15,12 +15,13 @@ import pytest
 from rich.console import Console
 
 from kspout.cli.report import COUNTERS, OCCASIONAL, progress_json, progress_table
+from kspout.contract import PartitionTask
 from kspout.driver import PartitionView, Progress
+from kspout.executor.task import settle
 from kspout.kafka import FetchResult, Record
 from kspout.outcomes import Outcome, OutcomeKind
 from kspout.partition_manager import PartitionManager
 from kspout.policy import PartitionPolicy, Position, PositionKind
-from kspout.tasks import PartitionTask, settle
 
 GONE, ACK = OutcomeKind.GONE, OutcomeKind.ACK
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from kspout.contract import PartitionTask, TaskResult
+from kspout.executor.slices import merge_slices
 from kspout.ordering import KeyOrder, blockers_of, fetch_ranges, slice_of
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
 from kspout.partition_manager import Plan, Span
-from kspout.tasks import PartitionTask, TaskResult, merge_slices
 
 ACK, GONE = OutcomeKind.ACK, OutcomeKind.GONE
 

@@ -1,7 +1,7 @@
 """Property test of `ordering = key` against its rule, over the real planning and task code.
 
 A simulated driver plans with a real PartitionManager, hands each task its blockers, runs it
-(split into key slices or not) with `settle_in_key_order` over records held in memory, and
+(split into key slices or not) with `settle` over records held in memory, and
 applies the merged outcomes. Handlers fail some records a few times; some task results are
 lost (the offsets stay in flight until they time out); dead letters are written at once. The
 rule checked at every call of the handler: every earlier record of the same key is finished
@@ -15,11 +15,13 @@ from collections.abc import Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kspout.contract import PartitionTask
+from kspout.executor.slices import join_slices, split_by_key
+from kspout.executor.task import settle
 from kspout.kafka.records import FetchResult, Record
 from kspout.ordering import KeyOrder, blockers_of
 from kspout.partition_manager import DONE, PartitionManager
 from kspout.policy import Backoff, ExhaustedPolicy, PartitionPolicy
-from kspout.tasks import PartitionTask, join_slices, settle_in_key_order, split_by_key
 
 TOPIC = "t"
 
@@ -73,7 +75,7 @@ class Simulation:
             for part in split_by_key([task], slices):
                 fetched = self.fetch(part.fetch_ranges())
                 assert part.keys is not None
-                results.append(settle_in_key_order(part, part.keys, fetched, self.handle))
+                results.append(settle(part, fetched, self.handle))
             (merged,) = join_slices([task], results)
             if not lose:
                 self.pm.apply(merged.outcomes, epoch=plan.epoch)

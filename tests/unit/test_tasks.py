@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import threading
 
+from kspout.contract import PartitionTask
 from kspout.errors import KafkaUnavailable
+from kspout.executor.task import CUT_SHORT, STOPPED, settle
 from kspout.kafka import FetchResult, Record
 from kspout.outcomes import FailReason, Outcome, OutcomeKind, describe_error
 from kspout.output import OutputFailed, OutputUnavailable
 from kspout.partition_manager import Plan, Span
-from kspout.tasks import CUT_SHORT, STOPPED, PartitionTask, settle
 
 ACK, FAIL, GONE = OutcomeKind.ACK, OutcomeKind.FAIL, OutcomeKind.GONE
 RELEASED = OutcomeKind.RELEASED

@@ -38,12 +38,10 @@ from kspout.bolts import (
     root_tuple,
     stable_hash,
 )
+from kspout.contract import PartitionTask, TaskResult
 from kspout.errors import ChainError, KspoutError
-from kspout.kafka import FetchResult, Record
-from kspout.outcomes import FailReason, Outcome, OutcomeKind
-from kspout.partition_manager import Plan, Span
-from kspout.tasks import CUT_SHORT, PartitionTask, TaskResult
-from kspout.topology import (
+from kspout.executor.task import CUT_SHORT
+from kspout.executor.topology import (
     ChainItem,
     FetchReport,
     Stage,
@@ -55,6 +53,9 @@ from kspout.topology import (
     run_later_stage,
     task_results,
 )
+from kspout.kafka import FetchResult, Record
+from kspout.outcomes import FailReason, Outcome, OutcomeKind
+from kspout.partition_manager import Plan, Span
 
 ACK, FAIL, GONE = OutcomeKind.ACK, OutcomeKind.FAIL, OutcomeKind.GONE
 EXC = FailReason.EXCEPTION
@@ -977,7 +978,7 @@ def test_must_be_first_is_a_bolt_attribute_the_chain_checks_without_knowing_dedu
 
 def test_the_topology_module_imports_nothing_from_dedup() -> None:
     code = (
-        "import sys, kspout.topology, kspout.spout; "
+        "import sys, kspout.executor.topology, kspout.spout; "
         "print(sorted(m for m in sys.modules if m == 'dedup' or m.startswith('dedup.')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

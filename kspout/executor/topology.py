@@ -34,12 +34,14 @@ from kspout.bolts import (
     Tuple,
 )
 from kspout.channel.beacon import thread_beacon
+from kspout.contract import PartitionTask, TaskResult
 from kspout.errors import ChainError
+from kspout.executor.outcome_log import OutcomeLog
+from kspout.executor.task import Handler, cut_short, released
 from kspout.gc_pause import cyclic_gc_paused
 from kspout.kafka import FetchResult
 from kspout.outcomes import FailReason, OutcomeKind, describe_error
 from kspout.spans import runs
-from kspout.tasks import Handler, OutcomeLog, PartitionTask, TaskResult, cut_short, released
 
 ChainItem = Bolt | Grouping | Callable[[Any], object]
 

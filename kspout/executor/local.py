@@ -19,14 +19,11 @@ from functools import partial
 
 from kspout.acker import Acker
 from kspout.bolts import ROOT_FIELDS, Chunk, RootKey, TaskContext
-from kspout.channel.messages import TaskId
-from kspout.channel.reporter import ChannelAddress, TaskReporter
+from kspout.channel.reporter import TaskReporter
 from kspout.config import TopicConfig
-from kspout.gc_pause import cyclic_gc_paused_until_built
-from kspout.kafka import PartitionFetcher
-from kspout.ordering import check_runs_in_order
-from kspout.tasks import PartitionTask, TaskResult, run_task
-from kspout.topology import (
+from kspout.contract import ChannelAddress, PartitionTask, TaskId, TaskResult
+from kspout.executor.task import run_task
+from kspout.executor.topology import (
     ChainItem,
     FetchReport,
     StageFailed,
@@ -37,6 +34,9 @@ from kspout.topology import (
     run_later_stage,
     task_results,
 )
+from kspout.gc_pause import cyclic_gc_paused_until_built
+from kspout.kafka import PartitionFetcher
+from kspout.ordering import check_runs_in_order
 
 _Job = tuple[int, Sequence[PartitionTask], Future[list[TaskResult]]]
 
