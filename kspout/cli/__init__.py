@@ -1,5 +1,6 @@
-"""The `kspout` command: `run`, `produce`, `demo`, `status`, `lag`, `rebalance`, `pause`,
-`resume`, `offsets show|set|reset`, `dlq show|replay`, `dev up|down|status`.
+"""The `kspout` command: `run`, `produce`, `status`, `lag`, `rebalance`, `pause`, `resume`,
+`offsets show|set|reset`, `dlq show|replay`, `dev up|down|status`; and `demo`, which
+`kspout_demo` adds through the `kspout.commands` entry points (`kspout.cli.extensions`).
 
 Each sub-command lives in its own module and registers itself on `main` here.
 """
@@ -12,10 +13,12 @@ import click
 from rich.console import Console
 from rich.logging import RichHandler
 
+from kspout.cli.extensions import ExtensibleGroup
+
 LOG_WIDTH = 250  # rich wraps at 80 columns where stderr is not a terminal
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=ExtensibleGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="kspout")
 @click.option("-v", "--verbose", count=True, help="Log more (-v: info, -vv: debug).")
 def main(verbose: int) -> None:
@@ -37,7 +40,6 @@ def main(verbose: int) -> None:
     logging.getLogger("librdkafka").setLevel(logging.DEBUG if verbose > 1 else logging.CRITICAL)
 
 
-from kspout.cli import demo as _demo  # noqa: E402,F401
 from kspout.cli import dev as _dev  # noqa: E402,F401
 from kspout.cli import dlq as _dlq  # noqa: E402,F401
 from kspout.cli import offsets as _offsets  # noqa: E402,F401
