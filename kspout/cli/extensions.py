@@ -9,6 +9,7 @@ demo, in `kspout_demo`, uses Redis and the dedup bolt; `kspout status` loads nei
 
 from __future__ import annotations
 
+from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 
 import click
@@ -16,8 +17,10 @@ import click
 ENTRY_POINT_GROUP = "kspout.commands"
 
 
+@cache
 def declared() -> dict[str, EntryPoint]:
-    """The extension commands the installed packages declare, by name."""
+    """The extension commands the installed packages declare, by name (read once: listing the
+    commands asks for each)."""
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
