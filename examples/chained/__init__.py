@@ -7,7 +7,7 @@ retry or a timeout replay publishes a trade's notifications again, but always un
 Stage two "pushes" each notification to its user behind the dedup bolt keyed on that header
 (`[dedup] id_source = "header:kspout.id"`), so every notification reaches its user once.
 
-The trades carry the demo's faults (kspout/demo.py): trades that fail once after publishing,
+The trades carry the demo's faults (kspout_demo/jobs.py): trades that fail once after publishing,
 fail once after their first notification, sleep past `message_timeout`, or always fail.
 
     python -m examples.chained                # on the embedded stack and Spark local[2]

@@ -8,10 +8,12 @@ import click
 from rich.console import Console
 from rich.logging import RichHandler
 
+from kspout.cli.extensions import ExtensibleGroup
+
 LOG_WIDTH = 250  # rich wraps at 80 columns where stderr is not a terminal
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=ExtensibleGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="kspout")
 @click.option("-v", "--verbose", count=True, help="Log more (-v: info, -vv: debug).")
 def main(verbose: int) -> None:

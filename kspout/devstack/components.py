@@ -28,8 +28,6 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import ClassVar, Literal
 
-import redis
-
 from kspout.devstack.ports import LOOPBACK, free_port
 from kspout.devstack.processes import GRACE, log_tail, spawn, start_time, stop_pid, wait_ready
 from kspout.devstack.state import ComponentState
@@ -285,6 +283,10 @@ class RedisServer(Component):
         ]
 
     def _ready(self) -> bool:
+        # redis-py is imported where a server is spoken to: every `kspout` command imports the
+        # dev stack (for --dev), and only those that start one may load a Redis client.
+        import redis
+
         client = redis.Redis(host=LOOPBACK, port=self.port, socket_timeout=1.0)
         try:
             return bool(client.ping())
@@ -340,6 +342,8 @@ class RedisClusterServers:
 
     def _form(self) -> None:
         """Give each node its slot range and make them meet."""
+        import redis  # here, not at the top: see `RedisServer._ready`
+
         first = self.nodes[0]
         share = -(-self.SLOTS // len(self.nodes))  # slots per node, rounded up
         for i, node in enumerate(self.nodes):
@@ -362,6 +366,8 @@ class RedisClusterServers:
 
     def _node_ok(self, node: RedisServer) -> bool:
         """True if `node` reports the cluster ok and knows every node."""
+        import redis  # here, not at the top: see `RedisServer._ready`
+
         try:
             with redis.Redis(host=LOOPBACK, port=node.port, socket_timeout=1.0) as client:
                 info = client.execute_command("CLUSTER", "INFO")

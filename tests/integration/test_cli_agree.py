@@ -26,6 +26,7 @@ from kspout.driver import Driver
 from kspout.executor.local import LocalExecutor
 from kspout.kafka import Record
 from kspout.offsets import ZkOffsetStore
+from tests.commands import subcommands
 from tests.integration.helpers import PARTITIONS, produce, topic_file
 
 WIDE = {"COLUMNS": "240"}
@@ -45,7 +46,7 @@ HANDLER = f"{__name__}:{ignore.__name__}"
 
 def leaves(group: click.Group, prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
     """Every runnable command under `group`, as its words (`("offsets", "set")`)."""
-    for name, command in sorted(group.commands.items()):
+    for name, command in sorted(subcommands(group).items()):
         if isinstance(command, click.Group):
             yield from leaves(command, (*prefix, name))
         else:
@@ -56,7 +57,7 @@ def command_of(words: tuple[str, ...]) -> click.Command:
     command: click.Command = main
     for word in words:
         assert isinstance(command, click.Group)
-        command = command.commands[word]
+        command = subcommands(command)[word]
     return command
 
 

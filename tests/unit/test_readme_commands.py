@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from kspout.cli import main
+from tests.commands import subcommands
 
 README = Path(__file__).parents[2] / "README.md"
 SHELL_BLOCK = re.compile(r"```(?:bash|sh|console)\n(.*?)```", re.S)
@@ -44,13 +45,14 @@ def commands_named(argv: list[str]) -> Iterator[tuple[click.Command, list[str]]]
             yield command, argv[i:]
             return
         alternatives = word.split("|")
-        unknown = [w for w in alternatives if w not in command.commands]
+        commands = subcommands(command)
+        unknown = [w for w in alternatives if w not in commands]
         assert not unknown, f"README names `kspout {' '.join(argv[: i + 1])}`: no such command"
         if len(alternatives) > 1:
             for alternative in alternatives:
                 yield from commands_named([*argv[:i], alternative, *argv[i + 1 :]])
             return
-        command = command.commands[word]
+        command = commands[word]
     yield command, []
 
 
@@ -68,7 +70,7 @@ def test_readme_shows_every_command() -> None:
     shown = " ".join(" ".join(words(line)) for line in shown_commands())
 
     def leaves(group: click.Group, prefix: str) -> Iterator[str]:
-        for name, command in group.commands.items():
+        for name, command in subcommands(group).items():
             if isinstance(command, click.Group):
                 yield from leaves(command, f"{prefix} {name}")
             else:

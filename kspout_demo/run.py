@@ -1,4 +1,4 @@
-"""`kspout demo`: the main job on the embedded stack, end to end, with a verdict.
+"""`kspout demo` at work: the main job on the embedded stack, end to end, with a verdict.
 
 Starts Kafka (Apache Kafka's broker), ZooKeeper and Redis (or uses `kspout dev up`'s with `--dev`),
 produces a sentence stream with injected failures, and runs a Storm-style word count on Spark
@@ -19,17 +19,20 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import click
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 from kspout.cli.answers import echo_json, stdout_console
-from kspout.cli.group import main
-from kspout.cli.options import json_option, kspout_errors, use_dev_stack
+from kspout.cli.options import kspout_errors, use_dev_stack
 from kspout.cli.report import progress_json, progress_table
 from kspout.config import TopicConfig, load_config
-from kspout.demo import (
+from kspout.devstack import DevStack
+from kspout.driver import Progress
+from kspout.executor.topology import ChainItem
+from kspout.spout import KafkaSpout
+from kspout.wording import count
+from kspout_demo.jobs import (
     DemoStream,
     count_dead_letters,
     exactly_once_chain,
@@ -39,42 +42,13 @@ from kspout.demo import (
     stored_offsets,
     word_count_chain,
 )
-from kspout.devstack import DevStack
-from kspout.driver import Progress
-from kspout.executor.topology import ChainItem
-from kspout.spout import KafkaSpout
-from kspout.wording import count
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-@main.command()
-@click.option(
-    "--config",
-    "config_path",
-    default="deploy/topics/demo.toml",
-    show_default=True,
-    type=click.Path(dir_okay=False, exists=True),
-    help="The demo topic's TOML file.",
-)
-@click.option("--messages", default=20_000, show_default=True, type=click.IntRange(min=1))
-@click.option("--spark", "master", default="local[2]", show_default=True, help="Spark master.")
-@click.option(
-    "--dev",
-    "dev_stack",
-    is_flag=True,
-    help="Use the running `kspout dev up` stack (in ./.kspout-dev or the nearest parent "
-    "folder's) instead of starting one.",
-)
-@json_option
-def demo(config_path: str, messages: int, master: str, dev_stack: bool, as_json: bool) -> None:
-    """Produce sentences with injected failures and count their words on Spark.
-
-    Prints each job's figures and OK/FAIL checks, and exits 1 if a check failed (--json: the
-    report goes to stderr, and {"ok", "messages", "seconds", "jobs"} to stdout, each job with
-    "spout", "ok", "seconds" and its final "progress").
-    """
+def run_demo(config_path: str, messages: int, master: str, dev_stack: bool, as_json: bool) -> None:
+    """`kspout demo`'s work (`kspout_demo.command` says what each argument means)."""
     console = Console(stderr=True)
     out = Console(stderr=True) if as_json else stdout_console()
     started = time.perf_counter()
