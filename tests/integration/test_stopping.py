@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -94,20 +95,21 @@ def test_kafka_spout_on_spark_drains_and_commits_on_sigterm(
 def test_a_second_sigterm_stops_kspout_run_without_draining(
     stack: DevStack, make_config: Callable[..., TopicConfig], producer: Producer, tmp_path: Path
 ) -> None:
-    """The batch in flight takes a second per record; the first SIGTERM would wait for all of
-    it. The second abandons it: the process exits at once (Aborted, exit 1), commits only
-    what was applied, and leaves most of the batch unhandled."""
+    """The record in hand takes eight seconds; the first SIGTERM waits for it (an in-process
+    plain handler stops after the record in hand). The second abandons it: the process exits at
+    once (Aborted, exit 1), commits only what was applied, and leaves the batch unhandled."""
     config = make_config()
     produce(producer, config.topic, {p: range(25) for p in PARTITIONS})
-    argv, env, log = prepare_kspout_run(stack, config, tmp_path, pause=1.0)
+    argv, env, log = prepare_kspout_run(stack, config, tmp_path, pause=8.0)
     with spawned(argv, tmp_path, env) as proc:
-        wait_until_handled(proc, log, 0)
+        wait_until_handled(proc, log, 0)  # the next record is in hand for eight seconds
         proc.send_signal(signal.SIGTERM)
-        # One more record handled: the handler runs in the main thread, so the first signal's
-        # handler has run by then, and the second is not merged into it.
-        wait_until_handled(proc, log, len(handled_lines(log)))
-        proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)  # the first signal's handler runs (the loop is on the main thread) ...
+        assert proc.poll() is None, "the first SIGTERM did not wait for the record in hand"
+        proc.send_signal(signal.SIGTERM)  # ... and the second is not merged into it
+        started = time.monotonic()
         _out, err = proc.communicate(timeout=DRAIN_LIMIT)
+    assert time.monotonic() - started < 5.0, "the second SIGTERM waited for the record in hand"
     assert proc.returncode == 1, err.decode()[-3000:]
     assert "Aborted" in err.decode()
     handled = handled_lines(log)
