@@ -3,7 +3,9 @@
 A broken handler must not look like success. So the first failure of each kind (exception
 type, message and place, `Failure.key`) in each partition is logged at WARNING with its
 traceback; later ones of that kind and partition are counted and logged as one line every
-`every` seconds ("... again 40 times in the last 10 s"), never one line per record. The run's
+`every` seconds ("... again 40 times in the last 10 s"), never one line per record; those
+lines group by exception type and place, so messages that name their record (`KeyError('id-1')`,
+`KeyError('id-2')`, ...) still make one line per interval and partition. The run's
 summary (`summary()`, in every `Progress`) groups them by kind: failed attempts, the records
 among them, how many of those were dead-lettered, and the partitions.
 
@@ -38,6 +40,7 @@ MAX_KINDS = 100
 OTHER_MESSAGES = "(other messages)"
 
 Key = tuple[str, str, str]  # Failure.key: type, message, place
+Place = tuple[str, str, int]  # exception type, place, partition: what "again" lines count by
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +52,21 @@ class FailureSummary:
     records: int  # distinct records among them
     dead_lettered: int  # records among them whose dead letter was written
     partitions: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class _Unsaid:
+    """Failures of one type and place in one partition since the last "again" line."""
+
+    failure: Failure  # the first of them
+    count: int = 0
+    varied: bool = False  # their messages differ
+
+    def describe(self) -> str:
+        if not self.varied:
+            return str(self.failure)
+        where = f" at {self.failure.place}" if self.failure.place else ""
+        return f"{self.failure.kind} (several messages){where}"
 
 
 @dataclass(slots=True)
@@ -69,8 +87,8 @@ class FailureLog:
         self._every = every
         self._kinds: dict[Key, _Kind] = {}
         self._logged: set[tuple[Key, int]] = set()  # (kind, partition) logged with a traceback
-        self._tracebacks: dict[tuple[str, str, int], int] = {}  # by (type, place, partition)
-        self._unsaid: dict[tuple[Key, int], int] = {}  # failures since the last line, by both
+        self._tracebacks: dict[Place, int] = {}  # tracebacks logged
+        self._unsaid: dict[Place, _Unsaid] = {}  # failures since the last "again" line
         self._said_at = clock()
         # partition -> offset -> its last failure, and the kind it was counted under
         self._open: dict[int, dict[int, tuple[Failure, _Kind]]] = {}
@@ -100,7 +118,11 @@ class FailureLog:
         where = (kind.failure.key, partition)
         place = (failure.kind, failure.place, partition)
         if where in self._logged or self._tracebacks.get(place, 0) >= TRACEBACKS_PER_PLACE:
-            self._unsaid[where] = self._unsaid.get(where, 0) + outcome.count
+            unsaid = self._unsaid.get(place)
+            if unsaid is None:
+                unsaid = self._unsaid[place] = _Unsaid(failure)
+            unsaid.count += outcome.count
+            unsaid.varied = unsaid.varied or failure.message != unsaid.failure.message
             return
         self._logged.add(where)
         self._tracebacks[place] = self._tracebacks.get(place, 0) + 1
@@ -133,13 +155,15 @@ class FailureLog:
         now = self._clock()
         if not self._unsaid or (not final and now - self._said_at < self._every):
             return
-        for (key, partition), count in sorted(self._unsaid.items(), key=lambda i: i[0][1]):
+        for (_type, _place, partition), unsaid in sorted(
+            self._unsaid.items(), key=lambda item: item[0][2]
+        ):
             log.warning(
                 "%s: %s again %d %s in the last %.0f s, partition %d",
                 self._topic,
-                self._kinds[key].failure,
-                count,
-                "time" if count == 1 else "times",
+                unsaid.describe(),
+                unsaid.count,
+                "time" if unsaid.count == 1 else "times",
                 now - self._said_at,
                 partition,
             )
