@@ -1,20 +1,19 @@
 """The partition manager: storm-kafka's per-partition bookkeeping, rewritten without its defects
-(the rules and their states are described in `manager`)."""
+(the state machine is written in `manager`)."""
 
-from kspout.partition_manager.manager import (
+from kspout.partition_manager.dead_letters import DeadLetterTicket
+from kspout.partition_manager.manager import PartitionManager
+from kspout.partition_manager.out_of_range import OutOfRangeReset
+from kspout.partition_manager.plans import Plan, Span
+from kspout.partition_manager.states import (
     DONE,
     UNPLANNED,
     DeadLetterPending,
-    DeadLetterTicket,
     InFlight,
-    OutOfRangeReset,
-    PartitionManager,
-    Plan,
-    Span,
     State,
-    Stats,
     Waiting,
 )
+from kspout.partition_manager.stats import Stats
 
 __all__ = [
     "DONE",
