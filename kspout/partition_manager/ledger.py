@@ -32,6 +32,7 @@ from kspout.partition_manager.stats import Stats
 from kspout.policy import BehindPolicy, ExhaustedPolicy, PartitionPolicy
 from kspout.spans import Due, Schedule, SpanMap, runs
 
+# The package's one logger name, as before it was split: operators filter on it.
 log = logging.getLogger("kspout.partition_manager")
 
 

@@ -13,6 +13,7 @@ from kspout.partition_manager.states import DONE
 from kspout.policy import PositionKind
 from kspout.wording import count as count_of
 
+# The package's one logger name, as before it was split: operators filter on it.
 log = logging.getLogger("kspout.partition_manager")
 
 
