@@ -34,6 +34,15 @@ class FailLog:
         self.attempts: list[int | None] = []
         self.times: list[float] = []
 
+    def take(self) -> FailLog:
+        """The calls logged so far, moved into a new log: this one is left empty (and keeps
+        its identity, so a caller may hold it)."""
+        taken = FailLog()
+        for name in FailLog.__slots__:
+            setattr(taken, name, getattr(self, name))
+            setattr(self, name, [])
+        return taken
+
     def pick(self, calls: Sequence[int]) -> FailLog:
         """The calls at `calls`, in that order."""
         picked = FailLog()
@@ -75,14 +84,12 @@ class FailBatcher:
 
     def __init__(self, ledger: SpanLedger) -> None:
         self._ledger = ledger
-        self.log = FailLog()
+        self.log = FailLog()  # the same object for the batcher's life (`FailLog.take`)
 
     def settled(self) -> SpanLedger:
         """The ledger, with every logged failure applied: the only way to reach it."""
-        pending = self.log
-        if pending.offsets:
-            self.log = FailLog()
-            self._apply(pending)
+        if self.log.offsets:
+            self._apply(self.log.take())
         return self._ledger
 
     def _apply_one(self, log: FailLog, k: int) -> None:

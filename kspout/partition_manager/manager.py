@@ -109,18 +109,18 @@ class PartitionManager:
         self.topic = topic
         self.partition = partition
         self._clock = clock
-        # The ledger lives inside the batcher: `_settled()` is the only way to it.
-        self._batch = FailBatcher(SpanLedger(policy, start_offset, finished, topic, partition))
+        # The ledger lives inside the batcher: `_settled()`, which applies the logged `fail`
+        # calls first, is the only way to it; `fail` appends to `_log`. Both are bound once
+        # here, as the hot paths of single calls and of the driver's questions go through them.
+        batch = FailBatcher(SpanLedger(policy, start_offset, finished, topic, partition))
+        self._settled: Callable[[], SpanLedger] = batch.settled
+        self._log = batch.log
         self._epoch = epoch
         self._nothing = Plan((), epoch)  # what `plan` returns when nothing is due (shared)
 
-    def _settled(self) -> SpanLedger:
-        """The ledger with every logged `fail` applied."""
-        return self._batch.settled()
-
     def _restart(self, offset: int) -> None:
         """Forget every offset: the partition starts over, empty, at `offset` (a new epoch)."""
-        self._batch.settled().reset(offset)
+        self._settled().reset(offset)
         self._epoch += 1
         self._nothing = Plan((), self._epoch)
 
@@ -335,7 +335,7 @@ class PartitionManager:
         if epoch is not None and epoch != self._epoch:
             self._settled().counts.stale += 1
         else:
-            log = self._batch.log
+            log = self._log
             log.offsets.append(offset)
             log.reasons.append(reason)
             log.errors.append(error)
