@@ -61,7 +61,7 @@ class SpanLedger:
         self.ready = Schedule(m, is_ready, live_bound=lambda: m.count(Waiting) + m.count(Unplanned))
         self.letters = Schedule(m, is_letter, live_bound=lambda: m.count(DeadLetterPending))
         self.counts = Stats()  # the totals; the map counts the states
-        self._last_waiting: Waiting | None = None  # shared by alike failures (`waiting`)
+        self._last_waiting: Waiting | None = None  # shared by alike failures (`_waiting`)
         self._restore(finished)
         # `max_offset_behind`, when a behind policy acts on it (`retry` never gives up).
         self._max_behind = (
