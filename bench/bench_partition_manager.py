@@ -34,9 +34,9 @@ from kspout.outcomes import FailReason, Outcome, OutcomeKind
 from kspout.partition_manager import PartitionManager
 from kspout.policy import PartitionPolicy
 
-SINGLE_TARGET = 300_000  # offsets/s, single ack/fail calls (design.md)
+SINGLE_TARGET = 300_000  # offsets/s, single fail calls (design.md)
 BATCH_TARGET = 1_000_000  # offsets/s, batch outcomes (design.md)
-WINDOW = 1000  # out-of-order acks are shuffled within windows of this many offsets
+WINDOW = 1000  # out-of-order fails are shuffled within windows of this many offsets
 FAIL_EVERY = 100  # "every 100th offset failed" in the mixed batch and memory cases
 REPEAT = 3
 
@@ -57,10 +57,6 @@ class StormStyleManager:
         """`fill()` + `next()`: every emitted offset enters `pending`."""
         self.pending.update(range(self.emitted_to, self.emitted_to + n))
         self.emitted_to += n
-
-    def ack(self, offset: int) -> None:
-        self.pending.remove(offset)
-        self.acked += 1
 
     def fail(self, offset: int) -> None:
         self.failed.add(offset)  # stays in `pending` until acked, as in storm-kafka
@@ -136,36 +132,6 @@ def _outcomes(n: int) -> list[Outcome]:
     ]
 
 
-def pm_ack_each(order: Callable[[int], list[int]]) -> Prepare:
-    def prepare(n: int) -> Work:
-        pm, offsets = planned_pm(n), order(n)
-
-        def work() -> None:
-            ack = pm.ack
-            for o in offsets:
-                ack(o)
-            assert pm.commit_point == pm.emitted_to == n
-
-        return work
-
-    return prepare
-
-
-def storm_ack_each(order: Callable[[int], list[int]]) -> Prepare:
-    def prepare(n: int) -> Work:
-        storm, offsets = emitted_storm(n), order(n)
-
-        def work() -> None:
-            ack = storm.ack
-            for o in offsets:
-                ack(o)
-            assert storm.commit_point == storm.emitted_to == n
-
-        return work
-
-    return prepare
-
-
 def pm_fail_each(order: Callable[[int], list[int]]) -> Prepare:
     def prepare(n: int) -> Work:
         pm, offsets = planned_pm(n), order(n)
@@ -196,17 +162,17 @@ def storm_fail_each(order: Callable[[int], list[int]]) -> Prepare:
     return prepare
 
 
-def pm_ack_many(n: int) -> Work:
-    pm, offsets = planned_pm(n), list(range(n))
+def pm_ack_batch(n: int) -> Work:
+    pm, outcomes = planned_pm(n), [Outcome(o, OutcomeKind.ACK, 1) for o in range(n)]
 
     def work() -> None:
-        pm.ack_many(offsets)
+        pm.apply(outcomes, epoch=pm.epoch)
         assert pm.commit_point == n
 
     return work
 
 
-def storm_ack_many(n: int) -> Work:
+def storm_ack_batch(n: int) -> Work:
     storm, offsets = emitted_storm(n), list(range(n))
 
     def work() -> None:
@@ -240,18 +206,6 @@ def storm_apply(n: int) -> Work:
 def cases() -> list[Case]:
     return [
         Case(
-            "ack, single calls, in order",
-            "single",
-            pm_ack_each(_in_order),
-            storm_ack_each(_in_order),
-        ),
-        Case(
-            f"ack, single calls, shuffled per {WINDOW}",
-            "single",
-            pm_ack_each(windowed_order),
-            storm_ack_each(windowed_order),
-        ),
-        Case(
             "fail, single calls, in order",
             "single",
             pm_fail_each(_in_order),
@@ -263,7 +217,7 @@ def cases() -> list[Case]:
             pm_fail_each(windowed_order),
             storm_fail_each(windowed_order),
         ),
-        Case("ack_many, one batch", "batch", pm_ack_many, storm_ack_many),
+        Case("apply, one batch, all ACK", "batch", pm_ack_batch, storm_ack_batch),
         Case(f"apply, one batch, 1/{FAIL_EVERY} FAIL", "batch", pm_apply, storm_apply),
     ]
 

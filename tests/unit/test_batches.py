@@ -16,6 +16,7 @@ from kspout.driver.isolation import Suspects
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
 from kspout.partition_manager import InFlight, PartitionManager, Plan, Span, Waiting
 from kspout.policy import Backoff, PartitionPolicy
+from tests.unit import pm_helpers
 
 TOPIC = "orders"
 TIMEOUT = 5.0
@@ -50,8 +51,8 @@ def two_span_plan(pm: PartitionManager, clock: FakeClock) -> Plan:
     """`[0, 5)` retried at attempt 2 beside new offsets `[10, 20)` at attempt 1."""
     first = pm.plan(HIGH, 10)
     assert first.spans == (Span(0, 10, 1),)
-    pm.fail_range(0, 5, EXC, "boom")
-    pm.ack_range(5, 10)
+    pm_helpers.fail_range(pm, 0, 5, EXC, "boom")
+    pm_helpers.ack_range(pm, 5, 10)
     clock.now += 1.0  # the retries are due
     plan = pm.plan(20, 15)  # Kafka holds [0, 20)
     assert plan.spans == (Span(0, 5, 2), Span(10, 20, 1))

@@ -22,6 +22,7 @@ from kspout.kafka import FetchResult, Record
 from kspout.outcomes import Outcome, OutcomeKind
 from kspout.partition_manager import PartitionManager
 from kspout.policy import PartitionPolicy, Position, PositionKind
+from tests.unit import pm_helpers
 
 GONE, ACK = OutcomeKind.GONE, OutcomeKind.ACK
 
@@ -48,9 +49,9 @@ def test_gone_outcomes_count_as_gaps_not_lost(caplog: pytest.LogCaptureFixture) 
     caplog.set_level(logging.INFO, logger="kspout.partition_manager")
     pm = manager()
     pm.plan(10, 10)
-    pm.gone(2)
+    pm_helpers.gone(pm, 2)
     pm.apply([Outcome(5, GONE, 1, count=2)], epoch=pm.epoch)
-    pm.ack_many([0, 1, 3, 4, 7, 8, 9])
+    pm_helpers.ack_many(pm, [0, 1, 3, 4, 7, 8, 9])
     s = pm.stats()
     assert (s.gaps, s.lost, s.acked) == (3, 0, 7)
     assert (s.commit_point, s.in_flight, s.failed, s.spans) == (10, 0, 0, 0)
@@ -62,9 +63,9 @@ def test_gone_outcomes_count_as_gaps_not_lost(caplog: pytest.LogCaptureFixture) 
 def test_a_gap_already_settled_is_not_counted_again() -> None:
     pm = manager()
     pm.plan(4, 4)
-    pm.ack(1)
+    pm_helpers.ack(pm, 1)
     pm.apply([Outcome(0, GONE, 1, count=4)], epoch=pm.epoch)
-    pm.gone(3)
+    pm_helpers.gone(pm, 3)
     s = pm.stats()
     assert (s.gaps, s.acked, s.lost, s.commit_point) == (3, 1, 0, 4)
 
@@ -73,7 +74,7 @@ def test_an_out_of_range_reset_counts_lost_not_gaps() -> None:
     """Retention deleted offsets the partition had not finished: data not processed."""
     pm = manager(out_of_range=Position(PositionKind.EARLIEST))
     pm.plan(100, 100)
-    pm.ack_range(0, 20)
+    pm_helpers.ack_range(pm, 0, 20)
     pm.apply([Outcome(20, GONE, 1, count=5)], epoch=pm.epoch)  # markers at [20, 25)
     reset = pm.on_out_of_range(50, 200)
     assert reset is not None and reset.lost == ((25, 50),)
@@ -116,7 +117,7 @@ def _view(partition: int, gaps: int) -> PartitionView:
     pm = manager()
     pm.plan(10, 10)
     pm.apply([Outcome(0, GONE, 1, count=gaps)] if gaps else [], epoch=pm.epoch)
-    pm.ack_range(gaps, 10)
+    pm_helpers.ack_range(pm, gaps, 10)
     return PartitionView(partition, pm.stats(), 0, 10, 10)
 
 

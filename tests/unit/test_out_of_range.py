@@ -15,6 +15,7 @@ from kspout.driver.out_of_range import OutOfRangeHandler
 from kspout.driver.watermarks import WatermarkCache
 from kspout.kafka import KafkaMetadata
 from kspout.partition_manager import PartitionManager, Span
+from tests.unit import pm_helpers
 
 TOPIC = "orders"
 P = 2
@@ -75,7 +76,7 @@ def test_a_hint_from_an_older_epoch_is_dropped(s: Setup) -> None:
     assert [r.new_start for _, r in s.handler.resets] == [200]
     new = pm.plan(300, 50)
     assert new.spans == (Span(200, 250, 1),)
-    pm.ack_range(200, 250)
+    pm_helpers.ack_range(pm, 200, 250)
     assert pm.commit_point == 250
 
     # A task of the old plan comes back with an out-of-range hint. Kafka would now say
@@ -155,7 +156,7 @@ def test_fail_policy_stops_only_that_partition_with_the_reason() -> None:
 def test_fail_policy_above_high_names_the_offset_kafka_lacks() -> None:
     s = Setup(out_of_range="fail")
     s.pm.plan(100, 100)
-    s.pm.ack_range(0, 100)
+    pm_helpers.ack_range(s.pm, 0, 100)
     s.handler.check(P, s.pm, 0, 60)  # the partition was truncated under us
     assert s.handler.stopped == {P: "offset 100 is out of range; Kafka holds [0, 60)"}
 

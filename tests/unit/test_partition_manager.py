@@ -34,6 +34,7 @@ from kspout.policy import (
     Position,
     PositionKind,
 )
+from tests.unit import pm_helpers
 
 EXC = FailReason.EXCEPTION
 HIGH = 10**9  # a high watermark that never limits planning
@@ -109,7 +110,7 @@ def test_behind_skip_finishes_failed_offset_and_commit_reaches_end(make_pm: Make
     pm.fail(10, EXC, "boom", attempt=1)
     assert pm.stats().skipped == 1
     assert pm.state_of(10) is DONE
-    pm.ack_many(o for o in range(1000) if o != 10)
+    pm_helpers.ack_many(pm, (o for o in range(1000) if o != 10))
 
     s = assert_drained(pm)
     assert s.commit_point == 1000
@@ -124,7 +125,7 @@ def test_behind_dead_letter_tickets_offset_then_commit_reaches_end(make_pm: Make
     pm, _ = make_pm(max_offset_behind=100, behind_policy=BehindPolicy.DEAD_LETTER)
     pm.plan(1000, 1000)
     pm.fail(10, EXC, "boom", attempt=1)
-    pm.ack_many(o for o in range(1000) if o != 10)
+    pm_helpers.ack_many(pm, (o for o in range(1000) if o != 10))
     assert pm.commit_point == 10, "the commit waits for the dead-letter write"
 
     tickets = pm.take_dead_letters()
@@ -148,7 +149,7 @@ def test_behind_retry_keeps_retrying_and_commit_waits(make_pm: MakePM) -> None:
     )
     pm.plan(1000, 1000)
     pm.fail(10, EXC, "boom", attempt=1)
-    pm.ack_many(o for o in range(1000) if o != 10)
+    pm_helpers.ack_many(pm, (o for o in range(1000) if o != 10))
     assert pm.commit_point == 10
     assert isinstance(pm.state_of(10), Waiting)
 
@@ -160,7 +161,7 @@ def test_behind_retry_keeps_retrying_and_commit_waits(make_pm: MakePM) -> None:
     assert plan.attempt_of(10) == 2
     assert pm.commit_point == 10
 
-    pm.ack(10)  # the outcome of attempt 2
+    pm_helpers.ack(pm, 10)  # the outcome of attempt 2
     s = assert_drained(pm)
     assert s.commit_point == 1000
     assert (s.acked, s.retried, s.skipped, s.dead_lettered) == (1000, 1, 0, 0)
@@ -177,12 +178,12 @@ def test_behind_policy_applies_to_offsets_that_failed_before_falling_behind(
     pm.plan(50, 50)
     pm.fail(10, EXC, "boom", attempt=1)
     assert isinstance(pm.state_of(10), Waiting), "not behind yet: waits for its retry"
-    pm.ack_many(o for o in range(50) if o != 10)
+    pm_helpers.ack_many(pm, (o for o in range(50) if o != 10))
 
     pm.plan(200, 150)  # emitted_to 200: offset 10 is now 190 behind
     assert pm.state_of(10) is DONE
     assert pm.stats().skipped == 1
-    pm.ack_range(50, 200)
+    pm_helpers.ack_range(pm, 50, 200)
     assert assert_drained(pm).commit_point == 200
 
 
@@ -194,7 +195,7 @@ def test_behind_in_flight_offset_times_out_then_policy_applies(make_pm: MakePM) 
         max_offset_behind=100, behind_policy=BehindPolicy.SKIP, message_timeout=10.0
     )
     pm.plan(1000, 1000)
-    pm.ack_many(o for o in range(1000) if o != 5)
+    pm_helpers.ack_many(pm, (o for o in range(1000) if o != 5))
     assert pm.commit_point == 5
     assert isinstance(pm.state_of(5), InFlight), "still running: not given up"
 
@@ -215,7 +216,7 @@ def test_poison_message_does_not_stall_new_work(make_pm: MakePM) -> None:
     poison = 3
     pm.plan(HIGH, 10)
     pm.fail(poison, EXC, "poison", attempt=1)
-    pm.ack_many(o for o in range(10) if o != poison)
+    pm_helpers.ack_many(pm, (o for o in range(10) if o != poison))
 
     for round_ in range(2, 52):
         clock.advance(0.1)
@@ -225,7 +226,7 @@ def test_poison_message_does_not_stall_new_work(make_pm: MakePM) -> None:
         assert poison in offsets and plan.attempt_of(poison) == round_
         new = [o for o in offsets if o != poison]
         assert new == list(range(emitted_before, emitted_before + 10)), "new work keeps flowing"
-        pm.ack_many(new)
+        pm_helpers.ack_many(pm, new)
         pm.fail(poison, EXC, "poison", attempt=round_)
         assert pm.commit_point == poison
 
@@ -244,7 +245,7 @@ def test_retry_budget_ends_after_exactly_max_retries_plus_one_attempts(
     4 s), and then the offset is dead-lettered or counted skipped, and the commit passes it."""
     pm, clock = make_pm(max_retries=3, backoff=Backoff(1.0, 2.0, 60.0), on_exhausted=exhausted)
     pm.plan(10, 10)
-    pm.ack_many(o for o in range(10) if o != 5)
+    pm_helpers.ack_many(pm, (o for o in range(10) if o != 5))
     attempts = 1
     pm.fail(5, EXC, "boom 1", attempt=1)
     for delay in (1.0, 2.0, 4.0):
@@ -292,7 +293,7 @@ def test_many_failures_without_any_ack_never_raise(make_pm: MakePM) -> None:
     clock.advance(10.0)
     plan = pm.plan(5000, 5000)
     assert plan.ranges() == [(0, 5000)], "every failed offset is retried"
-    pm.fail_many(range(5000), EXC, "still down")
+    pm_helpers.fail_many(pm, range(5000), EXC, "still down")
     assert pm.stats().failed == 5000
 
 
@@ -303,8 +304,8 @@ def _below_low(make_pm: MakePM, **policy: object) -> PartitionManager:
     """commit 20, emitted 100, [30, 40) acked; Kafka will hold [50, 200)."""
     pm, _ = make_pm(**policy)
     pm.plan(100, 100)
-    pm.ack_range(0, 20)
-    pm.ack_range(30, 40)
+    pm_helpers.ack_range(pm, 0, 20)
+    pm_helpers.ack_range(pm, 30, 40)
     assert (pm.commit_point, pm.emitted_to) == (20, 100)
     return pm
 
@@ -377,7 +378,7 @@ def _above_high(make_pm: MakePM, **policy: object) -> PartitionManager:
     """commit 600, emitted 1000; then the partition is recreated and Kafka holds [0, 500)."""
     pm, _ = make_pm(**policy)
     pm.plan(1000, 1000)
-    pm.ack_range(0, 600)
+    pm_helpers.ack_range(pm, 0, 600)
     return pm
 
 
@@ -397,7 +398,7 @@ def test_out_of_range_above_high_earliest_moves_back_and_ignores_old_epoch(
     plan = pm.plan(500, 500)
     assert plan.epoch == 1 and plan.ranges() == [(0, 500)]
     stale_before = pm.stats().stale
-    pm.ack(0, epoch=0)
+    pm_helpers.ack(pm, 0, epoch=0)
     pm.fail(1, EXC, "old", 1, epoch=0)
     pm.apply([Outcome(2, OutcomeKind.ACK, 1), Outcome(3, OutcomeKind.ACK, 1)], epoch=0)
     assert pm.commit_point == 0
@@ -428,7 +429,7 @@ def test_timeout_fails_in_flight_offset_and_late_ack_still_counts(make_pm: MakeP
     done; the retry will find it DUPLICATE)."""
     pm, clock = make_pm(message_timeout=10.0, backoff=Backoff(1.0, 2.0, 60.0))
     pm.plan(10, 10)
-    pm.ack_many(o for o in range(10) if o != 3)
+    pm_helpers.ack_many(pm, (o for o in range(10) if o != 3))
 
     clock.advance(9.999)
     assert pm.plan(10, 10).ranges() == []
@@ -439,7 +440,7 @@ def test_timeout_fails_in_flight_offset_and_late_ack_still_counts(make_pm: MakeP
     assert isinstance(state, Waiting) and state.reason is FailReason.TIMEOUT
     assert pm.stats().timed_out == 1
 
-    pm.ack(3)  # the outcome of attempt 1
+    pm_helpers.ack(pm, 3)  # the outcome of attempt 1
     s = assert_drained(pm)
     assert (s.acked, s.commit_point) == (10, 10)
 
@@ -454,10 +455,10 @@ def test_timeout_late_ack_after_retry_planned_finishes_offset(make_pm: MakePM) -
     clock.advance(1.0)
     plan = pm.plan(1, 1)
     assert plan.attempt_of(0) == 2
-    pm.ack(0)  # the outcome of attempt 1
+    pm_helpers.ack(pm, 0)  # the outcome of attempt 1
     assert pm.commit_point == 1
     stale = pm.stats().stale
-    pm.duplicate(0)  # the outcome of attempt 2
+    pm_helpers.duplicate(pm, 0)  # the outcome of attempt 2
     s = pm.stats()
     assert (s.acked, s.duplicates, s.stale) == (1, 0, stale + 1)
 
@@ -482,7 +483,7 @@ def test_timeout_late_fail_of_old_attempt_is_ignored(make_pm: MakePM) -> None:
     state = pm.state_of(0)
     assert isinstance(state, InFlight) and state.attempt == 2
     assert pm.stats().stale == 2
-    pm.ack(0)  # the outcome of attempt 2
+    pm_helpers.ack(pm, 0)  # the outcome of attempt 2
     assert assert_drained(pm).timed_out == 1
 
 
@@ -496,7 +497,7 @@ def test_deferred_does_not_spend_retry_budget(make_pm: MakePM) -> None:
     pm.plan(1, 1)
     attempt = 1
     for _ in range(6):
-        pm.defer(0, attempt=attempt)
+        pm_helpers.defer(pm, 0, attempt=attempt)
         state = pm.state_of(0)
         assert isinstance(state, Waiting) and state.reason is None
         clock.advance(0.999)
@@ -522,9 +523,9 @@ def test_duplicate_counts_as_ack(make_pm: MakePM) -> None:
     """DUPLICATE (the dedup bolt found the work already done) finishes the offset like an ACK."""
     pm, _ = make_pm()
     pm.plan(10, 10)
-    pm.duplicate(0)
+    pm_helpers.duplicate(pm, 0)
     pm.apply([Outcome(o, OutcomeKind.DUPLICATE, 1) for o in range(1, 5)], epoch=pm.epoch)
-    pm.ack_range(5, 10)
+    pm_helpers.ack_range(pm, 5, 10)
     s = assert_drained(pm)
     assert (s.duplicates, s.acked, s.commit_point) == (5, 5, 10)
 
@@ -541,17 +542,17 @@ def test_max_uncommitted_blocks_new_offsets_but_not_due_retries(make_pm: MakePM)
     assert pm.plan(HIGH, 60).ranges() == []
 
     pm.fail(5, EXC, "boom", attempt=1)
-    pm.ack_many(range(50, 100))
+    pm_helpers.ack_many(pm, range(50, 100))
     clock.advance(1.0)
     plan = pm.plan(HIGH, 60)
     assert plan.ranges() == [(5, 6)], "the retry goes out, no new work (100 uncommitted)"
     assert plan.attempt_of(5) == 2
 
-    pm.ack_many(o for o in range(50) if o != 5)
+    pm_helpers.ack_many(pm, (o for o in range(50) if o != 5))
     assert pm.commit_point == 5
     assert pm.plan(HIGH, 60).ranges() == [(100, 105)], "95 uncommitted: room for 5"
     assert pm.plan(HIGH, 60).ranges() == []
-    pm.ack(5)  # the outcome of attempt 2
+    pm_helpers.ack(pm, 5)  # the outcome of attempt 2
     assert pm.commit_point == 100
     assert pm.plan(HIGH, 60).ranges() == [(105, 165)]
 
@@ -566,7 +567,7 @@ def test_million_in_flight_offsets_cost_one_span(make_pm: MakePM) -> None:
     pm.plan(10**6, 10**6)
     s = pm.stats()
     assert (s.in_flight, s.spans) == (10**6, 1)
-    pm.ack_range(0, 10**6)
+    pm_helpers.ack_range(pm, 0, 10**6)
     assert assert_drained(pm).commit_point == 10**6
 
 
@@ -576,12 +577,12 @@ def test_spans_grow_with_gaps_and_shrink_back(make_pm: MakePM) -> None:
     pm, _ = make_pm()
     pm.plan(1000, 1000)
     for o in range(0, 1000, 2):
-        pm.ack(o)
+        pm_helpers.ack(pm, o)
     s = pm.stats()
     assert 990 <= s.spans <= 1000
     assert s.in_flight == 500
     for o in range(1, 1000, 2):
-        pm.ack(o)
+        pm_helpers.ack(pm, o)
     assert assert_drained(pm).commit_point == 1000
 
 
@@ -630,16 +631,16 @@ def _run_length(outcomes: list[Outcome]) -> list[Outcome]:
 
 def _apply_one(pm: PartitionManager, out: Outcome) -> None:
     if out.kind is OutcomeKind.ACK:
-        pm.ack(out.offset)
+        pm_helpers.ack(pm, out.offset)
     elif out.kind is OutcomeKind.FAIL:
         assert out.reason is not None
         pm.fail(out.offset, out.reason, out.error, out.attempt)
     elif out.kind is OutcomeKind.DUPLICATE:
-        pm.duplicate(out.offset)
+        pm_helpers.duplicate(pm, out.offset)
     elif out.kind is OutcomeKind.DEFERRED:
-        pm.defer(out.offset, out.attempt)
+        pm_helpers.defer(pm, out.offset, out.attempt)
     else:
-        pm.gone(out.offset)
+        pm_helpers.gone(pm, out.offset)
 
 
 def _state_key(value: State | None) -> object:
@@ -703,14 +704,15 @@ def test_ack_many_accepts_unsorted_input(make_pm: MakePM) -> None:
     shuffled_pm, _ = make_pm()
     for pm, batch in ((sorted_pm, offsets), (shuffled_pm, shuffled)):
         pm.plan(1000, 1000)
-        pm.ack_many(iter(batch))
+        pm_helpers.ack_many(pm, iter(batch))
     s = shuffled_pm.stats()
     assert s == sorted_pm.stats()
     assert (s.acked, s.in_flight, s.stale, s.commit_point) == (len(offsets), 11, 0, 0)
     assert all(isinstance(shuffled_pm.state_of(o), InFlight) for o in range(0, 1000, 97))
 
-    shuffled_pm.ack_many([679, 0, 388, 0, 97, 679])  # duplicates in a batch count as stale
-    shuffled_pm.ack_many(reversed(range(0, 1000, 97)))
+    # duplicates in a batch count as stale
+    pm_helpers.ack_many(shuffled_pm, [679, 0, 388, 0, 97, 679])
+    pm_helpers.ack_many(shuffled_pm, reversed(range(0, 1000, 97)))
     s = shuffled_pm.stats()
     assert (s.acked, s.stale, s.commit_point, s.spans) == (1000, 2 + 4, 1000, 0)
 
@@ -719,12 +721,12 @@ def test_fail_many_and_dead_lettered_accept_unsorted_input(make_pm: MakePM) -> N
     """The other batch calls share `ack_many`'s run coalescing: unsorted input must work too."""
     pm, _ = make_pm(max_retries=0)
     pm.plan(100, 100)
-    pm.fail_many([50, 10, 11, 90, 12], EXC, "boom")
+    pm_helpers.fail_many(pm, [50, 10, 11, 90, 12], EXC, "boom")
     assert pm.stats().dead_letter_pending == 5
     tickets = pm.take_dead_letters()
     assert [t.offset for t in tickets] == [10, 11, 12, 50, 90]
     pm.dead_lettered([90, 12, 50, 10, 11])
-    pm.ack_many(o for o in range(100) if o not in {10, 11, 12, 50, 90})
+    pm_helpers.ack_many(pm, (o for o in range(100) if o not in {10, 11, 12, 50, 90}))
     s = assert_drained(pm)
     assert (s.dead_lettered, s.acked) == (5, 95)
 
@@ -737,10 +739,10 @@ def test_acking_separately_planned_offsets_in_reverse_reaches_the_end(make_pm: M
     for _ in range(3):
         pm.plan(3, 1)
     assert pm.stats().spans == 3
-    pm.ack(2)
-    pm.ack(1)
+    pm_helpers.ack(pm, 2)
+    pm_helpers.ack(pm, 1)
     assert pm.state_of(2) is DONE
-    pm.ack(0)
+    pm_helpers.ack(pm, 0)
     s = assert_drained(pm)
     assert (s.acked, s.commit_point) == (3, 3)
 
@@ -751,7 +753,7 @@ def test_failed_dead_letter_write_hands_the_offset_out_again(make_pm: MakePM) ->
     pm, _ = make_pm(max_retries=0)
     pm.plan(10, 10)
     pm.fail(4, EXC, "boom")
-    pm.ack_many(o for o in range(10) if o != 4)
+    pm_helpers.ack_many(pm, (o for o in range(10) if o != 4))
     first = pm.take_dead_letters()
     assert [t.offset for t in first] == [4]
     assert pm.take_dead_letters() == [], "handed out once until the write settles"
@@ -777,10 +779,10 @@ def test_restored_spans_are_done_counted_apart_and_skipped() -> None:
     plan = pm.plan(200, 4)  # the high watermark holds new offsets back: only gaps
     assert plan.ranges() == [(100, 103), (110, 111)], "the gaps, lowest first"
     assert {plan.attempt_of(o) for o in plan} == {1}, "a first attempt, like a new offset"
-    pm.ack_many(range(100, 103))
+    pm_helpers.ack_many(pm, range(100, 103))
     assert pm.commit_point == 110
-    pm.ack(110)
+    pm_helpers.ack(pm, 110)
     assert pm.finished_spans(10) == ([(112, 200)], None)
     assert pm.plan(HIGH, 3).ranges() == [(111, 112), (200, 203)]
-    pm.ack(111)
+    pm_helpers.ack(pm, 111)
     assert pm.commit_point == 200 and pm.stats().acked == 5

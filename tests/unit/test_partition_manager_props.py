@@ -28,6 +28,7 @@ from kspout.policy import (
     Position,
     PositionKind,
 )
+from tests.unit import pm_helpers
 from tests.unit.pm_model import Model
 
 policies = st.builds(
@@ -137,13 +138,13 @@ class PartitionManagerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def ack(self, data: st.DataObject) -> None:
         o = self._offset(data)
-        self.pm.ack(o)
+        pm_helpers.ack(self.pm, o)
         self.model.ack(o)
 
     @rule(data=st.data())
     def duplicate(self, data: st.DataObject) -> None:
         o = self._offset(data)
-        self.pm.duplicate(o)
+        pm_helpers.duplicate(self.pm, o)
         self.model.ack(o, duplicate=True)
 
     @rule(data=st.data(), reason=reasons)
@@ -239,7 +240,7 @@ class PartitionManagerMachine(RuleBasedStateMachine):
     def defer(self, data: st.DataObject) -> None:
         o = self._offset(data)
         attempt = self._attempt(data, o)
-        self.pm.defer(o, attempt)
+        pm_helpers.defer(self.pm, o, attempt)
         self.model.defer(o, self.now, attempt)
 
     @rule(data=st.data())
@@ -263,14 +264,14 @@ class PartitionManagerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def gone(self, data: st.DataObject) -> None:
         o = self._offset(data)
-        self.pm.gone(o)
+        pm_helpers.gone(self.pm, o)
         self.model.gone(o)
 
     @rule(data=st.data())
     def ack_range(self, data: st.DataObject) -> None:
         lo = self._offset(data)
         hi = data.draw(st.integers(lo, lo + 12))
-        self.pm.ack_range(lo, hi)
+        pm_helpers.ack_range(self.pm, lo, hi)
         for o in range(lo, hi):
             self.model.ack(o)
 
@@ -278,7 +279,7 @@ class PartitionManagerMachine(RuleBasedStateMachine):
     def fail_range(self, data: st.DataObject, reason: FailReason) -> None:
         lo = self._offset(data)
         hi = data.draw(st.integers(lo, lo + 12))
-        self.pm.fail_range(lo, hi, reason)
+        pm_helpers.fail_range(self.pm, lo, hi, reason)
         for o in range(lo, hi):
             self.model.fail(o, self.now, None, reason)
 
@@ -376,7 +377,7 @@ class PartitionManagerMachine(RuleBasedStateMachine):
             self.now += 1000.0
             plan = self.pm.plan(self.model.emitted, 10_000)
             self.model.plan(self.now, self.model.emitted, 10_000)
-            self.pm.ack_many(list(plan))
+            pm_helpers.ack_many(self.pm, list(plan))
             for o in plan:
                 self.model.ack(o)
             tickets = self.pm.take_dead_letters()

@@ -16,6 +16,7 @@ from kspout.offsets import now_ms
 from kspout.outcomes import FailReason
 from kspout.partition_manager import PartitionManager
 from kspout.policy import Backoff, PartitionPolicy
+from tests.unit import pm_helpers
 
 
 class Split(BasicBolt):
@@ -45,7 +46,7 @@ def stuck() -> tuple[PartitionManager, list[float]]:
     now = [0.0]
     pm = PartitionManager(PartitionPolicy(backoff=Backoff(60.0, 1.0, 60.0)), 0, lambda: now[0])
     pm.plan(10, 10)
-    pm.ack_many([0, 1, *range(3, 10)])
+    pm_helpers.ack_many(pm, [0, 1, *range(3, 10)])
     pm.fail(2, FailReason.EXCEPTION, "bad order")
     return pm, now
 
@@ -61,7 +62,7 @@ def test_a_stall_past_half_the_window_warns_once_per_episode(
             watch.observe({0: pm})
         assert watch.stalls == {0: 1}
         assert watch.stuck_for(0, pm) == 195.0
-        pm.ack(2)  # the commit point moves: the episode ends
+        pm_helpers.ack(pm, 2)  # the commit point moves: the episode ends
         watch.observe({0: pm})
         assert watch.stuck_for(0, pm) is None
         pm.plan(20, 5)
