@@ -41,7 +41,7 @@ from bench.stack import zookeeper_and_kafka_cluster
 from kspout.config import TopicConfig
 from kspout.devstack import KafkaCluster
 from kspout.kafka import KafkaMetadata
-from kspout.offsets import CHUNK_WRITES, OffsetWrite, StoredOffset, ZkOffsetStore, encode_done
+from kspout.zk.offsets import CHUNK_WRITES, OffsetWrite, StoredOffset, ZkOffsetStore, encode_done
 from kspout.ownership.tree import SpoutTree
 
 PARTITIONS = 1_000

@@ -35,7 +35,7 @@ from kspout.config import TopicConfig
 from kspout.executor.topology import ChainItem
 from kspout.kafka import Record, client_settings
 from kspout.kafka.topics import ensure_topic
-from kspout.offsets import ZkOffsetStore
+from kspout.zk.offsets import ZkOffsetStore
 
 WORDS = (
     "storm", "spark", "kafka", "stream", "bolt", "spout", "tuple", "offset", "partition",

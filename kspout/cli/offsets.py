@@ -44,7 +44,7 @@ from kspout.errors import (
     resume_command,
 )
 from kspout.kafka import KafkaMetadata
-from kspout.offsets import StoredOffset, ZkOffsetStore, describe_replay, now_ms
+from kspout.zk.offsets import StoredOffset, ZkOffsetStore, describe_replay, now_ms
 from kspout.ownership.tree import read_ownership
 from kspout.policy import Position
 from kspout.wording import count

@@ -30,7 +30,7 @@ from kspout.cli.pausing import ack_timeout, operator, pause, resume, wait_for_ac
 from kspout.config import load_config
 from kspout.errors import KspoutError
 from kspout.kafka import KafkaMetadata
-from kspout.offsets import ZkOffsetStore, now_ms
+from kspout.zk.offsets import ZkOffsetStore, now_ms
 from kspout.ownership.assignment import Assignment, balance, moves
 from kspout.ownership.tree import SpoutTree, read_ownership, write_assignment
 from kspout.wording import count

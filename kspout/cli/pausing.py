@@ -16,7 +16,7 @@ from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from kspout.config import TopicConfig
 from kspout.errors import KspoutError
-from kspout.offsets import ZkOffsetStore, now_ms
+from kspout.zk.offsets import ZkOffsetStore, now_ms
 from kspout.ownership.tree import SpoutTree, encode, read_ownership
 
 ACK_POLL = 0.2  # seconds between reads while waiting for owners' acks

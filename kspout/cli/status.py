@@ -33,7 +33,7 @@ from kspout.cli.views import PartitionMarks, age, iso, read_marks
 from kspout.config import TopicConfig, load_config
 from kspout.errors import KspoutError, resume_command
 from kspout.kafka import KafkaMetadata
-from kspout.offsets import ZkOffsetStore, now_ms
+from kspout.zk.offsets import ZkOffsetStore, now_ms
 from kspout.ownership.tree import Ownership, Pause, read_ownership
 from kspout.wording import count
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from kspout.config import TopicConfig
 from kspout.kafka import KafkaMetadata
-from kspout.offsets import StoredOffset, ZkOffsetStore
+from kspout.zk.offsets import StoredOffset, ZkOffsetStore
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ commit point, or its stop mark changed, with compare-and-set on the znode versio
 that lost the record cannot overwrite a newer one. The records of one commit round go out
 together (`ZkOffsetStore.commit_all`): one round trip, each partition fenced on its own. The
 record carries what a restart needs to replay only what is unfinished, and what the replay
-window needs (`kspout.offsets`). A partition stopped by `out_of_range = "fail"` carries the
+window needs (`kspout.zk.offsets`). A partition stopped by `out_of_range = "fail"` carries the
 reason in its record (`kspout offsets show` prints it with the command that resumes it); the
 committer reads such records back every few seconds and reports when an operator moved the
 offset.
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kspout.errors import OffsetConflict
-from kspout.offsets import (
+from kspout.zk.offsets import (
     MAX_DONE_SPANS,
     Checkpoint,
     OffsetWrite,

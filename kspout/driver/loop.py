@@ -59,7 +59,7 @@ from kspout.errors import KafkaUnavailable, OffsetConflict, ReplayPastWindow
 from kspout.kafka import KafkaMetadata
 from kspout.kafka.group_mirror import GroupMirror
 from kspout.lifecycle import Lifecycle
-from kspout.offsets import StoredOffset, ZkOffsetStore
+from kspout.zk.offsets import StoredOffset, ZkOffsetStore
 from kspout.ordering import KeyOrder, blockers_of
 from kspout.outcomes import FailReason, describe_error
 from kspout.ownership.membership import Membership

@@ -8,7 +8,7 @@ from typing import Any
 
 from kspout.driver.breaker import BreakerView
 from kspout.driver.failure_log import FailureSummary
-from kspout.offsets import ZkOffsetStore, now_ms
+from kspout.zk.offsets import ZkOffsetStore, now_ms
 from kspout.partition_manager import OutOfRangeReset, Stats
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from kspout.errors import ReplayPastWindow
-from kspout.offsets import StoredOffset, describe_replay, now_ms
+from kspout.zk.offsets import StoredOffset, describe_replay, now_ms
 from kspout.partition_manager import (
     UNPLANNED,
     DeadLetterPending,

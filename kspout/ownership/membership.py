@@ -27,7 +27,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
 from kspout.errors import KafkaUnavailable
-from kspout.offsets import StoredOffset, ZkOffsetStore, now_ms
+from kspout.zk.offsets import StoredOffset, ZkOffsetStore, now_ms
 from kspout.ownership.assignment import Assignment, balance
 from kspout.ownership.tree import (
     Pause,

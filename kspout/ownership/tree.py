@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from kspout.offsets import ZkOffsetStore
+from kspout.zk.offsets import ZkOffsetStore
 from kspout.ownership.assignment import Assignment
 
 PARTITION_NODE = re.compile(r"^partition_(\d+)$")

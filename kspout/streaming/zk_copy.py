@@ -4,7 +4,7 @@ see the query.
 Spark's checkpoint is the source of truth for a streaming query: this copy is written after the
 fact and never read back to decide where the query reads, with one exception, an operator's
 move of a partition that `out_of_range = "fail"` stopped (below). Each partition's record is
-storm-kafka's, at `<zk_root>/<spout_id>/partition_<n>` of the topic file (`kspout.offsets`),
+storm-kafka's, at `<zk_root>/<spout_id>/partition_<n>` of the topic file (`kspout.zk.offsets`),
 written with plain compare-and-set on the znode version: the stream is not an owner
 (`kspout.ownership`), takes no claims and registers no instance. Under the record's `kspout`
 key it adds `lost`, the offsets this spout id lost to out-of-range resets in total.
@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from kspout.config import TopicConfig
 from kspout.errors import KafkaUnavailable, OffsetConflict, ZooKeeperUnavailable
 from kspout.lifecycle import Lifecycle
-from kspout.offsets import StoredOffset, ZkOffsetStore
+from kspout.zk.offsets import StoredOffset, ZkOffsetStore
 from kspout.policy import Backoff
 
 log = logging.getLogger(__name__)

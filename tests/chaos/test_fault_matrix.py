@@ -56,7 +56,7 @@ from kspout.driver import Progress
 from kspout.errors import FetchTimeout
 from kspout.executor.topology import ChainItem
 from kspout.kafka import KafkaMetadata, PartitionFetcher
-from kspout.offsets import ZkOffsetStore
+from kspout.zk.offsets import ZkOffsetStore
 from kspout.outcomes import describe_error
 from kspout.spout import KafkaSpout
 from tests.chaos.faults import (

@@ -20,7 +20,7 @@ from confluent_kafka.admin import AdminClient
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
 from kspout.kafka import KafkaMetadata
-from kspout.offsets import ZkOffsetStore
+from kspout.zk.offsets import ZkOffsetStore
 
 ZK_ROOT = "/run-test"
 PARTITIONS = (0, 1, 2, 3)  # `topic_name` and `topic_factory` create topics with 4 partitions

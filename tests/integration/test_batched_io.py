@@ -25,7 +25,7 @@ from kspout.errors import KafkaRequestFailed, OffsetConflict
 from kspout.executor.local import LocalExecutor
 from kspout.kafka import KafkaMetadata, Record
 from kspout.kafka.metadata import Bounds
-from kspout.offsets import CHUNK_BYTES, OffsetWrite, ZkOffsetStore
+from kspout.zk.offsets import CHUNK_BYTES, OffsetWrite, ZkOffsetStore
 from kspout.ownership.tree import SpoutTree
 from tests.chaos.faults import wait_led
 from tests.integration.helpers import PARTITIONS, highs, produce, stored

@@ -25,7 +25,7 @@ from kspout.devstack import DevStack
 from kspout.driver import Driver
 from kspout.executor.local import LocalExecutor
 from kspout.kafka import Record
-from kspout.offsets import ZkOffsetStore
+from kspout.zk.offsets import ZkOffsetStore
 from tests.commands import subcommands
 from tests.integration.helpers import PARTITIONS, produce, topic_file
 

@@ -14,7 +14,7 @@ from confluent_kafka import Producer
 from kspout.cli import main
 from kspout.config import load_config
 from kspout.devstack import DevStack
-from kspout.offsets import ZkOffsetStore
+from kspout.zk.offsets import ZkOffsetStore
 from kspout.ownership.tree import SpoutTree
 
 BASE_MS = 1_700_000_000_000  # message i of a test topic has timestamp BASE_MS + i * 1000

@@ -22,7 +22,7 @@ from kspout.devstack import DevStack
 from kspout.driver import Driver
 from kspout.executor.local import LocalExecutor
 from kspout.kafka import Record
-from kspout.offsets import ZkOffsetStore
+from kspout.zk.offsets import ZkOffsetStore
 from kspout.ownership.assignment import Assignment
 from kspout.ownership.tree import SpoutTree
 from tests.integration.helpers import PARTITIONS, highs, produce, stored, topic_file

@@ -26,7 +26,7 @@ from kspout.devstack import DevStack
 from kspout.driver import Driver
 from kspout.executor.local import LocalExecutor
 from kspout.kafka.records import Record
-from kspout.offsets import ZkOffsetStore
+from kspout.zk.offsets import ZkOffsetStore
 from kspout.ownership.tree import read_ownership
 from tests.conftest import TopicFactory
 from tests.integration.helpers import PARTITIONS, highs, produce, stored, topic_file

@@ -69,7 +69,7 @@ def instances(
 
 def owner_of(config: TopicConfig, pid: int) -> Callable[[], str | None]:
     """The instance id `kspout run` process `pid` registered (its node holds its pid)."""
-    from kspout.offsets import ZkOffsetStore
+    from kspout.zk.offsets import ZkOffsetStore
     from kspout.ownership.tree import read_ownership
 
     def find() -> str | None:

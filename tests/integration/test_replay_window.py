@@ -25,7 +25,7 @@ from kspout.driver import Driver
 from kspout.errors import ReplayPastWindow
 from kspout.executor.local import LocalExecutor
 from kspout.kafka import Record
-from kspout.offsets import Checkpoint, ZkOffsetStore, encode_done, history_fields, now_ms
+from kspout.zk.offsets import Checkpoint, ZkOffsetStore, encode_done, history_fields, now_ms
 from tests.integration.helpers import PARTITIONS, produce, stored, topic_file
 
 

@@ -19,7 +19,7 @@ from confluent_kafka import Producer
 
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
-from kspout.offsets import StoredOffset, ZkOffsetStore
+from kspout.zk.offsets import StoredOffset, ZkOffsetStore
 from tests.integration.helpers import (
     PARTITIONS,
     ZK_ROOT,

@@ -31,7 +31,7 @@ from kspout.driver import Driver, Progress
 from kspout.errors import DeadLetterWriteFailed, TopicMismatch
 from kspout.executor.local import LocalExecutor
 from kspout.kafka import DeadLetter, Record
-from kspout.offsets import ZkOffsetStore
+from kspout.zk.offsets import ZkOffsetStore
 from tests.integration.helpers import (
     PARTITIONS,
     delete_records,

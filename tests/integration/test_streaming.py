@@ -22,7 +22,7 @@ from dedup import Effects
 from dedup.batch import ExactlyOnce
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
-from kspout.offsets import ZkOffsetStore
+from kspout.zk.offsets import ZkOffsetStore
 from kspout.streaming.positions import admit
 from tests.integration.helpers import (
     PARTITIONS,

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kspout.config import TopicConfig, parse_config
-from kspout.offsets import (
+from kspout.zk.offsets import (
     HISTORY_MAX,
     HISTORY_STEP,
     MAX_DONE_SPANS,
@@ -98,7 +98,7 @@ def test_a_cut_the_manager_reports_is_kept() -> None:
 def test_garbage_in_the_fields_is_ignored_with_a_warning(
     ours: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, "kspout.offsets"):
+    with caplog.at_level(logging.WARNING, "kspout.zk.offsets"):
         record = decode(42, **ours)
     assert record.offset == 42, "the offset still counts"
     assert record.done == () and record.history == ()
