@@ -279,7 +279,9 @@ class ZkOffsetStore:
             version = session.call(
                 f"move {path}",
                 path,
-                lambda zk: written(session.wait(send_write(zk, path, payload, expected)), expected),
+                lambda zk: written(
+                    session.wait(send_write(zk, path, payload, expected)), path, expected
+                ),
             )
         except FENCING_ERRORS:
             return None
@@ -313,7 +315,7 @@ def send_transaction(zk: KazooClient, writes: Sequence[tuple[str, OffsetWrite, b
     return t.commit_async()
 
 
-def written(answer: Any, version: int | None, path: str = "", fence: str | None = None) -> int:
+def written(answer: Any, path: str, version: int | None, fence: str | None = None) -> int:
     """The record's new version from the answer to one write (with `fence`: to its
     transaction); raises `OwnershipLost` when the claim check failed, or the write's own
     error."""
@@ -431,7 +433,7 @@ class _CommitRound:
             path = self.paths[write.partition]
             try:
                 self.answers[write.partition] = written(
-                    self.session.wait(request), write.version, path, write.fence
+                    self.session.wait(request), path, write.version, write.fence
                 )
             except (*FENCING_ERRORS, OwnershipLost) as exc:
                 self.answers[write.partition] = exc

@@ -116,7 +116,7 @@ def test_accepts_record_without_topic(
     config = make_config()
     oldest = {"topology": {"id": "t-1", "name": "t"}, "offset": 9, "partition": 0, "broker": {}}
     zk.create(f"{config.zk_spout_path}/partition_0", json.dumps(oldest).encode(), makepath=True)
-    with caplog.at_level(logging.WARNING, "kspout.zk.offsets"), open_store(config) as store:
+    with caplog.at_level(logging.WARNING, "kspout.zk.record"), open_store(config) as store:
         stored = store.read(0)
     assert stored is not None and stored.offset == 9 and stored.topic is None
     assert "no topic" in caplog.text
