@@ -50,11 +50,11 @@ from kspout.zk.record import (
     decode,
     encode,
     history_fields,
+    new_instance_id,
     new_record,
     next_history,
     now_ms,
 )
-from kspout.zk.registry import new_instance_id
 from kspout.zk.session import FENCING_ERRORS, ZkSession, is_transient
 
 log = logging.getLogger(__name__)

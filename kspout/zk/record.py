@@ -49,6 +49,7 @@ import json
 import logging
 import re
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -72,6 +73,11 @@ def now_ms() -> int:
     """Wall-clock ms: the stamps in records, for people and for the replay window; never a
     deadline (deadlines use the monotonic clock)."""
     return int(time.time() * 1000)
+
+
+def new_instance_id(topology: str) -> str:
+    """A fresh instance id (the record's `topology.id`): the topology name, a random suffix."""
+    return f"{topology}-{uuid.uuid4().hex[:12]}"
 
 
 def encode(record: Mapping[str, Any]) -> bytes:

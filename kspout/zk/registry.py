@@ -20,7 +20,6 @@ import contextlib
 import logging
 import os
 import socket
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,11 +33,6 @@ from kspout.zk.session import ZkSession
 log = logging.getLogger(__name__)
 
 INSTANCES_NODE = "instances"
-
-
-def new_instance_id(topology: str) -> str:
-    """A fresh instance id: the topology name and a random suffix."""
-    return f"{topology}-{uuid.uuid4().hex[:12]}"
 
 
 def instances_path(spout_path: str) -> str:
