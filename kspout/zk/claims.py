@@ -5,7 +5,7 @@ ZooKeeper layout: the claim is an ephemeral node (its path chosen by `kspout.own
 record `<zk_root>/<spout_id>/partition_<n>` (`kspout.zk.offsets`). Every commit of the owner
 checks the claim node in the same transaction (`OffsetWrite.fence`).
 
-A claim, per attempt (at most `MOVE_ATTEMPTS`)::
+A claim, per round (`until_won`: again while another writer wins the race)::
 
     read the record --transaction: create claim + rewrite record--> CLAIMED
         the claim node exists (another live session)                  --> BUSY (None)
@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Literal
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError
 
-from kspout.errors import OffsetConflict
-from kspout.zk.offsets import MOVE_ATTEMPTS, ZkOffsetStore
+from kspout.zk.offsets import ZkOffsetStore
 from kspout.zk.record import StoredOffset, encode, now_ms
+from kspout.zk.session import Race, until_won
 
 
 def claim_partition(
@@ -38,37 +39,43 @@ def claim_partition(
 
     Returns the record as claimed, or None when another live session holds the claim.
     """
+    path = store.partition_path(partition)
+    return until_won(
+        path, "claiming it", lambda: _claim_round(store, partition, fence, payload, initial)
+    )
+
+
+def _claim_round(
+    store: ZkOffsetStore, partition: int, fence: str, payload: bytes, initial: Callable[[], int]
+) -> StoredOffset | Literal[Race.LOST] | None:
+    """One read and claim transaction of `claim_partition`."""
     session = store.session
     path = store.partition_path(partition)
-    for _ in range(MOVE_ATTEMPTS):
-        found = session.read_node(path)
-        if found is None:
-            record = store.record(
-                partition, initial(), ("", -1), "claim", {"advanced_at": now_ms()}
-            )
-            raw, version = encode(record), None
-        else:
-            raw, version = found
-            store.decode(partition, path, raw, version)  # refuse another topic's record
-        outcome = session.call(
-            f"claim {path}",
-            fence,
-            functools.partial(
-                _claim_once,
-                store,
-                fence=fence,
-                payload=payload,
-                path=path,
-                raw=raw,
-                version=version,
-            ),
-        )
-        if outcome == "busy":
-            return None
-        if outcome == "raced":
-            continue
-        return store.decode(partition, path, raw, 0 if version is None else version + 1)
-    raise OffsetConflict(path, -1)
+    found = session.read_node(path)
+    if found is None:
+        record = store.record(partition, initial(), ("", -1), "claim", {"advanced_at": now_ms()})
+        raw, version = encode(record), None
+    else:
+        raw, version = found
+        store.decode(partition, path, raw, version)  # refuse another topic's record
+    outcome = session.call(
+        f"claim {path}",
+        fence,
+        functools.partial(
+            _claim_once,
+            store,
+            fence=fence,
+            payload=payload,
+            path=path,
+            raw=raw,
+            version=version,
+        ),
+    )
+    if outcome == "busy":
+        return None
+    if outcome == "raced":
+        return Race.LOST
+    return store.decode(partition, path, raw, 0 if version is None else version + 1)
 
 
 def _claim_once(

@@ -29,7 +29,7 @@ import logging
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import RolledBackError, RuntimeInconsistency
@@ -55,11 +55,10 @@ from kspout.zk.record import (
     next_history,
     now_ms,
 )
-from kspout.zk.session import FENCING_ERRORS, ZkSession, is_transient
+from kspout.zk.session import FENCING_ERRORS, Race, ZkSession, is_transient, until_won
 
 log = logging.getLogger(__name__)
 
-MOVE_ATTEMPTS = 50  # an operator move that loses this many races in a row gives up
 # A commit round's chunks (`commit_all`): records in one transaction at most, and their bytes at
 # most, half of ZooKeeper's default request limit (jute.maxbuffer, 1 MB), which also has to hold
 # the paths, the claim checks and the headers. A larger record goes alone.
@@ -246,15 +245,11 @@ class ZkOffsetStore:
         running driver notices the change), and no finished runs (they were relative to the
         old offset); it keeps the window history, whose facts stay true.
         """
-        for _ in range(MOVE_ATTEMPTS):
-            moved = self._move_once(partition, offset)
-            if moved is not None:
-                return moved
-            log.info("%s changed while moving it; reading it again", self.partition_path(partition))
-        raise OffsetConflict(self.partition_path(partition), -1)
+        path = self.partition_path(partition)
+        return until_won(path, "moving it", lambda: self._move_once(partition, offset))
 
-    def _move_once(self, partition: int, offset: int) -> StoredOffset | None:
-        """One read-modify-CAS round of `move`; None when another writer won the race."""
+    def _move_once(self, partition: int, offset: int) -> StoredOffset | Literal[Race.LOST]:
+        """One read-modify-CAS round of `move`."""
         session = self.session
         path = self.partition_path(partition)
         found = session.read_node(path)
@@ -284,7 +279,7 @@ class ZkOffsetStore:
                 ),
             )
         except FENCING_ERRORS:
-            return None
+            return Race.LOST
         log.info("%s moved from %s to %d", path, moved_from, offset)
         if old is not None and old.stopped is not None:
             log.info("%s: the stop is cleared (it was: %s)", path, old.stopped)

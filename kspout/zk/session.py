@@ -1,9 +1,10 @@
 """One ZooKeeper session: the kazoo client, its one retry idiom, and its state listener.
 
-The recipes (`record`, `offsets`, `claims`, `registry`, and `kspout.ownership`) take a
-`ZkSession` and send their requests through `call`, which retries transient errors (bounded,
-exponential backoff, tenacity) and never retries fencing errors. Nodes live under the topic
-file's spout path, `<zk_root>/<spout_id>`.
+The recipes (`offsets`, `claims`, `registry`, and `kspout.ownership`) take a `ZkSession` and
+send their requests through `call`, which retries transient errors (bounded, exponential
+backoff, tenacity) and never retries fencing errors. A read-modify-compare-and-set that loses
+the race to another writer is a different matter: `until_won` runs its round again, reading
+the node anew. Nodes live under the topic file's spout path, `<zk_root>/<spout_id>`.
 
 The session's states, as kazoo reports them to `_on_state` (on kazoo's connection thread)::
 
@@ -16,9 +17,10 @@ After LOST, every ephemeral node of the old session is gone; the callbacks given
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
@@ -42,7 +44,7 @@ from tenacity import (
 )
 
 from kspout.config import TopicConfig
-from kspout.errors import ZooKeeperAccessDenied, ZooKeeperUnavailable
+from kspout.errors import OffsetConflict, ZooKeeperAccessDenied, ZooKeeperUnavailable
 from kspout.lifecycle import Lifecycle
 
 log = logging.getLogger(__name__)
@@ -57,10 +59,27 @@ FENCING_ERRORS = (BadVersionError, NodeExistsError)
 
 Node = tuple[bytes, int]  # a node's bytes and znode version
 
+RACE_ATTEMPTS = 50  # a read-modify-compare-and-set that loses this many races in a row gives up
+
+
+class Race(enum.Enum):
+    LOST = "lost"  # another writer changed the node between our read and our compare-and-set
+
 
 def is_transient(exc: BaseException) -> bool:
     """Whether `call` sends the request again after `exc`."""
     return isinstance(exc, TRANSIENT_ERRORS) and not isinstance(exc, ConnectionClosedError)
+
+
+def until_won(path: str, doing: str, round_: Callable[[], T | Literal[Race.LOST]]) -> T:
+    """`round_()` (read `path`, modify, compare-and-set) again while another writer wins the
+    race, at most `RACE_ATTEMPTS` times; then `OffsetConflict`."""
+    for _ in range(RACE_ATTEMPTS):
+        outcome = round_()
+        if outcome is not Race.LOST:
+            return outcome
+        log.info("%s changed while %s; reading it again", path, doing)
+    raise OffsetConflict(path, -1)
 
 
 class ZkSession(Lifecycle):
