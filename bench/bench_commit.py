@@ -41,8 +41,11 @@ from bench.stack import zookeeper_and_kafka_cluster
 from kspout.config import TopicConfig
 from kspout.devstack import KafkaCluster
 from kspout.kafka import KafkaMetadata
-from kspout.offsets import CHUNK_WRITES, OffsetWrite, StoredOffset, ZkOffsetStore, encode_done
 from kspout.ownership.tree import SpoutTree
+from kspout.zk.claims import claim_partition
+from kspout.zk.offsets import CHUNK_WRITES, OffsetWrite, ZkOffsetStore
+from kspout.zk.record import StoredOffset, encode_done
+from kspout.zk.session import ZkSession
 
 PARTITIONS = 1_000
 BROKERS = 3
@@ -89,7 +92,7 @@ class Records:
         self.fences = {p: tree.claim(p) for p in range(PARTITIONS)}
         self.versions: dict[int, int] = {}
         for p, fence in self.fences.items():
-            claimed = store.claim(p, fence, b'{"instance": "bench"}', lambda: 0)
+            claimed = claim_partition(store, p, fence, b'{"instance": "bench"}', lambda: 0)
             assert claimed is not None
             self.versions[p] = claimed.version
 
@@ -124,12 +127,15 @@ class Records:
 
     def listing(self) -> list[str]:
         """The record nodes under the spout path."""
-        return [n for n in self.store.children_of(self.store.path) if n.startswith("partition_")]
+        return [
+            n for n in self.store.session.children_of(self.store.path) if n.startswith("partition_")
+        ]
 
 
 def time_zookeeper(config: TopicConfig, rounds: int) -> dict[str, float]:
     """Seconds for a commit of every partition, and a read of every record, each way."""
-    with ZkOffsetStore(config) as store:
+    with ZkSession(config) as session:
+        store = ZkOffsetStore(session)
         records = Records(store)
         figures = {
             "commit: one at a time": best(rounds, lambda n: records.one_by_one(3000 * n)),

@@ -35,7 +35,8 @@ from kspout.config import TopicConfig
 from kspout.executor.topology import ChainItem
 from kspout.kafka import Record, client_settings
 from kspout.kafka.topics import ensure_topic
-from kspout.offsets import ZkOffsetStore
+from kspout.zk.offsets import ZkOffsetStore
+from kspout.zk.session import ZkSession
 
 WORDS = (
     "storm", "spark", "kafka", "stream", "bolt", "spout", "tuple", "offset", "partition",
@@ -227,5 +228,5 @@ def count_dead_letters(config: TopicConfig, timeout: float = 10.0) -> int:
 
 def stored_offsets(config: TopicConfig) -> dict[int, int]:
     """The commit points ZooKeeper holds for the demo spout."""
-    with ZkOffsetStore(config) as store:
-        return {p: s.offset for p, s in store.read_all().items()}
+    with ZkSession(config) as session:
+        return {p: s.offset for p, s in ZkOffsetStore(session).read_all().items()}

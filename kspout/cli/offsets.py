@@ -44,10 +44,13 @@ from kspout.errors import (
     resume_command,
 )
 from kspout.kafka import KafkaMetadata
-from kspout.offsets import StoredOffset, ZkOffsetStore, describe_replay, now_ms
 from kspout.ownership.tree import read_ownership
 from kspout.policy import Position
 from kspout.wording import count
+from kspout.zk.offsets import ZkOffsetStore
+from kspout.zk.record import StoredOffset, describe_replay, now_ms
+from kspout.zk.registry import live_instances
+from kspout.zk.session import ZkSession
 
 
 @main.group()
@@ -109,9 +112,9 @@ def _view(
 
 def _collect(config: TopicConfig) -> tuple[list[PartitionView], list[str]]:
     """Every partition Kafka knows, plus any stored record for a partition it does not."""
-    with ZkOffsetStore(config) as store, KafkaMetadata(config) as kafka:
-        marks = read_marks(config, store, kafka)
-        live = store.live_instances()
+    with ZkSession(config) as session, KafkaMetadata(config) as kafka:
+        marks = read_marks(config, ZkOffsetStore(session), kafka)
+        live = live_instances(session)
     views = [
         _view(m.partition, m.record, m.watermarks, config.start, m.start_offset, set(live))
         for m in marks
@@ -238,7 +241,7 @@ def _targets(
 def _blocked(store: ZkOffsetStore, partitions: list[int]) -> dict[int, str]:
     """The partitions a live instance owns and still runs: partition -> owner. A partition
     stopped by `out_of_range = "fail"`, or paused with the owner's ack, runs nothing."""
-    own = read_ownership(store)
+    own = read_ownership(store.session)
     out = {}
     for p in partitions:
         owner = own.claims.get(p)
@@ -341,10 +344,8 @@ def _move(
     module docstring)."""
     with kspout_errors():
         config = load_config(config_path)
-        with (
-            ZkOffsetStore(config, instance_id=f"operator@{socket.gethostname()}") as store,
-            KafkaMetadata(config) as kafka,
-        ):
+        with ZkSession(config) as session, KafkaMetadata(config) as kafka:
+            store = ZkOffsetStore(session, instance_id=f"operator@{socket.gethostname()}")
             partitions = chosen_partitions(
                 config.topic, kafka.require_topic(config.topic), chosen, every
             )
@@ -360,7 +361,7 @@ def _move(
             running = _blocked(store, partitions)
             if running and not force:
                 raise SpoutRunning(store.path, sorted(set(running.values())), sorted(running))
-            with paused_while(store, config, sorted(running)):
+            with paused_while(session, config, sorted(running)):
                 done = [(p, store.move(p, offset)) for p, offset in moves.items()]
     report = [
         {

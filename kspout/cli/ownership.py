@@ -30,10 +30,12 @@ from kspout.cli.pausing import ack_timeout, operator, pause, resume, wait_for_ac
 from kspout.config import load_config
 from kspout.errors import KspoutError
 from kspout.kafka import KafkaMetadata
-from kspout.offsets import ZkOffsetStore, now_ms
 from kspout.ownership.assignment import Assignment, balance, moves
 from kspout.ownership.tree import SpoutTree, read_ownership, write_assignment
 from kspout.wording import count
+from kspout.zk.record import now_ms
+from kspout.zk.registry import live_instances
+from kspout.zk.session import ZkSession
 
 CLAIM_POLL = 0.2  # seconds between reads while waiting for moved partitions' new claims
 
@@ -58,14 +60,14 @@ def pause_partitions(
     """
     with kspout_errors():
         config = load_config(config_path)
-        with ZkOffsetStore(config) as store, KafkaMetadata(config) as kafka:
+        with ZkSession(config) as session, KafkaMetadata(config) as kafka:
             partitions = chosen_partitions(
                 config.topic, kafka.require_topic(config.topic), chosen, every
             )
-            created = pause(store, partitions, "kspout pause")
+            created = pause(session, partitions, "kspout pause")
             if wait:
-                wait_for_acks(store, partitions, ack_timeout(config))
-            own = read_ownership(store)
+                wait_for_acks(session, partitions, ack_timeout(config))
+            own = read_ownership(session)
     rows = [
         {
             "partition": p,
@@ -95,11 +97,11 @@ def resume_partitions(
     """
     with kspout_errors():
         config = load_config(config_path)
-        with ZkOffsetStore(config) as store, KafkaMetadata(config) as kafka:
+        with ZkSession(config) as session, KafkaMetadata(config) as kafka:
             partitions = chosen_partitions(
                 config.topic, kafka.require_topic(config.topic), chosen, every
             )
-            resumed = resume(store, partitions)
+            resumed = resume(session, partitions)
     rows = [{"partition": p, "changed": p in resumed, "paused": False} for p in partitions]
     answer = change(config.topic, config.zk_spout_path, "resume", rows, dry_run=False)
     _print(answer, as_json, f"{config.topic}: resumed {count(len(resumed), 'partition')}", RESUMED)
@@ -134,15 +136,15 @@ def rebalance(
         raise click.UsageError("--move and --to go together")
     with kspout_errors():
         config = load_config(config_path)
-        with ZkOffsetStore(config) as store, KafkaMetadata(config) as kafka:
+        with ZkSession(config) as session, KafkaMetadata(config) as kafka:
             partitions = kafka.require_topic(config.topic)
-            live = store.live_instances()
+            live = live_instances(session)
             if not live:
                 raise RebalanceError(
-                    f"no live instance of spout {store.path}: nothing owns partitions to move; "
+                    f"no live instance of spout {session.path}: nothing owns partitions to move; "
                     "start one with `kspout run`"
                 )
-            found = store.read_node(SpoutTree(store.path).assignment)
+            found = session.read_node(SpoutTree(session.path).assignment)
             current = Assignment.decode(found[0]) if found is not None else Assignment()
             if move is None or target is None:
                 owners = balance(partitions, live, current.owners)
@@ -153,9 +155,9 @@ def rebalance(
             changes = moves(current.owners, owners)
             if not dry_run and changes:
                 new = Assignment(owners, tuple(live), tuple(partitions), operator(), now_ms())
-                _write(store, new, None if found is None else found[1])
+                _write(session, new, None if found is None else found[1])
                 if wait:
-                    _wait_for_claims(store, {p: to for p, _, to in changes}, timeout)
+                    _wait_for_claims(session, {p: to for p, _, to in changes}, timeout)
     rows = [{"partition": p, "changed": True, "from": old, "to": to} for p, old, to in changes]
     answer = change(config.topic, config.zk_spout_path, "rebalance", rows, dry_run=dry_run)
     if rows or as_json:
@@ -198,10 +200,10 @@ def _moved(current: dict[int, str], partitions: list[int], target: str) -> dict[
     return out
 
 
-def _write(store: ZkOffsetStore, new: Assignment, version: int | None) -> None:
+def _write(session: ZkSession, new: Assignment, version: int | None) -> None:
     """Compare-and-set the assignment (a leader may have balanced meanwhile: try again)."""
     try:
-        write_assignment(store, new, version)
+        write_assignment(session, new, version)
     except (BadVersionError, NodeExistsError):
         raise RebalanceError(
             "the assignment changed while computing the moves (an instance joined or left): "
@@ -209,12 +211,12 @@ def _write(store: ZkOffsetStore, new: Assignment, version: int | None) -> None:
         ) from None
 
 
-def _wait_for_claims(store: ZkOffsetStore, wanted: dict[int, str], timeout: float) -> None:
+def _wait_for_claims(session: ZkSession, wanted: dict[int, str], timeout: float) -> None:
     """Until each moved partition is claimed by its new owner (`RebalanceError` on timeout)."""
     deadline = time.monotonic() + timeout
     with Console(stderr=True).status(f"moving {count(len(wanted), 'partition')}"):
         while True:
-            claims = read_ownership(store).claims
+            claims = read_ownership(session).claims
             late = {p: to for p, to in wanted.items() if claims.get(p) != to}
             if not late:
                 return

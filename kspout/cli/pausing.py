@@ -9,15 +9,16 @@ import socket
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
 
 import click
+from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from kspout.config import TopicConfig
 from kspout.errors import KspoutError
-from kspout.offsets import ZkOffsetStore, now_ms
 from kspout.ownership.tree import SpoutTree, encode, read_ownership
+from kspout.zk.record import now_ms
+from kspout.zk.session import ZkSession
 
 ACK_POLL = 0.2  # seconds between reads while waiting for owners' acks
 
@@ -39,46 +40,46 @@ def operator() -> str:
     return f"operator@{socket.gethostname()}"
 
 
-def pause(store: ZkOffsetStore, partitions: Sequence[int], reason: str) -> list[int]:
+def pause(session: ZkSession, partitions: Sequence[int], reason: str) -> list[int]:
     """Create the pause nodes; returns the partitions that were not paused already."""
-    tree = SpoutTree(store.path)
+    tree = SpoutTree(session.path)
     data = encode({"by": operator(), "at": now_ms(), "reason": reason})
     created = []
     for p in partitions:
         path = tree.pause(p)
 
-        def create(zk: Any, path: str = path) -> None:
+        def create(zk: KazooClient, path: str = path) -> None:
             zk.create(path, data, makepath=True)
 
         try:
-            store.call(f"pause {path}", path, create)
+            session.call(f"pause {path}", path, create)
             created.append(p)
         except NodeExistsError:
             pass
     return created
 
 
-def resume(store: ZkOffsetStore, partitions: Sequence[int]) -> list[int]:
+def resume(session: ZkSession, partitions: Sequence[int]) -> list[int]:
     """Delete the pause nodes; returns the partitions that were paused."""
-    tree = SpoutTree(store.path)
+    tree = SpoutTree(session.path)
     resumed = []
     for p in partitions:
         path = tree.pause(p)
 
-        def delete(zk: Any, path: str = path) -> None:
+        def delete(zk: KazooClient, path: str = path) -> None:
             zk.delete(path)
 
         try:
-            store.call(f"resume {path}", path, delete)
+            session.call(f"resume {path}", path, delete)
             resumed.append(p)
         except NoNodeError:
             pass
     return resumed
 
 
-def unacked(store: ZkOffsetStore, partitions: Sequence[int]) -> dict[int, str]:
+def unacked(session: ZkSession, partitions: Sequence[int]) -> dict[int, str]:
     """Paused partitions whose live owner has not acked: partition -> owner."""
-    own = read_ownership(store)
+    own = read_ownership(session)
     out = {}
     for p in partitions:
         owner = own.claims.get(p)
@@ -88,11 +89,11 @@ def unacked(store: ZkOffsetStore, partitions: Sequence[int]) -> dict[int, str]:
     return out
 
 
-def wait_for_acks(store: ZkOffsetStore, partitions: Sequence[int], timeout: float) -> None:
+def wait_for_acks(session: ZkSession, partitions: Sequence[int], timeout: float) -> None:
     """Until every owner of `partitions` acked its pause (`PauseNotAcked` after `timeout`)."""
     deadline = time.monotonic() + timeout
     told = False
-    while waiting := unacked(store, partitions):
+    while waiting := unacked(session, partitions):
         if time.monotonic() >= deadline:
             raise PauseNotAcked(waiting, timeout)
         if not told:
@@ -108,13 +109,13 @@ def ack_timeout(config: TopicConfig) -> float:
 
 @contextmanager
 def paused_while(
-    store: ZkOffsetStore, config: TopicConfig, partitions: Sequence[int]
+    session: ZkSession, config: TopicConfig, partitions: Sequence[int]
 ) -> Iterator[None]:
     """Pause `partitions`, wait for their owners' acks, run the body, resume the ones paused
     here (a partition an operator had paused stays paused)."""
-    created = pause(store, partitions, "kspout offsets set --force")
+    created = pause(session, partitions, "kspout offsets set --force")
     try:
-        wait_for_acks(store, partitions, ack_timeout(config))
+        wait_for_acks(session, partitions, ack_timeout(config))
         yield
     finally:
-        resume(store, created)
+        resume(session, created)

@@ -33,9 +33,11 @@ from kspout.cli.views import PartitionMarks, age, iso, read_marks
 from kspout.config import TopicConfig, load_config
 from kspout.errors import KspoutError, resume_command
 from kspout.kafka import KafkaMetadata
-from kspout.offsets import ZkOffsetStore, now_ms
 from kspout.ownership.tree import Ownership, Pause, read_ownership
 from kspout.wording import count
+from kspout.zk.offsets import ZkOffsetStore
+from kspout.zk.record import now_ms
+from kspout.zk.session import ZkSession
 
 STALE_AFTER = 3  # commit intervals: a live driver reports at least every 2 (REPORT_EVERY)
 COULD_NOT_TELL = 3  # exit code (1 is `lag`'s "above the threshold", 2 click's usage error)
@@ -268,9 +270,9 @@ def _totals(rows: list[PartitionStatus]) -> dict[str, int]:
 
 def collect_status(config: TopicConfig, *, now: int | None = None) -> Status:
     """Read the spout's nodes, its records and Kafka's watermarks; `now` in wall ms."""
-    with ZkOffsetStore(config) as store, KafkaMetadata(config) as kafka:
-        own = read_ownership(store)
-        marks = read_marks(config, store, kafka)
+    with ZkSession(config) as session, KafkaMetadata(config) as kafka:
+        own = read_ownership(session)
+        marks = read_marks(config, ZkOffsetStore(session), kafka)
     now = now_ms() if now is None else now
     stale_ms = int(STALE_AFTER * config.commit_interval * 1000)
     names = sorted(own.instances)
@@ -495,8 +497,8 @@ def lag_command(ctx: click.Context, config_path: str, threshold: int | None, as_
     """
     with could_not_tell():
         config = load_config(config_path)
-        with ZkOffsetStore(config) as store, KafkaMetadata(config) as kafka:
-            marks = read_marks(config, store, kafka)
+        with ZkSession(config) as session, KafkaMetadata(config) as kafka:
+            marks = read_marks(config, ZkOffsetStore(session), kafka)
     rows = [
         {
             "partition": m.partition,

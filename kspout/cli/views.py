@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from kspout.config import TopicConfig
 from kspout.kafka import KafkaMetadata
-from kspout.offsets import StoredOffset, ZkOffsetStore
+from kspout.zk.offsets import ZkOffsetStore
+from kspout.zk.record import StoredOffset
 
 
 @dataclass(frozen=True, slots=True)

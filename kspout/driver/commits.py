@@ -5,7 +5,7 @@ commit point, or its stop mark changed, with compare-and-set on the znode versio
 that lost the record cannot overwrite a newer one. The records of one commit round go out
 together (`ZkOffsetStore.commit_all`): one round trip, each partition fenced on its own. The
 record carries what a restart needs to replay only what is unfinished, and what the replay
-window needs (`kspout.offsets`). A partition stopped by `out_of_range = "fail"` carries the
+window needs (`kspout.zk.record`). A partition stopped by `out_of_range = "fail"` carries the
 reason in its record (`kspout offsets show` prints it with the command that resumes it); the
 committer reads such records back every few seconds and reports when an operator moved the
 offset.
@@ -19,19 +19,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from kspout.errors import OffsetConflict
-from kspout.offsets import (
+from kspout.partition_manager import PartitionManager
+from kspout.zk.offsets import OffsetWrite, ZkOffsetStore
+from kspout.zk.record import (
     MAX_DONE_SPANS,
     Checkpoint,
-    OffsetWrite,
     Range,
     StoredOffset,
-    ZkOffsetStore,
     encode_done,
     history_fields,
     next_history,
     now_ms,
 )
-from kspout.partition_manager import PartitionManager
 
 log = logging.getLogger(__name__)
 

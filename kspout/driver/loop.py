@@ -59,12 +59,15 @@ from kspout.errors import KafkaUnavailable, OffsetConflict, ReplayPastWindow
 from kspout.kafka import KafkaMetadata
 from kspout.kafka.group_mirror import GroupMirror
 from kspout.lifecycle import Lifecycle
-from kspout.offsets import StoredOffset, ZkOffsetStore
 from kspout.ordering import KeyOrder, blockers_of
 from kspout.outcomes import FailReason, describe_error
 from kspout.ownership.membership import Membership
 from kspout.partition_manager import PartitionManager, Plan, Span
 from kspout.policy import Backoff
+from kspout.zk.offsets import ZkOffsetStore
+from kspout.zk.record import StoredOffset
+from kspout.zk.registry import InstanceRegistry
+from kspout.zk.session import ZkSession
 
 log = logging.getLogger(__name__)
 
@@ -112,13 +115,17 @@ class Driver(Lifecycle):
         self._progress_interval = progress_interval
         self._last_progress = float("-inf")
         self._metadata = KafkaMetadata(config)
-        self._store = ZkOffsetStore(config)
+        self._zk = ZkSession(config)
+        self._store = ZkOffsetStore(self._zk)
+        self._registry = InstanceRegistry(self._zk, self._store.instance_id)
         self._dead_letters = DeadLetterWorker(config)
         self._failures = FailureLog(config.topic, clock)
         self._watermarks = WatermarkCache(self._metadata, config.topic, clock)
         self._out_of_range = OutOfRangeHandler(config, self._metadata, self._watermarks)
         self._membership = Membership(
+            self._zk,
             self._store,
+            self._registry,
             lambda: self._metadata.partitions(config.topic),
             clock,
             config.partition_refresh,
@@ -148,7 +155,7 @@ class Driver(Lifecycle):
         self._last_commit = 0.0
         self._metrics = MetricsExporter(config, clock, metrics_interval)
         self._group_mirror = GroupMirror(config)
-        self._reporter = InstanceReporter(self._store, clock, config.commit_interval)
+        self._reporter = InstanceReporter(self._registry, clock, config.commit_interval)
 
     def _infra_backoff(self) -> Backoff:
         b = self.config.infra_backoff
@@ -171,7 +178,7 @@ class Driver(Lifecycle):
     def _start(self) -> None:
         self._started_at = self._last_commit = self._clock()
         self._metadata.start()
-        self._store.start()
+        self._zk.start()
         self._dead_letters.start()
         self._metrics.start()  # first: a port taken is a config error, found before any claim
         self._group_mirror.start()
@@ -190,7 +197,7 @@ class Driver(Lifecycle):
             assert self._channel.address is not None
             self._executor.attach(self._channel.address)
         if self._metrics.url is not None:  # in this instance's node, for `kspout status`
-            self._store.report_instance({"metrics": self._metrics.url})
+            self._registry.report({"metrics": self._metrics.url})
 
     def _claim(self, partitions: Iterable[int]) -> dict[int, StoredOffset]:
         """Claim and take on the partitions in `partitions` that no other instance holds."""
@@ -280,7 +287,7 @@ class Driver(Lifecycle):
         self._dead_letters.close()
         if self._channel is not None:
             self._channel.close()
-        self._store.close()
+        self._zk.close()
         self._metadata.close()
         self._group_mirror.close()
         self._metrics.close()

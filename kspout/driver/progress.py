@@ -8,8 +8,9 @@ from typing import Any
 
 from kspout.driver.breaker import BreakerView
 from kspout.driver.failure_log import FailureSummary
-from kspout.offsets import ZkOffsetStore, now_ms
 from kspout.partition_manager import OutOfRangeReset, Stats
+from kspout.zk.record import now_ms
+from kspout.zk.registry import InstanceRegistry
 
 
 @dataclass(slots=True)
@@ -120,8 +121,10 @@ class InstanceReporter:
     an idle instance with a thousand partitions need not rewrite the same report (about 100
     bytes a partition) at every commit."""
 
-    def __init__(self, store: ZkOffsetStore, clock: Callable[[], float], interval: float) -> None:
-        self._store = store
+    def __init__(
+        self, registry: InstanceRegistry, clock: Callable[[], float], interval: float
+    ) -> None:
+        self._registry = registry
         self._clock = clock
         self._heartbeat = REPORT_EVERY * interval
         self._said: dict[str, Any] | None = None  # the last report written, without its time
@@ -134,5 +137,5 @@ class InstanceReporter:
         now = self._clock()
         if said == self._said and now - self._written_at < self._heartbeat:
             return
-        self._store.report_instance({"report": report})
+        self._registry.report({"report": report})
         self._said, self._written_at = said, now

@@ -19,7 +19,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from kspout.errors import ReplayPastWindow
-from kspout.offsets import StoredOffset, describe_replay, now_ms
 from kspout.partition_manager import (
     UNPLANNED,
     DeadLetterPending,
@@ -27,6 +26,7 @@ from kspout.partition_manager import (
     PartitionManager,
     Waiting,
 )
+from kspout.zk.record import StoredOffset, describe_replay, now_ms
 
 log = logging.getLogger(__name__)
 

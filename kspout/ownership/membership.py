@@ -10,7 +10,7 @@ assigned away (after its final commit). The leader checks the topic for added pa
 
 A session that expired (a process stopped past `zk_session_timeout`, a long network cut) loses
 every claim at once: `take_lost()` tells the driver, which drops the partitions; its fenced
-commits would be refused anyway (`ZkOffsetStore.commit(fence=...)`).
+commits would be refused anyway (`kspout.zk.claims`).
 """
 
 from __future__ import annotations
@@ -20,14 +20,12 @@ import functools
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
 
-from kazoo.client import KazooState
+from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
 from kspout.errors import KafkaUnavailable
-from kspout.offsets import StoredOffset, ZkOffsetStore, now_ms
 from kspout.ownership.assignment import Assignment, balance
 from kspout.ownership.tree import (
     Pause,
@@ -38,6 +36,11 @@ from kspout.ownership.tree import (
     write_assignment,
 )
 from kspout.wording import count
+from kspout.zk.claims import claim_partition
+from kspout.zk.offsets import ZkOffsetStore
+from kspout.zk.record import StoredOffset, now_ms
+from kspout.zk.registry import InstanceRegistry
+from kspout.zk.session import ZkSession
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +52,18 @@ class Membership:
 
     def __init__(
         self,
+        session: ZkSession,
         store: ZkOffsetStore,
+        registry: InstanceRegistry,
         topic_partitions: Callable[[], list[int]],
         clock: Callable[[], float],
         partition_refresh: float,
     ) -> None:
+        self._session = session
         self._store = store
-        self._tree = SpoutTree(store.path)
-        self.instance_id = store.instance_id
+        self._registry = registry
+        self._tree = SpoutTree(session.path)
+        self.instance_id = registry.instance_id
         self._topic_partitions = topic_partitions
         self._clock = clock
         self._refresh = partition_refresh
@@ -72,10 +79,10 @@ class Membership:
 
     def start(self) -> None:
         """Register this instance and watch the nodes that move partitions."""
-        self._store.register_instance()
-        client = self._store.client
+        self._registry.register()
+        client = self._session.client
         for path in (self._tree.owners, self._tree.paused):
-            self._store.call(f"create {path}", path, functools.partial(_ensure, path=path))
+            self._session.call(f"create {path}", path, functools.partial(_ensure, path=path))
         client.add_listener(self._on_state)
         ChildrenWatch(client, self._tree.instances, self._children_changed)
         ChildrenWatch(client, self._tree.owners, self._children_changed)
@@ -102,13 +109,13 @@ class Membership:
             return False
         self._changed.clear()
         self._polled_at = now
-        store, tree = self._store, self._tree
-        self.live = store.children_of(tree.instances)
-        found = store.read_node(tree.assignment)
+        session, tree = self._session, self._tree
+        self.live = session.children_of(tree.instances)
+        found = session.read_node(tree.assignment)
         self.assignment = Assignment.decode(found[0]) if found is not None else Assignment()
         self.paused = {}
-        for p in partitions_named(store.children_of(tree.paused)):
-            node = store.read_node(tree.pause(p))
+        for p in partitions_named(session.children_of(tree.paused)):
+            node = session.read_node(tree.pause(p))
             if node is not None:
                 self.paused[p] = Pause.of(decode(node[0]))
         if self.is_leader:
@@ -135,7 +142,7 @@ class Membership:
             now_ms(),
         )
         try:
-            write_assignment(self._store, new, version)
+            write_assignment(self._session, new, version)
         except (BadVersionError, NodeExistsError):
             self._changed.set()  # another writer won: read it and decide again
             return
@@ -155,10 +162,10 @@ class Membership:
     # -- claims ------------------------------------------------------------------------------
 
     def claim(self, partition: int, initial: Callable[[], int]) -> StoredOffset | None:
-        """Claim `partition` (see `ZkOffsetStore.claim`); None while another instance holds it."""
+        """Claim `partition` (see `kspout.zk.claims`); None while another instance holds it."""
         payload = encode({"instance": self.instance_id, "since": now_ms()})
         fence = self._tree.claim(partition)
-        return self._store.claim(partition, fence, payload, initial)
+        return claim_partition(self._store, partition, fence, payload, initial)
 
     def fence(self, partition: int) -> str:
         """The claim node a commit of `partition` must find in place."""
@@ -168,28 +175,28 @@ class Membership:
         """Give the claim up (after the final commit): the next owner may take it."""
         path = self._tree.claim(partition)
 
-        def delete(zk: Any) -> None:
+        def delete(zk: KazooClient) -> None:
             stat = zk.exists(path)
             if stat is not None and stat.ephemeralOwner == zk.client_id[0]:
                 zk.delete(path, version=stat.version)
 
         with contextlib.suppress(NoNodeError):
-            self._store.call(f"release {path}", path, delete)
+            self._session.call(f"release {path}", path, delete)
 
     def ack_pause(self, partition: int, offset: int) -> None:
         """Tell the operator who paused `partition` that nothing runs there any more."""
         path = self._tree.pause(partition)
-        found = self._store.read_node(path)
+        found = self._session.read_node(path)
         if found is None:
             return
         data = decode(found[0])
         data["ack"] = {"instance": self.instance_id, "offset": offset, "at": now_ms()}
 
-        def write(zk: Any) -> None:
+        def write(zk: KazooClient) -> None:
             zk.set(path, encode(data), version=found[1])
 
         try:
-            self._store.call(f"ack {path}", path, write)
+            self._session.call(f"ack {path}", path, write)
         except (BadVersionError, NoNodeError):
             self._changed.set()  # resumed or re-paused meanwhile: look again
 
@@ -215,5 +222,5 @@ class Membership:
         self._changed.set()
 
 
-def _ensure(zk: Any, *, path: str) -> None:
+def _ensure(zk: KazooClient, *, path: str) -> None:
     zk.ensure_path(path)

@@ -17,8 +17,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from kspout.offsets import ZkOffsetStore
+from kazoo.client import KazooClient
+
 from kspout.ownership.assignment import Assignment
+from kspout.zk.session import ZkSession
 
 PARTITION_NODE = re.compile(r"^partition_(\d+)$")
 
@@ -94,37 +96,37 @@ def partitions_named(children: list[str]) -> list[int]:
     return sorted(int(m.group(1)) for c in children if (m := PARTITION_NODE.match(c)))
 
 
-def read_ownership(store: ZkOffsetStore) -> Ownership:
-    """Every ownership node of the store's spout (a few reads per node; for commands)."""
-    tree = SpoutTree(store.path)
+def read_ownership(session: ZkSession) -> Ownership:
+    """Every ownership node of the session's spout (a few reads per node; for commands)."""
+    tree = SpoutTree(session.path)
     out = Ownership()
-    for name in store.children_of(tree.instances):
-        found = store.read_node(tree.instance(name))
+    for name in session.children_of(tree.instances):
+        found = session.read_node(tree.instance(name))
         if found is not None:
             out.instances[name] = decode(found[0])
-    for p in partitions_named(store.children_of(tree.owners)):
-        found = store.read_node(tree.claim(p))
+    for p in partitions_named(session.children_of(tree.owners)):
+        found = session.read_node(tree.claim(p))
         if found is not None:
             out.claims[p] = str(decode(found[0]).get("instance", "?"))
-    for p in partitions_named(store.children_of(tree.paused)):
-        found = store.read_node(tree.pause(p))
+    for p in partitions_named(session.children_of(tree.paused)):
+        found = session.read_node(tree.pause(p))
         if found is not None:
             out.paused[p] = Pause.of(decode(found[0]))
-    found = store.read_node(tree.assignment)
+    found = session.read_node(tree.assignment)
     if found is not None:
         out.assignment = Assignment.decode(found[0])
     return out
 
 
-def write_assignment(store: ZkOffsetStore, assignment: Assignment, version: int | None) -> None:
+def write_assignment(session: ZkSession, assignment: Assignment, version: int | None) -> None:
     """Create the assignment node (`version` None) or compare-and-set it; raises kazoo's
     `NodeExistsError` or `BadVersionError` when another writer went first."""
-    path, payload = SpoutTree(store.path).assignment, assignment.encode()
+    path, payload = SpoutTree(session.path).assignment, assignment.encode()
 
-    def write(zk: Any) -> None:
+    def write(zk: KazooClient) -> None:
         if version is None:
             zk.create(path, payload, makepath=True)
         else:
             zk.set(path, payload, version=version)
 
-    store.call(f"assign {path}", path, write)
+    session.call(f"assign {path}", path, write)

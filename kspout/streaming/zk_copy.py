@@ -4,7 +4,7 @@ see the query.
 Spark's checkpoint is the source of truth for a streaming query: this copy is written after the
 fact and never read back to decide where the query reads, with one exception, an operator's
 move of a partition that `out_of_range = "fail"` stopped (below). Each partition's record is
-storm-kafka's, at `<zk_root>/<spout_id>/partition_<n>` of the topic file (`kspout.offsets`),
+storm-kafka's, at `<zk_root>/<spout_id>/partition_<n>` of the topic file (`kspout.zk.record`),
 written with plain compare-and-set on the znode version: the stream is not an owner
 (`kspout.ownership`), takes no claims and registers no instance. Under the record's `kspout`
 key it adds `lost`, the offsets this spout id lost to out-of-range resets in total.
@@ -36,8 +36,10 @@ from collections.abc import Callable, Mapping
 from kspout.config import TopicConfig
 from kspout.errors import KafkaUnavailable, OffsetConflict, ZooKeeperUnavailable
 from kspout.lifecycle import Lifecycle
-from kspout.offsets import StoredOffset, ZkOffsetStore
 from kspout.policy import Backoff
+from kspout.zk.offsets import ZkOffsetStore
+from kspout.zk.record import StoredOffset
+from kspout.zk.session import ZkSession
 
 log = logging.getLogger(__name__)
 
@@ -81,19 +83,16 @@ class ZkCopy(Lifecycle):
 
     def start(self) -> None:
         if self._store is None:
-            store = ZkOffsetStore(
-                self._config,
-                instance_id=f"stream-{uuid.uuid4().hex[:12]}",
-                connect_timeout=ZK_PATIENCE,
-                retry_timeout=ZK_PATIENCE,
+            session = ZkSession(
+                self._config, connect_timeout=ZK_PATIENCE, retry_timeout=ZK_PATIENCE
             )
-            store.start()
-            self._store = store
+            session.start()
+            self._store = ZkOffsetStore(session, instance_id=f"stream-{uuid.uuid4().hex[:12]}")
 
     def close(self) -> None:
         store, self._store = self._store, None
         if store is not None:
-            store.close()
+            store.session.close()
 
     def count_lost(self, partition: int, count: int) -> None:
         """`count` offsets of `partition` were lost to an out-of-range reset: the next copy

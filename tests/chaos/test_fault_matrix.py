@@ -56,9 +56,10 @@ from kspout.driver import Progress
 from kspout.errors import FetchTimeout
 from kspout.executor.topology import ChainItem
 from kspout.kafka import KafkaMetadata, PartitionFetcher
-from kspout.offsets import ZkOffsetStore
 from kspout.outcomes import describe_error
 from kspout.spout import KafkaSpout
+from kspout.zk.offsets import ZkOffsetStore
+from kspout.zk.session import ZkSession
 from tests.chaos.faults import (
     CleanupFailsOnce,
     DedupApply,
@@ -286,18 +287,19 @@ class Watch:
     """The commit points in ZooKeeper and the high watermarks in Kafka, seen from outside."""
 
     def __init__(self, config: TopicConfig) -> None:
-        self._store = ZkOffsetStore(config)
+        self._session = ZkSession(config)
+        self._store = ZkOffsetStore(self._session)
         self._metadata = KafkaMetadata(config)
         self._topic = config.topic
 
     def __enter__(self) -> Watch:
-        self._store.start()
+        self._session.start()
         self._metadata.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._metadata.close()
-        self._store.close()
+        self._session.close()
 
     def commits(self) -> dict[int, int]:
         return {p: s.offset for p, s in self._store.read_all().items()}

@@ -20,7 +20,9 @@ from confluent_kafka.admin import AdminClient
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
 from kspout.kafka import KafkaMetadata
-from kspout.offsets import ZkOffsetStore
+from kspout.zk.offsets import ZkOffsetStore
+from kspout.zk.registry import InstanceRegistry
+from kspout.zk.session import ZkSession
 
 ZK_ROOT = "/run-test"
 PARTITIONS = (0, 1, 2, 3)  # `topic_name` and `topic_factory` create topics with 4 partitions
@@ -85,9 +87,23 @@ def highs(config: TopicConfig) -> dict[int, int]:
     return {p: high for p, (_, high) in watermarks(config).items()}
 
 
+@contextmanager
+def open_store(
+    config: TopicConfig, *, instance_id: str | None = None, **timeouts: float
+) -> Iterator[ZkOffsetStore]:
+    """An offset store on a session of its own (`ZkSession` with `timeouts`), closed on exit."""
+    with ZkSession(config, **timeouts) as session:
+        yield ZkOffsetStore(session, instance_id=instance_id)
+
+
+def register(store: ZkOffsetStore) -> str:
+    """Register `store`'s instance id as a live spout instance, as a driver does; its path."""
+    return InstanceRegistry(store.session, store.instance_id).register()
+
+
 def stored(config: TopicConfig) -> dict[int, int]:
     """The commit points in ZooKeeper, by partition."""
-    with ZkOffsetStore(config) as store:
+    with open_store(config) as store:
         return {p: s.offset for p, s in store.read_all().items()}
 
 

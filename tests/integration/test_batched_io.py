@@ -25,10 +25,11 @@ from kspout.errors import KafkaRequestFailed, OffsetConflict
 from kspout.executor.local import LocalExecutor
 from kspout.kafka import KafkaMetadata, Record
 from kspout.kafka.metadata import Bounds
-from kspout.offsets import CHUNK_BYTES, OffsetWrite, ZkOffsetStore
 from kspout.ownership.tree import SpoutTree
+from kspout.zk.claims import claim_partition
+from kspout.zk.offsets import CHUNK_BYTES, OffsetWrite, ZkOffsetStore
 from tests.chaos.faults import wait_led
-from tests.integration.helpers import PARTITIONS, highs, produce, stored
+from tests.integration.helpers import PARTITIONS, highs, open_store, produce, register, stored
 
 MANY = 40  # partitions of the `many` topic, on nodes 1 and 2 of `cluster` in turn
 
@@ -172,7 +173,7 @@ def test_a_commit_round_refuses_only_the_partition_whose_claim_was_taken(
     produce(producer, config.topic, {p: range(10) for p in PARTITIONS})
     with (
         Driver(config, LocalExecutor(config, handled)) as driver,
-        ZkOffsetStore(config, instance_id="another") as another,
+        open_store(config, instance_id="another") as another,
     ):
         driver.run(until_caught_up=True)
         assert stored(config) == dict.fromkeys(PARTITIONS, 10)
@@ -180,7 +181,7 @@ def test_a_commit_round_refuses_only_the_partition_whose_claim_was_taken(
         # instance claims it: a new claim node, and the record rewritten (a new version).
         claim = SpoutTree(config.zk_spout_path).claim(2)
         zk.delete(claim)
-        assert another.claim(2, claim, b'{"instance": "another"}', lambda: 0) is not None
+        assert claim_partition(another, 2, claim, b'{"instance": "another"}', lambda: 0) is not None
         produce(producer, config.topic, {p: range(10, 15) for p in PARTITIONS})
         # One batch for the four partitions, then one commit round.
         driver.run(max_batches=driver.progress().batches + 1)
@@ -229,7 +230,7 @@ def claim_all(store: ZkOffsetStore, count: int) -> tuple[dict[int, str], dict[in
     fences = {p: tree.claim(p) for p in range(count)}
     versions = {}
     for p, fence in fences.items():
-        claimed = store.claim(p, fence, b'{"instance": "mine"}', lambda: 0)
+        claimed = claim_partition(store, p, fence, b'{"instance": "mine"}', lambda: 0)
         assert claimed is not None
         versions[p] = claimed.version
     return fences, versions
@@ -238,13 +239,13 @@ def claim_all(store: ZkOffsetStore, count: int) -> tuple[dict[int, str], dict[in
 def spy_transactions(monkeypatch: pytest.MonkeyPatch, store: ZkOffsetStore) -> list[Any]:
     """The transactions `store` makes from now on (kazoo's, with their `operations`)."""
     made: list[Any] = []
-    real = store.client.transaction
+    real = store.session.client.transaction
 
     def transaction() -> Any:
         made.append(real())
         return made[-1]
 
-    monkeypatch.setattr(store.client, "transaction", transaction)
+    monkeypatch.setattr(store.session.client, "transaction", transaction)
     return made
 
 
@@ -253,13 +254,14 @@ def test_a_chunked_commit_refuses_only_the_partition_whose_claim_was_taken(
 ) -> None:
     config = make_config()
     with (
-        ZkOffsetStore(config, instance_id="mine") as store,
-        ZkOffsetStore(config, instance_id="another") as another,
+        open_store(config, instance_id="mine") as store,
+        open_store(config, instance_id="another") as another,
     ):
         fences, versions = claim_all(store, 10)
         # Partition 3's claim is gone (as after a session expiry) and another instance holds it.
         zk.delete(fences[3])
-        assert another.claim(3, fences[3], b'{"instance": "another"}', lambda: 0) is not None
+        theirs = b'{"instance": "another"}'
+        assert claim_partition(another, 3, fences[3], theirs, lambda: 0) is not None
         made = spy_transactions(monkeypatch, store)
         writes = [OffsetWrite(p, 100 + p, versions[p], fence=fences[p]) for p in range(10)]
         outcomes = store.commit_all(writes, chunk_writes=5)
@@ -280,7 +282,7 @@ def test_a_commit_larger_than_a_chunks_bytes_is_split_and_every_record_lands(
     # 60 records of 20 KB: 1.2 MB, over ZooKeeper's 1 MB request limit (in one transaction,
     # the server would drop the connection and the commit would never get through).
     pad = {"pad": "x" * 20_000}
-    with ZkOffsetStore(make_config(), retry_timeout=5.0) as store:
+    with open_store(make_config(), retry_timeout=5.0) as store:
         fences, versions = claim_all(store, 60)
         made = spy_transactions(monkeypatch, store)
         writes = [OffsetWrite(p, 7, versions[p], extra=pad, fence=fences[p]) for p in range(60)]
@@ -295,12 +297,12 @@ def test_a_commit_larger_than_a_chunks_bytes_is_split_and_every_record_lands(
 def test_read_all_sends_every_read_first_and_equals_each_records_own_read(
     make_config: Callable[..., TopicConfig], zk: KazooClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with ZkOffsetStore(make_config()) as store:
+    with open_store(make_config()) as store:
         for p in range(0, 60, 2):  # some partitions have no record
             store.commit(p, 10 * p, version=None, extra={"emitted": 10 * p + 3})
-        store.register_instance()  # a child of the spout path that is not a record
+        register(store)  # a child of the spout path that is not a record
         events: list[str] = []
-        real_get_async = store.client.get_async
+        real_get_async = store.session.client.get_async
 
         class Answer:
             """A kazoo async result that notes when it is awaited."""
@@ -316,7 +318,7 @@ def test_read_all_sends_every_read_first_and_equals_each_records_own_read(
             events.append("send")
             return Answer(real_get_async(path, *args))
 
-        monkeypatch.setattr(store.client, "get_async", get_async)
+        monkeypatch.setattr(store.session.client, "get_async", get_async)
         every = store.read_all()
         assert events == ["send"] * 30 + ["wait"] * 30, "one round trip for all the records"
         some = store.read_many([1, 2, 3, 4])

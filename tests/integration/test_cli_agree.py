@@ -25,9 +25,8 @@ from kspout.devstack import DevStack
 from kspout.driver import Driver
 from kspout.executor.local import LocalExecutor
 from kspout.kafka import Record
-from kspout.offsets import ZkOffsetStore
 from tests.commands import subcommands
-from tests.integration.helpers import PARTITIONS, produce, topic_file
+from tests.integration.helpers import PARTITIONS, open_store, produce, register, topic_file
 
 WIDE = {"COLUMNS": "240"}
 # Commands the JSON test does not run, and why (each still must have --json).
@@ -116,9 +115,9 @@ def test_every_command_answers_json_with_one_object(
     assert set(calls) | set(NOT_RUN) == set(leaves(main)), "a command this test does not run"
     answers = {}
     for words, args in calls.items():
-        with ZkOffsetStore(config, instance_id="agree-1") as instance:
+        with open_store(config, instance_id="agree-1") as instance:
             if words == ("rebalance",):
-                instance.register_instance()  # a live instance to balance over
+                register(instance)  # a live instance to balance over
             result = kspout(*words, *args, "--json")
         assert result.exit_code in (0, 1), (words, result.output)
         answers[words] = json.loads(result.stdout)
@@ -144,8 +143,8 @@ def test_every_command_answers_json_with_one_object(
 
 
 def test_counts_agree_in_number_and_tables_print_words(toml: Path, config: TopicConfig) -> None:
-    with ZkOffsetStore(config, instance_id="agree-2") as instance:
-        instance.register_instance()
+    with open_store(config, instance_id="agree-2") as instance:
+        register(instance)
         one = kspout(
             "rebalance", "--move", "3", "--to", "agree-2", "--dry-run", "--config", str(toml)
         )

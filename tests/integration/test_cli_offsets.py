@@ -14,8 +14,10 @@ from confluent_kafka import Producer
 from kspout.cli import main
 from kspout.config import load_config
 from kspout.devstack import DevStack
-from kspout.offsets import ZkOffsetStore
 from kspout.ownership.tree import SpoutTree
+from kspout.zk.claims import claim_partition
+from kspout.zk.offsets import ZkOffsetStore
+from tests.integration.helpers import open_store, register
 
 BASE_MS = 1_700_000_000_000  # message i of a test topic has timestamp BASE_MS + i * 1000
 
@@ -52,16 +54,16 @@ def kspout(topic_file: Path) -> Callable[..., Result]:
 
 
 def stored_offsets(topic_file: Path) -> dict[int, int]:
-    with ZkOffsetStore(load_config(topic_file)) as store:
+    with open_store(load_config(topic_file)) as store:
         return {p: s.offset for p, s in store.read_all().items()}
 
 
 def test_show_reports_lag_and_where_start_would_begin(
     topic_file: Path, kspout: Callable[..., Result]
 ) -> None:
-    with ZkOffsetStore(load_config(topic_file), instance_id="orders-run1") as spout:
+    with open_store(load_config(topic_file), instance_id="orders-run1") as spout:
         spout.commit(0, 4, version=None)
-        spout.register_instance()
+        register(spout)
         result = kspout("show", "--json")
         assert result.exit_code == 0, result.output
         answer = json.loads(result.stdout)
@@ -95,7 +97,7 @@ def test_show_reports_lag_and_where_start_would_begin(
 def test_set_to_a_number_prints_old_and_new(
     topic_file: Path, kspout: Callable[..., Result]
 ) -> None:
-    with ZkOffsetStore(load_config(topic_file)) as spout:
+    with open_store(load_config(topic_file)) as spout:
         spout.commit(0, 4, version=None)
     result = kspout("set", "--partition", "0", "--to", "7")
     assert result.exit_code == 0, result.output
@@ -123,14 +125,15 @@ def test_set_to_earliest_latest_and_timestamp(
 def claim(spout: ZkOffsetStore, partition: int) -> None:
     """Claim `partition` as a live owner does (`kspout.ownership`)."""
     fence = SpoutTree(spout.path).claim(partition)
-    assert spout.claim(partition, fence, b'{"instance": "orders-live"}', lambda: 0) is not None
+    owner = b'{"instance": "orders-live"}'
+    assert claim_partition(spout, partition, fence, owner, lambda: 0) is not None
 
 
 def test_set_refuses_a_partition_a_live_instance_owns(
     topic_file: Path, kspout: Callable[..., Result]
 ) -> None:
-    with ZkOffsetStore(load_config(topic_file), instance_id="orders-live") as spout:
-        spout.register_instance()
+    with open_store(load_config(topic_file), instance_id="orders-live") as spout:
+        register(spout)
         claim(spout, 0)
         refused = kspout("set", "--partition", "0", "--to", "3")
         assert refused.exit_code == 1
@@ -167,10 +170,10 @@ REASON = "offset 100 is out of range: Kafka holds [0, 10)"
 def test_show_marks_a_stopped_partition_and_its_resume_command_resumes_it(
     topic_file: Path, kspout: Callable[..., Result]
 ) -> None:
-    with ZkOffsetStore(load_config(topic_file), instance_id="orders-run2") as spout:
+    with open_store(load_config(topic_file), instance_id="orders-run2") as spout:
         spout.commit(0, 100, version=None, stopped=REASON)
         spout.commit(1, 2, version=None)
-        spout.register_instance()  # the driver keeps running the other partitions
+        register(spout)  # the driver keeps running the other partitions
 
         result = kspout("show", "--json")
         assert result.exit_code == 0, result.output
@@ -192,7 +195,7 @@ def test_show_marks_a_stopped_partition_and_its_resume_command_resumes_it(
         moved = CliRunner().invoke(main, shlex.split(command)[1:])
         assert moved.exit_code == 0, moved.output
         assert moved.stdout.strip().endswith("[0]: 100 -> 0")
-        with ZkOffsetStore(load_config(topic_file)) as store:
+        with open_store(load_config(topic_file)) as store:
             stored = store.read(0)
         assert stored is not None and (stored.offset, stored.stopped) == (0, None)
 
@@ -207,10 +210,10 @@ def test_show_marks_a_stopped_partition_and_its_resume_command_resumes_it(
 def test_set_under_a_live_owner_needs_force_unless_the_partition_is_stopped(
     topic_file: Path, kspout: Callable[..., Result]
 ) -> None:
-    with ZkOffsetStore(load_config(topic_file), instance_id="orders-live") as spout:
+    with open_store(load_config(topic_file), instance_id="orders-live") as spout:
         spout.commit(0, 100, version=None, stopped=REASON)
         spout.commit(1, 2, version=None)
-        spout.register_instance()
+        register(spout)
         claim(spout, 0)
         claim(spout, 1)
         refused = kspout("set", "--partition", "0", "--partition", "1", "--to", "earliest")

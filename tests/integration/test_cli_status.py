@@ -22,10 +22,17 @@ from kspout.devstack import DevStack
 from kspout.driver import Driver
 from kspout.executor.local import LocalExecutor
 from kspout.kafka import Record
-from kspout.offsets import ZkOffsetStore
 from kspout.ownership.assignment import Assignment
 from kspout.ownership.tree import SpoutTree
-from tests.integration.helpers import PARTITIONS, highs, produce, stored, topic_file
+from tests.integration.helpers import (
+    PARTITIONS,
+    highs,
+    open_store,
+    produce,
+    register,
+    stored,
+    topic_file,
+)
 
 POISON = (0, 5)  # (partition, offset) the handler always fails: it ends in the dead-letter topic
 
@@ -185,8 +192,8 @@ def test_status_marks_a_partition_another_instance_takes_over(
     moved = Assignment(owners, (me, "other-1"), PARTITIONS, "operator@test", 0)
     zk.set(SpoutTree(config.zk_spout_path).assignment, moved.encode())
 
-    with ZkOffsetStore(config, instance_id="other-1") as other:
-        other.register_instance()  # live, not holding partition 3 yet
+    with open_store(config, instance_id="other-1") as other:
+        register(other)  # live, not holding partition 3 yet
         data = status_json(config_file)
         table = kspout(config_file, "status").stdout
     rows = by_partition(data["partitions"])
@@ -206,7 +213,7 @@ def test_status_without_instances_shows_records_stops_and_start(
 ) -> None:
     produce(producer, config.topic, {0: range(6), 2: range(8)})
     reason = "offset 3 is below Kafka's low watermark 5"
-    with ZkOffsetStore(config) as store:
+    with open_store(config) as store:
         store.commit(2, 3, version=None, stopped=reason)
 
     data = status_json(config_file)
@@ -231,7 +238,7 @@ def test_lag_exit_codes_follow_the_threshold(
     config: TopicConfig, config_file: Path, producer: Producer
 ) -> None:
     produce(producer, config.topic, {0: range(10), 1: range(4)})
-    with ZkOffsetStore(config) as store:
+    with open_store(config) as store:
         store.commit(0, 4, version=None)  # partition 1 has no record: lag from start (earliest)
 
     result = kspout(config_file, "lag", "--json")

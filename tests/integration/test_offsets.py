@@ -30,7 +30,12 @@ from kspout.errors import (
     ZooKeeperAccessDenied,
     ZooKeeperUnavailable,
 )
-from kspout.offsets import OffsetWrite, ZkOffsetStore
+from kspout.zk import offsets
+from kspout.zk.claims import claim_partition
+from kspout.zk.offsets import OffsetWrite
+from kspout.zk.registry import InstanceRegistry, live_instances
+from kspout.zk.session import ZkSession
+from tests.integration.helpers import open_store, register
 
 
 @pytest.fixture
@@ -60,7 +65,7 @@ def make_config(stack: DevStack) -> Callable[..., TopicConfig]:
 
 
 def test_round_trip(make_config: Callable[..., TopicConfig]) -> None:
-    with ZkOffsetStore(make_config(), instance_id="run-1") as store:
+    with open_store(make_config(), instance_id="run-1") as store:
         assert store.read(0) is None
         assert store.read_all() == {}
         version = store.commit(0, 100, version=None, broker=("kafka1", 9092))
@@ -90,7 +95,7 @@ def test_reads_storm_kafka_record(make_config: Callable[..., TopicConfig], zk: K
         "topic": "events",
     }
     zk.create(f"{config.zk_spout_path}/partition_3", json.dumps(storm).encode(), makepath=True)
-    with ZkOffsetStore(config) as store:
+    with open_store(config) as store:
         stored = store.read(3)
         assert stored is not None
         assert stored.offset == 4242  # resumes where Storm stopped
@@ -111,7 +116,7 @@ def test_accepts_record_without_topic(
     config = make_config()
     oldest = {"topology": {"id": "t-1", "name": "t"}, "offset": 9, "partition": 0, "broker": {}}
     zk.create(f"{config.zk_spout_path}/partition_0", json.dumps(oldest).encode(), makepath=True)
-    with caplog.at_level(logging.WARNING, "kspout.offsets"), ZkOffsetStore(config) as store:
+    with caplog.at_level(logging.WARNING, "kspout.zk.record"), open_store(config) as store:
         stored = store.read(0)
     assert stored is not None and stored.offset == 9 and stored.topic is None
     assert "no topic" in caplog.text
@@ -123,7 +128,7 @@ def test_record_for_another_topic_is_refused(
     config = make_config(topic="payments")
     record = {"topology": {"id": "x", "name": "y"}, "offset": 1, "partition": 0, "topic": "clicks"}
     zk.create(f"{config.zk_spout_path}/partition_0", json.dumps(record).encode(), makepath=True)
-    with ZkOffsetStore(config) as store:
+    with open_store(config) as store:
         with pytest.raises(TopicMismatch) as caught:
             store.read(0)
         with pytest.raises(TopicMismatch):
@@ -135,7 +140,7 @@ def test_record_for_another_topic_is_refused(
 
 def test_compare_and_set_fences_the_second_writer(make_config: Callable[..., TopicConfig]) -> None:
     config = make_config()
-    with ZkOffsetStore(config) as first, ZkOffsetStore(config) as second:
+    with open_store(config) as first, open_store(config) as second:
         version = first.commit(1, 10, version=None)
         assert second.commit(1, 20, version=version) == version + 1
         with pytest.raises(OffsetConflict) as caught:
@@ -153,16 +158,16 @@ def test_a_commit_is_refused_once_the_claim_is_gone_or_taken(
     before the new owner's first commit."""
     config = make_config()
     fence = f"{config.zk_spout_path}/owners/partition_0"
-    with ZkOffsetStore(config, instance_id="a") as a, ZkOffsetStore(config, instance_id="b") as b:
-        claimed = a.claim(0, fence, b'{"instance": "a"}', lambda: 5)
+    with open_store(config, instance_id="a") as a, open_store(config, instance_id="b") as b:
+        claimed = claim_partition(a, 0, fence, b'{"instance": "a"}', lambda: 5)
         assert claimed is not None and claimed.offset == 5
         version = a.commit(0, 7, version=claimed.version, fence=fence)
-        assert b.claim(0, fence, b'{"instance": "b"}', lambda: 0) is None  # a holds it
+        assert claim_partition(b, 0, fence, b'{"instance": "b"}', lambda: 0) is None  # a holds it
 
         zk.delete(fence)  # a's session expired: ZooKeeper removed its claim
         with pytest.raises(OwnershipLost):
             a.commit(0, 8, version=version, fence=fence)
-        taken = b.claim(0, fence, b'{"instance": "b"}', lambda: 0)
+        taken = claim_partition(b, 0, fence, b'{"instance": "b"}', lambda: 0)
         assert taken is not None and taken.offset == 7  # b resumes from a's last commit
         with pytest.raises(OffsetConflict):  # the claim node exists again, but not for a
             a.commit(0, 8, version=version, fence=fence)
@@ -172,7 +177,7 @@ def test_a_commit_is_refused_once_the_claim_is_gone_or_taken(
 
 def test_create_when_record_exists_conflicts(make_config: Callable[..., TopicConfig]) -> None:
     config = make_config()
-    with ZkOffsetStore(config) as first, ZkOffsetStore(config) as second:
+    with open_store(config) as first, open_store(config) as second:
         first.commit(2, 10, version=None)
         with pytest.raises(OffsetRecordExists):
             second.commit(2, 99, version=None)
@@ -186,9 +191,9 @@ def test_commit_whose_reply_was_lost_recognises_its_own_write(
 ) -> None:
     """ZooKeeper applied the first attempt but the connection dropped before the reply: the
     retry's compare-and-set then fails against our own write, which is not a conflict."""
-    with ZkOffsetStore(make_config()) as store:
+    with open_store(make_config()) as store:
         version = None if create else store.commit(0, 10, version=None)
-        real_write = store._write
+        real_write = offsets.send_write
         calls = 0
 
         def write_then_lose_the_reply(zk: Any, path: str, payload: bytes, expected: Any) -> int:
@@ -199,7 +204,7 @@ def test_commit_whose_reply_was_lost_recognises_its_own_write(
                 raise ConnectionLoss("connection lost before the reply")
             return written
 
-        monkeypatch.setattr(store, "_write", write_then_lose_the_reply)
+        monkeypatch.setattr(offsets, "send_write", write_then_lose_the_reply)
         new_version = store.commit(0, 20, version=version)
         assert calls == 2  # retried; the retry found the record already written
         assert new_version == (0 if version is None else version + 1)
@@ -213,9 +218,9 @@ def test_a_chunked_commit_whose_reply_was_lost_recognises_its_own_writes(
     """ZooKeeper applied a chunk's transaction but the reply was lost: sent again, the chunk
     is refused whole (its versions are stale), then each write alone; every one of them finds
     its own bytes, so none is a conflict (an instance would drop a partition it still owns)."""
-    with ZkOffsetStore(make_config()) as store:
+    with open_store(make_config()) as store:
         versions = {p: store.commit(p, 10, version=None) for p in range(10)}
-        real_wait = store.wait
+        real_wait = store.session.wait
         lost = 0
 
         def wait_then_lose_the_first_reply(result: Any) -> Any:
@@ -226,7 +231,7 @@ def test_a_chunked_commit_whose_reply_was_lost_recognises_its_own_writes(
                 raise ConnectionLoss("connection lost before the reply")
             return answer
 
-        monkeypatch.setattr(store, "wait", wait_then_lose_the_first_reply)
+        monkeypatch.setattr(store.session, "wait", wait_then_lose_the_first_reply)
         writes = [OffsetWrite(p, 20, versions[p]) for p in range(10)]
         outcomes = store.commit_all(writes, chunk_writes=5)
         assert lost == 1
@@ -240,9 +245,9 @@ def test_move_retries_past_a_concurrent_writer(
     make_config: Callable[..., TopicConfig], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = make_config()
-    with ZkOffsetStore(config) as spout, ZkOffsetStore(config) as operator:
+    with open_store(config) as spout, open_store(config) as operator:
         spout_version = spout.commit(0, 10, version=None, broker=("b1", 9092))
-        real_get = operator._get
+        real_get = operator.session.get
         reads = []
 
         def get_then_spout_commits(zk: Any, path: str) -> Any:
@@ -252,7 +257,7 @@ def test_move_retries_past_a_concurrent_writer(
                 spout.commit(0, 11, version=spout_version, broker=("b1", 9092))
             return found
 
-        monkeypatch.setattr(operator, "_get", get_then_spout_commits)
+        monkeypatch.setattr(operator.session, "get", get_then_spout_commits)
         moved = operator.move(0, 500)
         assert len(reads) == 2  # lost the first compare-and-set, read again, won
         stored = spout.read(0)
@@ -264,7 +269,7 @@ def test_move_retries_past_a_concurrent_writer(
 
 
 def test_move_creates_a_missing_record(make_config: Callable[..., TopicConfig]) -> None:
-    with ZkOffsetStore(make_config()) as store:
+    with open_store(make_config()) as store:
         moved = store.move(5, 42)
         stored = store.read(5)
         assert stored is not None and stored.offset == 42 and moved.version == stored.version
@@ -278,7 +283,7 @@ def test_stop_mark_is_written_read_and_cleared_by_the_next_commit(
 ) -> None:
     config = make_config()
     path = f"{config.zk_spout_path}/partition_2"
-    with ZkOffsetStore(config) as store:
+    with open_store(config) as store:
         version = store.commit(2, 100, version=None, broker=("b1", 9092))
         stored = store.read(2)
         assert stored is not None and stored.stopped is None
@@ -303,7 +308,7 @@ def test_stop_mark_is_written_read_and_cleared_by_the_next_commit(
 
 
 def test_move_clears_the_stop_mark(make_config: Callable[..., TopicConfig]) -> None:
-    with ZkOffsetStore(make_config()) as store:
+    with open_store(make_config()) as store:
         store.commit(0, 100, version=None, stopped=REASON)
         moved = store.move(0, 150)
         assert moved.stopped is None and "stopped" not in moved.data["kspout"]
@@ -319,7 +324,7 @@ def test_a_stop_mark_without_a_reason_still_reads_as_stopped(
     config = make_config()
     record = {"offset": 5, "partition": 0, "topic": "events", "kspout": {"stopped": True}}
     zk.create(f"{config.zk_spout_path}/partition_0", json.dumps(record).encode(), makepath=True)
-    with ZkOffsetStore(config) as store:
+    with open_store(config) as store:
         stored = store.read(0)
         assert stored is not None and stored.stopped is not None
         assert "true" in stored.stopped
@@ -333,23 +338,24 @@ def test_a_stop_mark_without_a_reason_still_reads_as_stopped(
 
 def test_instance_registration_is_ephemeral(make_config: Callable[..., TopicConfig]) -> None:
     config = make_config()
-    with ZkOffsetStore(config) as observer:
-        assert observer.live_instances() == []
-        spout = ZkOffsetStore(config, instance_id="orders-a")
-        spout.start()
-        assert spout.register_instance() == f"{config.zk_spout_path}/instances/orders-a"
-        assert observer.live_instances() == ["orders-a"]
-        spout.close()
-        assert observer.live_instances() == []
+    with open_store(config) as observer:
+        assert live_instances(observer.session) == []
+        session = ZkSession(config)
+        session.start()
+        registry = InstanceRegistry(session, "orders-a")
+        assert registry.register() == f"{config.zk_spout_path}/instances/orders-a"
+        assert live_instances(observer.session) == ["orders-a"]
+        session.close()
+        assert live_instances(observer.session) == []
 
 
 def test_registration_survives_session_expiry(make_config: Callable[..., TopicConfig]) -> None:
     config = make_config()
-    with ZkOffsetStore(config) as observer, ZkOffsetStore(config, instance_id="b") as spout:
-        spout.register_instance()
+    with open_store(config) as observer, open_store(config, instance_id="b") as spout:
+        register(spout)
         # Expire the spout's session the way kazoo's own test harness does: a second client
         # joins the session and closes it.
-        session_id, password = spout._client.client_id
+        session_id, password = spout.session.client.client_id
         thief = KazooClient(hosts=config.zookeeper, client_id=(session_id, password))
         thief.start(timeout=10)
         thief.stop()
@@ -357,21 +363,21 @@ def test_registration_survives_session_expiry(make_config: Callable[..., TopicCo
         deadline = time.monotonic() + 20
 
         def session() -> int | None:
-            client_id = spout._client.client_id  # None while the client reconnects
+            client_id = spout.session.client.client_id  # None while the client reconnects
             return None if client_id is None else int(client_id[0])
 
         while session() in (None, session_id) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert session() not in (None, session_id), "the session did not expire"
-        while observer.live_instances() != ["b"] and time.monotonic() < deadline:
+        while live_instances(observer.session) != ["b"] and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert observer.live_instances() == ["b"]
+        assert live_instances(observer.session) == ["b"]
 
 
 def test_read_retries_while_zookeeper_restarts(
     make_config: Callable[..., TopicConfig], zookeeper: ZooKeeperServer
 ) -> None:
-    with ZkOffsetStore(make_config(), retry_timeout=30) as store:
+    with open_store(make_config(), retry_timeout=30) as store:
         store.commit(0, 77, version=None)
         zookeeper.kill()
         restart = threading.Timer(2.0, zookeeper.start)
@@ -388,7 +394,7 @@ def test_read_retries_while_zookeeper_restarts(
 def test_zookeeper_down_past_the_retry_budget(
     make_config: Callable[..., TopicConfig], zookeeper: ZooKeeperServer
 ) -> None:
-    with ZkOffsetStore(make_config(), retry_timeout=2) as store:
+    with open_store(make_config(), retry_timeout=2) as store:
         zookeeper.kill()
         try:
             with pytest.raises(ZooKeeperUnavailable) as caught:
@@ -410,23 +416,23 @@ def test_zookeeper_down_past_the_retry_budget(
 
 def test_start_without_zookeeper_names_the_hosts(make_config: Callable[..., TopicConfig]) -> None:
     hosts = f"127.0.0.1:{free_port()}"
-    store = ZkOffsetStore(make_config(zookeeper=hosts), connect_timeout=1)
+    session = ZkSession(make_config(zookeeper=hosts), connect_timeout=1)
     with pytest.raises(ZooKeeperUnavailable, match=hosts):
-        store.start()
+        session.start()
 
 
 def test_digest_acl_hides_records_from_other_clients(
     make_config: Callable[..., TopicConfig], zk: KazooClient
 ) -> None:
     secured = make_config(zookeeper_auth={"credential": "kspout:s3cret"})
-    with ZkOffsetStore(secured) as store:
+    with open_store(secured) as store:
         store.commit(0, 1, version=None)
         stored = store.read(0)
         assert stored is not None and stored.offset == 1
     path = f"{secured.zk_spout_path}/partition_0"
     with pytest.raises(NoAuthError):
         zk.get(path)
-    with ZkOffsetStore(make_config()) as anonymous, pytest.raises(ZooKeeperAccessDenied) as caught:
+    with open_store(make_config()) as anonymous, pytest.raises(ZooKeeperAccessDenied) as caught:
         anonymous.read(0)
     assert "zookeeper_auth" in str(caught.value)
 
@@ -446,7 +452,7 @@ def test_invalid_record_is_reported_and_move_repairs_it(
 ) -> None:
     config = make_config()
     zk.create(f"{config.zk_spout_path}/partition_0", raw, makepath=True)
-    with ZkOffsetStore(config) as store:
+    with open_store(config) as store:
         with pytest.raises(OffsetRecordInvalid, match="partition_0"):
             store.read(0)
         store.move(0, 12)

@@ -26,10 +26,9 @@ from kspout.devstack import DevStack
 from kspout.driver import Driver
 from kspout.executor.local import LocalExecutor
 from kspout.kafka.records import Record
-from kspout.offsets import ZkOffsetStore
 from kspout.ownership.tree import read_ownership
 from tests.conftest import TopicFactory
-from tests.integration.helpers import PARTITIONS, highs, produce, stored, topic_file
+from tests.integration.helpers import PARTITIONS, highs, open_store, produce, stored, topic_file
 
 At = tuple[int, int]
 
@@ -71,8 +70,8 @@ def running(
 
 
 def claims(config: TopicConfig) -> dict[int, str]:
-    with ZkOffsetStore(config) as store:
-        return read_ownership(store).claims
+    with open_store(config) as store:
+        return read_ownership(store.session).claims
 
 
 def eventually(check: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
@@ -182,8 +181,8 @@ def test_pause_resume_and_offsets_set_force_go_through_the_owner(
 
 
 def read_paused(config: TopicConfig) -> dict[int, Any]:
-    with ZkOffsetStore(config) as store:
-        return read_ownership(store).paused
+    with open_store(config) as store:
+        return read_ownership(store.session).paused
 
 
 def test_partitions_added_while_two_instances_run_are_owned_and_consumed(

@@ -23,6 +23,7 @@ from tests.integration.helpers import (
     PARTITIONS,
     handled_lines,
     highs,
+    open_store,
     prepare_kspout_run,
     produce,
     stored,
@@ -69,12 +70,11 @@ def instances(
 
 def owner_of(config: TopicConfig, pid: int) -> Callable[[], str | None]:
     """The instance id `kspout run` process `pid` registered (its node holds its pid)."""
-    from kspout.offsets import ZkOffsetStore
     from kspout.ownership.tree import read_ownership
 
     def find() -> str | None:
-        with ZkOffsetStore(config) as store:
-            nodes = read_ownership(store).instances
+        with open_store(config) as store:
+            nodes = read_ownership(store.session).instances
         return next((i for i, data in nodes.items() if data.get("pid") == pid), None)
 
     return find

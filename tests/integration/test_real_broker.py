@@ -31,12 +31,12 @@ from kspout.devstack import DevStack
 from kspout.driver import Driver
 from kspout.executor.local import LocalExecutor
 from kspout.kafka import Record
-from kspout.offsets import ZkOffsetStore
 from tests.conftest import TopicFactory
 from tests.integration.helpers import (
     PARTITIONS,
     highs,
     kspout_command,
+    open_store,
     produce,
     stored,
     topic_file,
@@ -294,7 +294,7 @@ def test_delete_records_with_fail_stops_one_partition_until_the_printed_command_
         reason = eventually(stopped, what="partition 0 stops")
 
         def recorded() -> Any:
-            with ZkOffsetStore(config) as store:
+            with open_store(config) as store:
                 record = store.read(0)
             return record if record is not None and record.stopped is not None else None
 

@@ -25,8 +25,9 @@ from kspout.driver import Driver
 from kspout.errors import ReplayPastWindow
 from kspout.executor.local import LocalExecutor
 from kspout.kafka import Record
-from kspout.offsets import Checkpoint, ZkOffsetStore, encode_done, history_fields, now_ms
-from tests.integration.helpers import PARTITIONS, produce, stored, topic_file
+from kspout.zk.record import Checkpoint, encode_done, history_fields, now_ms
+from kspout.zk.registry import live_instances
+from tests.integration.helpers import PARTITIONS, open_store, produce, stored, topic_file
 
 
 class InlineExecutor(LocalExecutor):
@@ -56,7 +57,7 @@ def test_a_start_that_would_replay_past_the_window_is_refused(
         "emitted": 12,
         **history_fields([Checkpoint(long_ago, 5, 12)], window),
     }
-    with ZkOffsetStore(config) as store:
+    with open_store(config) as store:
         store.commit(0, 5, version=None, extra=fields)
 
     refused = Driver(config, LocalExecutor(config, acks), replay_window=window)
@@ -66,8 +67,8 @@ def test_a_start_that_would_replay_past_the_window_is_refused(
     message = str(caught.value)
     assert "partition 0: offsets [9, 12)" in message
     assert "--replay-past-window" in message and "replay_past_window=True" in message
-    with ZkOffsetStore(config) as store:
-        assert store.live_instances() == [], "a refused start leaves no registration"
+    with open_store(config) as store:
+        assert live_instances(store.session) == [], "a refused start leaves no registration"
 
     allowed = Driver(
         config, LocalExecutor(config, acks), replay_window=window, replay_past_window=True
@@ -89,7 +90,7 @@ def test_a_listed_run_is_skipped_so_only_a_cut_list_is_refused(
         "emitted": 12,
         **history_fields([Checkpoint(now_ms() - 60_000, 5, 12)], 2.0),
     }
-    with ZkOffsetStore(config) as store:
+    with open_store(config) as store:
         store.commit(0, 5, version=None, extra=fields)
     seen: list[int] = []
     with Driver(
@@ -142,7 +143,7 @@ def test_an_operators_move_behind_the_window_needs_force(
     window = 1.0
     with Driver(config, LocalExecutor(config, acks), replay_window=window) as driver:
         driver.run(until_caught_up=True)
-    with ZkOffsetStore(config) as store:
+    with open_store(config) as store:
         records = store.read_all()
     assert all(r.window == window and r.history for r in records.values())
     time.sleep(window + 0.5)  # the window passes: offsets 0-29 were finished before it began

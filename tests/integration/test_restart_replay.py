@@ -19,11 +19,12 @@ from confluent_kafka import Producer
 
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
-from kspout.offsets import StoredOffset, ZkOffsetStore
+from kspout.zk.record import StoredOffset
 from tests.integration.helpers import (
     PARTITIONS,
     ZK_ROOT,
     kspout_command,
+    open_store,
     produce,
     run_until_caught_up,
     spawned,
@@ -109,7 +110,7 @@ def test_a_restart_after_sigkill_replays_only_what_was_unfinished(
         first.wait(timeout=10)
     assert first.returncode == -signal.SIGKILL
     run1 = set(handled(log))
-    with ZkOffsetStore(config) as store:
+    with open_store(config) as store:
         records = store.read_all()
     assert sorted(records) == list(PARTITIONS), "every partition committed while running"
     above = {(p, o) for p, o in run1 if o >= records[p].offset}

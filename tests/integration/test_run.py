@@ -31,11 +31,12 @@ from kspout.driver import Driver, Progress
 from kspout.errors import DeadLetterWriteFailed, TopicMismatch
 from kspout.executor.local import LocalExecutor
 from kspout.kafka import DeadLetter, Record
-from kspout.offsets import ZkOffsetStore
+from kspout.zk.registry import live_instances
 from tests.integration.helpers import (
     PARTITIONS,
     delete_records,
     handled_lines,
+    open_store,
     prepare_kspout_run,
     produce,
     run_until_caught_up,
@@ -317,8 +318,8 @@ def test_a_failed_start_leaves_no_live_registration(
     with pytest.raises(TopicMismatch), Driver(config, LocalExecutor(config, Recorder())):
         pass
 
-    with ZkOffsetStore(config) as observer:
-        assert observer.live_instances() == []
+    with open_store(config) as observer:
+        assert live_instances(observer.session) == []
 
 
 # -- 5. out of range ------------------------------------------------------------------------------
@@ -334,7 +335,7 @@ def truncated(make_config: Callable[..., TopicConfig], producer: Producer) -> tu
     delete_records(config.brokers, config.topic, {0: 3000})
     low, high = watermarks(config)[0]
     assert 0 < low == 3000 < high == 8000
-    with ZkOffsetStore(config) as store:
+    with open_store(config) as store:
         store.commit(0, 0, version=None)
     return low, high
 
@@ -391,7 +392,7 @@ def test_out_of_range_fail_stops_only_that_partition_until_an_operator_moves_it(
         # The other partitions ran and committed meanwhile.
         assert handler.seen(1) == handler.seen(2) == list(range(100))
         assert stored(config) == {0: 0, 1: 100, 2: 100, 3: 0}
-        with ZkOffsetStore(config) as store:
+        with open_store(config) as store:
             assert store.read(0).stopped == stopped.stopped  # type: ignore[union-attr]
             store.move(0, low)  # what `kspout offsets set --partition 0 --to earliest` does
 
@@ -412,7 +413,7 @@ def test_stored_offset_above_high_resets_to_earliest(
 ) -> None:
     config = make_config(out_of_range="earliest")
     produce(producer, config.topic, {0: range(50)})
-    with ZkOffsetStore(config) as store:
+    with open_store(config) as store:
         store.commit(0, 500, version=None)  # e.g. the topic was deleted and recreated
     handler = Recorder()
 
@@ -609,20 +610,20 @@ def test_a_running_driver_is_registered_and_offsets_set_refuses(
         args = ["offsets", "set", "--config", str(toml), "--all", "--to", "earliest"]
         return CliRunner().invoke(main, args)
 
-    with ZkOffsetStore(config) as observer:
+    with open_store(config) as observer:
         with Driver(config, LocalExecutor(config, Recorder())) as driver:
             driver.step()
-            live = observer.live_instances()
+            live = live_instances(observer.session)
             assert len(live) == 1 and live[0].startswith("run-test-"), live
             driver.step()
-            assert observer.live_instances() == live
+            assert live_instances(observer.session) == live
 
             refused = set_all_to_earliest()
             assert refused.exit_code == 1, refused.output
             assert "is running" in refused.stderr and live[0] in refused.stderr
             assert stored(config) == dict.fromkeys(PARTITIONS, 0)  # as claimed: nothing moved
 
-        assert observer.live_instances() == []
+        assert live_instances(observer.session) == []
     assert stored(config) == {0: 10, 1: 0, 2: 0, 3: 0}
     moved = set_all_to_earliest()  # stopped: the operator may move the offsets now
     assert moved.exit_code == 0, moved.output

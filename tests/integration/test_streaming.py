@@ -22,13 +22,13 @@ from dedup import Effects
 from dedup.batch import ExactlyOnce
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
-from kspout.offsets import ZkOffsetStore
 from kspout.streaming.positions import admit
 from tests.integration.helpers import (
     PARTITIONS,
     delete_records,
     highs,
     kspout_command,
+    open_store,
     produce,
     stored,
     topic_file,
@@ -174,7 +174,7 @@ def test_a_checkpointed_offset_that_retention_deleted_follows_the_out_of_range_p
     moved_low = watermarks(earliest)[0][0]
     assert low < moved_low == 900 < high, "the sink did not move low into the batch"
     assert read.pop("earliest") == list(range(moved_low, high))
-    with ZkOffsetStore(earliest) as store:
+    with open_store(earliest) as store:
         record = store.read(0)
     assert record is not None and record.offset == high
     assert record.data["kspout"]["lost"] == low - 20  # the planner's count
@@ -183,7 +183,7 @@ def test_a_checkpointed_offset_that_retention_deleted_follows_the_out_of_range_p
     with pytest.raises(StreamingQueryException, match=command):
         runs("fail")
     assert read.pop("fail", []) == []
-    with ZkOffsetStore(fail) as store:
+    with open_store(fail) as store:
         record = store.read(0)
     assert record is not None and record.offset == 20 and record.stopped is not None
     argv = [str(kspout_command()), *command.split()[1:]]
@@ -192,7 +192,7 @@ def test_a_checkpointed_offset_that_retention_deleted_follows_the_out_of_range_p
     runs("fail")  # from its checkpoint: partition 0 resumes where the operator moved it
     low, high = watermarks(fail)[0]
     assert read["fail"] == list(range(low, high))
-    with ZkOffsetStore(fail) as store:
+    with open_store(fail) as store:
         record = store.read(0)
     assert record is not None and record.offset == high and record.stopped is None
     assert record.data["kspout"]["lost"] == low - 20

@@ -14,13 +14,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kspout.config import TopicConfig, parse_config
-from kspout.offsets import (
+from kspout.zk import record as records
+from kspout.zk.record import (
     HISTORY_MAX,
     HISTORY_STEP,
     MAX_DONE_SPANS,
     Checkpoint,
     StoredOffset,
-    ZkOffsetStore,
     encode_done,
     history_fields,
     next_history,
@@ -34,7 +34,7 @@ HOUR_MS = 3_600_000
 
 def decode(offset: int, **ours: Any) -> StoredOffset:
     record = {"offset": offset, "partition": 0, "topic": "orders", "kspout": ours}
-    return ZkOffsetStore(CONFIG).decode(0, PATH, json.dumps(record).encode(), 3)
+    return records.decode(0, PATH, json.dumps(record).encode(), 3, CONFIG.topic)
 
 
 @st.composite
@@ -98,7 +98,7 @@ def test_a_cut_the_manager_reports_is_kept() -> None:
 def test_garbage_in_the_fields_is_ignored_with_a_warning(
     ours: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, "kspout.offsets"):
+    with caplog.at_level(logging.WARNING, "kspout.zk.record"):
         record = decode(42, **ours)
     assert record.offset == 42, "the offset still counts"
     assert record.done == () and record.history == ()
@@ -108,7 +108,7 @@ def test_garbage_in_the_fields_is_ignored_with_a_warning(
 
 def test_a_storm_kafka_record_has_no_kspout_fields() -> None:
     raw = json.dumps({"offset": 7, "partition": 0, "topic": "orders"}).encode()
-    record = ZkOffsetStore(CONFIG).decode(0, PATH, raw, 0)
+    record = records.decode(0, PATH, raw, 0, CONFIG.topic)
     assert (record.done, record.history, record.window, record.committed_at) == ((), (), None, None)
     assert record.replay_past_window(0, WINDOW, 10**13, keep_done=False) == []
 

@@ -12,10 +12,10 @@ from kspout.bolts import BasicBolt, BasicCollector, Tuple
 from kspout.config import parse_config
 from kspout.driver.window import StallWatch, holder
 from kspout.executor.topology import Topology
-from kspout.offsets import now_ms
 from kspout.outcomes import FailReason
 from kspout.partition_manager import PartitionManager
 from kspout.policy import Backoff, PartitionPolicy
+from kspout.zk.offsets import now_ms
 from tests.unit import pm_helpers
 
 
