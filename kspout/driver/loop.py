@@ -64,6 +64,7 @@ from kspout.outcomes import FailReason, describe_error
 from kspout.ownership.membership import Membership
 from kspout.partition_manager import PartitionManager, Plan, Span
 from kspout.policy import Backoff
+from kspout.wording import count
 from kspout.zk.offsets import ZkOffsetStore
 from kspout.zk.record import StoredOffset
 from kspout.zk.registry import InstanceRegistry
@@ -218,11 +219,11 @@ class Driver(Lifecycle):
         """Start running a claimed partition from its record."""
         topic = self.config.topic
         log.info(
-            "%s[%d] claimed: resumes at offset %d, skipping %d offsets finished above it",
+            "%s[%d] claimed: resumes at offset %d, skipping %s finished above it",
             topic,
             p,
             stored.offset,
-            sum(hi - lo for lo, hi in stored.done),
+            count(sum(hi - lo for lo, hi in stored.done), "offset"),
         )
         if stored.stopped:
             self._out_of_range.stopped[p] = stored.stopped
@@ -324,9 +325,9 @@ class Driver(Lifecycle):
                 break
             if max_failures is not None and self._failures.records > max_failures:
                 log.error(
-                    "%s: %d records failed, more than max_failures=%d allows: stopping",
+                    "%s: %s failed, more than max_failures=%d allows: stopping",
                     self.config.topic,
-                    self._failures.records,
+                    count(self._failures.records, "record"),
                     max_failures,
                 )
                 self._executor.stop_soon()
@@ -838,10 +839,10 @@ class Driver(Lifecycle):
                 self._failures.dead_lettered(outcome.partition, outcome.offsets)
                 self._dlq_breaker.success()
                 log.warning(
-                    "%s[%d] dead-lettered %d offsets to %s",
+                    "%s[%d] dead-lettered %s to %s",
                     self.config.topic,
                     outcome.partition,
-                    len(outcome.offsets),
+                    count(len(outcome.offsets), "offset"),
                     self.config.dlq_topic,
                 )
             else:

@@ -26,6 +26,7 @@ from kspout.partition_manager import (
     PartitionManager,
     Waiting,
 )
+from kspout.wording import count
 from kspout.zk.record import StoredOffset, describe_replay, now_ms
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ class StallWatch:
             self.stalls[p] += 1
             log.warning(
                 "%s[%d]: the commit point has been stuck at %d for %.0fs, more than half the "
-                "dedup window (%gs), with %d offsets above it; held by %s. A restart replays "
+                "dedup window (%gs), with %s above it; held by %s. A restart replays "
                 "only what is unfinished, but an operator's move back past it, or a stall "
                 "longer than the window, would apply effects again: fix what holds it",
                 self._topic,
@@ -112,7 +113,7 @@ class StallWatch:
                 pm.commit_point,
                 stood,
                 self._window,
-                pm.emitted_to - pm.commit_point,
+                count(pm.emitted_to - pm.commit_point, "offset"),
                 holder(pm),
             )
 

@@ -48,6 +48,7 @@ from kspout.streaming.positions import MinTrigger, Offsets, admit
 from kspout.streaming.read import KafkaRange, Stopped
 from kspout.streaming.watermarks import ThrottledWatermarks
 from kspout.streaming.zk_copy import NoCopy, ZkCopy
+from kspout.wording import count
 
 log = logging.getLogger(__name__)
 
@@ -184,14 +185,14 @@ class StreamPlanner(Lifecycle):
         if moved is not None and low <= moved <= high:
             log.warning(
                 "%s[%d]: offset %d is out of range (Kafka holds [%d, %d)); resuming at %d, "
-                "where an operator moved it; lost %d offsets [%d, %d)",
+                "where an operator moved it; lost %s [%d, %d)",
                 self._config.topic,
                 p,
                 start,
                 low,
                 high,
                 moved,
-                max(0, moved - start),
+                count(max(0, moved - start), "offset"),
                 start,
                 max(start, moved),
             )
