@@ -19,6 +19,7 @@ from confluent_kafka import Producer
 from pyspark.errors import AnalysisException, StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
+import kspout
 from kspout import KafkaSpout
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
@@ -297,3 +298,23 @@ def test_min_offsets_per_trigger_holds_a_batch_back_until_enough_or_the_delay(
         assert planner.latest(start, None) == start
         now[0] += 30.0
         assert planner.latest(start, None) == dict.fromkeys(PARTITIONS, 6)  # the delay passed
+
+
+def test_a_relative_config_path_is_the_driver_programs_file_not_the_jvms(
+    spark: SparkSession,
+    stack: DevStack,
+    make_config: Callable[..., TopicConfig],
+    producer: Producer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Spark runs the data source in a Python worker of its JVM, which started in another
+    directory (the session's); `register` makes a relative path the driver program's."""
+    config = make_config()
+    produced = produce(producer, config.topic, 3)
+    topic_file(tmp_path / "relative.toml", stack, config)
+    monkeypatch.chdir(tmp_path)
+    jvm_dir = Path(spark.sparkContext._jvm.System.getProperty("user.dir"))
+    assert not (jvm_dir / "relative.toml").exists()  # the JVM would not find it
+    kspout.register(spark)
+    assert batch(spark, {"config": "relative.toml"}) == sorted(produced)
