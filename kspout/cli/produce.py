@@ -61,12 +61,11 @@ def _partitions(config: TopicConfig, create: int | None) -> list[int]:
     """The topic's partitions; a missing topic is created with `create` partitions, or refused
     as every command refuses it (exit code 3), naming the option that creates it."""
     with KafkaMetadata(config) as kafka:
-        found = kafka.partitions(config.topic)
-    if found:
-        return found
-    if create is None:
-        missing = TopicNotFound(config.topic, config.brokers, config.path, config.origin("brokers"))
-        raise NotThere(f"{missing} (--create-topic PARTITIONS creates it)")
+        try:
+            return kafka.require_topic(config.topic)
+        except TopicNotFound as missing:
+            if create is None:
+                raise NotThere(f"{missing} (--create-topic PARTITIONS creates it)") from None
     ensure_topic(config, create)
     return list(range(create))
 

@@ -36,9 +36,6 @@ class OutcomeLog:
         self._failures = FailureCatalog()
         self._start = self._end = self._attempt = -1  # the run of acks not yet written
 
-    def ack(self, offset: int) -> None:
-        self._extend(offset, offset + 1, self._attempt_of(offset))
-
     def ack_run(self, lo: int, hi: int) -> None:
         """Ack the consecutive offsets `[lo, hi)`, looking attempts up per span, not per offset."""
         spans = self._spans
@@ -72,7 +69,7 @@ class OutcomeLog:
                 _FAIL,
                 self._attempt_of(offset),
                 FailReason.EXCEPTION,
-                describe_error(exc),
+                failure.description,  # describe_error's text, made once per kind
                 failure=failure,
             )
         )

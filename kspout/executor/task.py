@@ -95,7 +95,8 @@ def settle(
             try:
                 handler(record)
             except KafkaUnavailable as exc:
-                outage = log.release(offset, exc) or outage
+                error = log.release(offset, exc)
+                outage = outage or error
                 if gate is not None:
                     gate.hold(record)
                 continue
