@@ -23,11 +23,12 @@ import json
 import random
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache
 
 import redis
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from dedup import Effects, IdempotencyBolt
 from kspout.bolts import BasicBolt, BasicCollector, Fields, TaskContext, Tuple
@@ -35,6 +36,7 @@ from kspout.config import TopicConfig
 from kspout.executor.topology import ChainItem
 from kspout.kafka import Record, client_settings
 from kspout.kafka.topics import ensure_topic
+from kspout.kafka.writer import TopicWriter
 from kspout.zk.offsets import ZkOffsetStore
 from kspout.zk.session import ZkSession
 
@@ -65,13 +67,19 @@ class DemoStream:
 
 def produce_sentences(config: TopicConfig, messages: int, seed: int = 7) -> DemoStream:
     """Write `messages` sentences with injected failures to the demo topic (created first,
-    with `PARTITIONS` partitions, unless it exists)."""
+    with `PARTITIONS` partitions, unless it exists), through the writer `kspout produce` uses:
+    it waits for Kafka's acknowledgement of each and raises ProduceFailed if one is refused."""
     ensure_topic(config, PARTITIONS)
-    rng = random.Random(seed)
     stream = DemoStream(messages)
-    slow_at = set(rng.sample(range(messages), min(SLOW_MESSAGES, messages)))
-    producer = Producer(client_settings(config, **{"linger.ms": 20}))
-    for n in range(messages):
+    with TopicWriter(config) as writer:
+        writer.write(_sentences(stream, random.Random(seed)))
+    return stream
+
+
+def _sentences(stream: DemoStream, rng: random.Random) -> Iterator[tuple[bytes | None, bytes]]:
+    """`stream.messages` keyed sentences, each counted into `stream` as it is made."""
+    slow_at = set(rng.sample(range(stream.messages), min(SLOW_MESSAGES, stream.messages)))
+    for n in range(stream.messages):
         inject = "slow" if n in slow_at else "none"
         roll = rng.random()
         for kind, share in INJECTED.items():
@@ -85,16 +93,7 @@ def produce_sentences(config: TopicConfig, messages: int, seed: int = 7) -> Demo
             if inject != "noid":
                 stream.keyed_counts.update(words)
         value = json.dumps({"id": n, "text": " ".join(words), "inject": inject}).encode()
-        key = None if inject == "noid" else str(n).encode()
-        while True:
-            try:
-                producer.produce(config.topic, key=key, value=value)
-                break
-            except BufferError:
-                producer.poll(0.1)
-        producer.poll(0)
-    producer.flush(30)
-    return stream
+        yield (None if inject == "noid" else str(n).encode()), value
 
 
 @cache
