@@ -41,29 +41,34 @@ from types import TracebackType
 
 from kspout.channel.listener import OutcomeChannel
 from kspout.config import TopicConfig
-from kspout.contract import Executor, PartitionTask, TaskResult
+from kspout.contract import Executor, TaskResult
 from kspout.driver.batches import BatchTracker, Ended, RunningBatch
-from kspout.driver.breaker import BreakerState, CircuitBreaker
 from kspout.driver.commits import Committer
+from kspout.driver.dead_letter_handoff import DeadLetterHandoff
 from kspout.driver.dead_letters import DeadLetterWorker
 from kspout.driver.failure_log import FailureLog
-from kspout.driver.failures import JobFailure, classify
-from kspout.driver.isolation import Isolation, Suspects
+from kspout.driver.failures import FailureCosts
+from kspout.driver.isolation import Isolation
 from kspout.driver.metrics import REFRESH, MetricsExporter
 from kspout.driver.out_of_range import OutOfRangeHandler
-from kspout.driver.owned import Managers, OwnedPartition, PartitionState
+from kspout.driver.owned import Managers
 from kspout.driver.ownership import Ownership
-from kspout.driver.progress import InstanceReporter, PartitionView, Progress
+from kspout.driver.planner import Planner
+from kspout.driver.progress import (
+    InstanceReporter,
+    Progress,
+    partition_views,
+    warn_if_every_record_failed,
+)
 from kspout.driver.watermarks import WatermarkCache
 from kspout.driver.window import StallWatch, check_start
 from kspout.errors import KafkaUnavailable
 from kspout.kafka import KafkaMetadata
 from kspout.kafka.group_mirror import GroupMirror
 from kspout.lifecycle import Lifecycle
-from kspout.ordering import KeyOrder, blockers_of
-from kspout.outcomes import FailReason, describe_error
+from kspout.outcomes import describe_error
 from kspout.ownership.membership import Membership
-from kspout.partition_manager import PartitionManager, Plan, Span
+from kspout.partition_manager import PartitionManager
 from kspout.wording import count
 from kspout.zk.offsets import ZkOffsetStore
 from kspout.zk.registry import InstanceRegistry
@@ -144,20 +149,28 @@ class Driver(Lifecycle):
             self._isolation,
             self._failures,
             self._stalls,
+            self._batches,
+            self._dead_letters,
             clock,
-            self._quiet,
             replay_window,
             replay_past_window,
         )
         self._parts = self._ownership.partitions  # partition -> OwnedPartition
         self._managers = Managers(self._parts)
-        self._channel: OutcomeChannel | None = None
-        self._dlq_breaker = CircuitBreaker.waiting_as(
-            f"{config.dlq_topic} writes", config.infra_backoff
+        self._planner = Planner(
+            config,
+            self._parts,
+            self._isolation,
+            self._watermarks,
+            self._out_of_range,
+            lambda: self._membership.suspended,
+            self._batches.running,
         )
+        self._costs = FailureCosts(config.topic, self._parts, self._isolation)
+        self._handoff = DeadLetterHandoff(config, self._dead_letters, self._failures, self._parts)
+        self._channel: OutcomeChannel | None = None
         self._leaders: dict[int, tuple[str, int]] = {}
         self._submitted = 0
-        self._batch_errors = 0
         self._started_at = 0.0
         self._last_commit = 0.0
         self._metrics = MetricsExporter(config, clock, metrics_interval)
@@ -283,26 +296,8 @@ class Driver(Lifecycle):
         self.drain()
         progress = self.progress()
         self._failures.tick(final=True)
-        self._warn_if_all_failed(progress)
+        warn_if_every_record_failed(progress, self.config.dlq_topic)
         return progress
-
-    def _warn_if_all_failed(self, progress: Progress) -> None:
-        """Say loudly when no record succeeded and some failed: a broken handler must not
-        look like a run that went through."""
-        if not progress.failures or progress.total("acked") + progress.total("duplicates"):
-            return
-        kinds = "; ".join(
-            f"{f.failure} ({f.records} {'record' if f.records == 1 else 'records'})"
-            for f in progress.failures[:3]
-        )
-        log.error(
-            "%s: EVERY RECORD FAILED in this run, none succeeded: %s. Fix the handler (the "
-            "traceback is logged above); failed records are retried, then dead-lettered to %s "
-            "(`kspout dlq show`) or skipped, per on_exhausted",
-            self.config.topic,
-            kinds,
-            self.config.dlq_topic,
-        )
 
     def step(self) -> bool:
         """One turn of the loop (see the module docstring); True if a batch was submitted."""
@@ -317,7 +312,7 @@ class Driver(Lifecycle):
         else:
             submitted = self._submit()
             self._collect()  # an executor that runs a batch inside `submit` is done with it
-        self._write_dead_letters()
+        self._handoff.exchange()
         self._failures.tick()
         snapshot = None  # one progress snapshot per step, shared by whoever wants one
         if self._clock() - self._last_commit >= self.config.commit_interval:
@@ -332,22 +327,11 @@ class Driver(Lifecycle):
         return submitted
 
     def caught_up(self) -> bool:
-        """True when nothing runs or waits, every partition this instance runs is finished up
-        to its high mark, and so is every other partition of the topic by its stored commit
-        point (a stopped or paused partition waits for an operator, not for the loop). The
-        rest of the topic matters when another instance owns it, or still holds it after a
-        crash until its session expires: a run `until_caught_up` leaves nothing behind."""
-        if len(self._batches) or len(self._isolation) or self._dead_letters.pending:
-            return False
-        if self._ownership.moving():
-            return False
-        for p, part in self._parts.items():
-            if part.stopped is not None or p in self._membership.paused:
-                continue
-            pm, high = part.manager, self._watermarks.known(p)[1]
-            if pm.commit_point < high or pm.emitted_to != pm.commit_point:
-                return False
-        return self._ownership.others_finished()
+        """True when nothing runs or waits and every partition of the topic is finished
+        (`Ownership.caught_up`). The rest of the topic matters when another instance owns
+        it, or still holds it after a crash until its session expires: a run
+        `until_caught_up` leaves nothing behind."""
+        return self._ownership.caught_up()
 
     def commit(self) -> Progress:
         """Resume stopped partitions an operator moved; write every commit point that moved.
@@ -378,14 +362,6 @@ class Driver(Lifecycle):
         self._group_mirror.mirror(self._committer.committed_points())
         return progress
 
-    def _quiet(self, p: int) -> bool:
-        """Nothing of partition `p` runs or waits to run alone, no dead letter is unwritten."""
-        if any(p in b.tasks and p not in b.finished for b in self._batches):
-            return False
-        if any(group.partition == p for group in self._isolation.waiting()):
-            return False
-        return not self._dead_letters.pending
-
     @property
     def metrics_url(self) -> str | None:
         """Where Prometheus scrapes this driver (the bound port, for `port = 0`); None when
@@ -399,25 +375,9 @@ class Driver(Lifecycle):
 
     def progress(self) -> Progress:
         """A snapshot of every partition's counts, watermarks, breakers and commits."""
-        views = []
-        paused, releasing = self._membership.paused, PartitionState.RELEASING
-        for p, part in self._parts.items():
-            pm, breaker = part.manager, part.breaker
-            views.append(
-                PartitionView(
-                    p,
-                    pm.stats(),
-                    *self._watermarks.known(p),
-                    self._committer.committed(p),
-                    None if breaker.state is BreakerState.CLOSED else breaker.view(),
-                    part.stopped,
-                    self._stalls.stalls.get(p, 0),
-                    self._stalls.stuck_for(p, pm),
-                    p in paused,
-                    part.state is releasing,
-                    committed_at=self._committer.written_at(p),
-                )
-            )
+        views = partition_views(
+            self._parts, self._watermarks, self._committer, self._stalls, self._membership.paused
+        )
         ownership = self._ownership
         return Progress(
             self.config.topic,
@@ -425,7 +385,7 @@ class Driver(Lifecycle):
             self._clock() - self._started_at,
             views,
             list(self._out_of_range.resets),
-            self._batch_errors,
+            self._costs.errors,
             self._batches.cancelled,
             self._isolation.runs,
             self._membership.instance_id,
@@ -453,10 +413,10 @@ class Driver(Lifecycle):
         while len(self._batches):
             self._wait(IDLE_WAIT)
             self._collect()
-        self._write_dead_letters()
+        self._handoff.exchange()
         if self._dead_letters.pending and not self._dead_letters.wait(DRAIN_DEAD_LETTERS):
             log.error("dead letters still unwritten at close: their offsets stay uncommitted")
-        self._write_dead_letters()
+        self._handoff.exchange()
         self.commit()
 
     def _collect(self) -> None:
@@ -479,7 +439,7 @@ class Driver(Lifecycle):
         if part is None:
             return
         if result.attempt_died:  # Spark ran the task again after its worker died
-            self._crashed(batch, p, "an earlier attempt of the task died")
+            self._costs.crashed(batch, p, "an earlier attempt of the task died")
             return
         part.manager.apply(result.outcomes, epoch=result.epoch)
         self._failures.record(p, result.outcomes)
@@ -500,185 +460,19 @@ class Driver(Lifecycle):
         self._metrics.batch_ended(self._clock() - batch.started_at)
         for result in ended.results:
             self._apply(batch, result)
-        if ended.error is None:
-            return
-        open_partitions = [p for p in batch.tasks if p not in batch.finished]
-        if batch.cancelled:
-            for p in open_partitions:
-                self._release(batch, p, "its batch was cancelled: another record in it hung")
-            for p in ended.hung_partitions & self._parts.keys():
-                self._parts[p].breaker.failure("a task hung outside any record (a dependency?)")
-            return
-        self._batch_errors += 1
-        error = ended.error.strip().splitlines()[0][:300]
-        if classify(ended.error) is JobFailure.CRASH:
-            log.warning(
-                "batch %d: a worker died (%s); isolating what it left open", batch.id, error
-            )
-            for p in open_partitions:
-                self._crashed(batch, p, error)
-        else:
-            log.error("batch %d failed outside any message (%s); retrying it", batch.id, error)
-            for p in open_partitions:
-                self._release(batch, p, error)
-                if p in self._parts:
-                    self._parts[p].breaker.failure(error)
-
-    def _open(self, batch: RunningBatch, p: int) -> list[Span]:
-        """What `batch` left unsettled in partition `p`, at the attempts it ran them."""
-        part, epoch = self._parts.get(p), batch.tasks[p].plan.epoch
-        if part is None or part.manager.epoch != epoch:
-            return []
-        pm = part.manager
-        return [
-            Span(lo, hi, span.attempt)
-            for span in batch.open_spans(p)
-            for lo, hi in pm.unsettled(span.start, span.end, span.attempt)
-        ]
-
-    def _release(self, batch: RunningBatch, p: int, error: str) -> None:
-        for span in self._open(batch, p):
-            self._parts[p].manager.release(span.start, span.end, span.attempt, error)
-
-    def _crashed(self, batch: RunningBatch, p: int, error: str) -> None:
-        """A task of `batch` died: its open offsets become suspects, or, for a record that
-        died alone, the culprit fails with CRASH."""
-        if p not in self._parts:
-            return  # it moved: its next owner runs what was open
-        open_spans = self._open(batch, p)
-        epoch = batch.tasks[p].plan.epoch
-        group = batch.group
-        if group is None or group.partition != p:
-            self._isolation.suspect(p, epoch, open_spans)
-            return
-        culprit = self._isolation.died(group, open_spans, batch.last_seen(p))
-        if culprit is not None:
-            attempt = batch.tasks[p].plan.attempt_of(culprit)
-            reason = f"killed its Python worker when run alone ({error})"
-            log.warning("%s[%d] offset %d %s", self.config.topic, p, culprit, reason)
-            self._parts[p].manager.fail(culprit, FailReason.CRASH, reason, attempt, epoch=epoch)
+        if ended.error is not None:
+            self._costs.charge(ended, ended.error)
 
     # -- planning ----------------------------------------------------------------------------
 
     def _submit(self) -> bool:
         """Submit one batch: a group of suspects to run alone, or the next regular plan."""
-        group = self._isolation.next()
-        if group is not None:
-            task = self._isolated(group)
-            if task is None:
-                return False
-            self._start_batch([task], group)
-            return True
-        tasks = self._plan()
-        if tasks:
-            self._start_batch(tasks, None)
-        return bool(tasks)
-
-    def _start_batch(self, tasks: list[PartitionTask], group: Suspects | None) -> None:
+        tasks, group = self._planner.next()
+        if not tasks:
+            return False
         batch = self._submitted
         self._submitted += 1
         started = self._clock()
         future = self._executor.submit(batch, tasks)
         self._batches.add(batch, tasks, future, group, started_at=started)
-
-    def _isolated(self, group: Suspects) -> PartitionTask | None:
-        """The task that runs `group` alone, limited to what is still open in it."""
-        part = self._parts.get(group.partition)
-        if part is None or part.manager.epoch != group.epoch:
-            return None
-        pm = part.manager
-        spans = tuple(
-            Span(lo, hi, span.attempt)
-            for span in group.spans
-            for lo, hi in pm.unsettled(span.start, span.end, span.attempt)
-        )
-        if not spans:
-            return None
-        return self._task(group.partition, Plan(spans, group.epoch), pm)
-
-    def _task(self, p: int, plan: Plan, pm: PartitionManager) -> PartitionTask:
-        """The task for `plan`; with `ordering = key`, with the offsets that can hold back
-        its records' keys (kspout.ordering)."""
-        if self.config.ordering == "none":
-            return PartitionTask(self.config.topic, p, plan)
-        ranges = plan.ranges()
-        blockers = blockers_of(pm.unfinished_below(ranges[-1][1]), ranges)
-        return PartitionTask(self.config.topic, p, plan, KeyOrder(blockers))
-
-    def _runnable(self) -> list[OwnedPartition]:
-        """The partitions to plan now: running (not stopped, paused or moving away), the
-        claims sure (ZooKeeper connected); with `ordering = key`, the last task over (a record
-        in flight is never overtaken); and the breaker lets them run (a half-open one only
-        while its probe batch is not out yet)."""
-        if self._membership.suspended:
-            return []
-        keyed = self.config.ordering != "none"
-        running = self._batches.running
-        return [
-            part
-            for p, part in self._parts.items()
-            if part.runnable and not (keyed and running(p)) and part.breaker.allow()
-        ]
-
-    def _plan(self) -> list[PartitionTask]:
-        tasks: list[PartitionTask] = []
-        runnable = self._runnable()
-        # One batched watermark query for every partition that needs fresh ones.
-        failed = self._watermarks.refresh(
-            {part.number: part.manager.emitted_to for part in runnable}
-        )
-        for part in runnable:
-            p, pm, breaker = part.number, part.manager, part.breaker
-            if p in failed:  # no leader, broker down: this partition waits
-                breaker.failure(describe_error(failed[p]))
-                continue
-            low, high = self._watermarks.known(p)
-            self._out_of_range.check(part, low, high)
-            if part.stopped is not None:
-                continue
-            plan = pm.plan(high, self.config.batch_size)
-            if not plan:
-                if breaker.state is BreakerState.HALF_OPEN:
-                    breaker.success()  # nothing to probe with: the next batch is the probe
-                continue
-            plan, alone = self._isolation.carve(p, plan)
-            self._isolation.queue_front(alone)
-            if plan:
-                tasks.append(self._task(p, plan, pm))
-        return tasks
-
-    # -- dead letters ------------------------------------------------------------------------
-
-    def _write_dead_letters(self) -> None:
-        """Confirm what the writer finished; hand it what the partitions gave up since."""
-        for outcome in self._dead_letters.completed():
-            part = self._parts.get(outcome.partition)
-            if part is None:
-                continue  # it moved: its next owner runs those offsets again
-            if outcome.error is None:
-                part.manager.dead_lettered(outcome.offsets)
-                self._failures.dead_lettered(outcome.partition, outcome.offsets)
-                self._dlq_breaker.success()
-                log.warning(
-                    "%s[%d] dead-lettered %s to %s",
-                    self.config.topic,
-                    outcome.partition,
-                    count(len(outcome.offsets), "offset"),
-                    self.config.dlq_topic,
-                )
-            else:
-                part.manager.dead_letter_failed(outcome.offsets)  # handed out again later
-                self._dlq_breaker.failure(outcome.error)
-        breaker = self._dlq_breaker
-        if breaker.state is BreakerState.OPEN:
-            return  # the dead-letter topic keeps failing: wait, do not hammer it
-        for p, part in self._parts.items():
-            pm = part.manager
-            tickets = pm.take_dead_letters()
-            if not tickets:
-                continue
-            if breaker.state is BreakerState.HALF_OPEN and not breaker.allow():
-                pm.dead_letter_failed([t.offset for t in tickets])  # after the probe's answer
-                return
-            offsets = [t.offset for t in tickets]
-            self._dead_letters.submit(p, tickets, self._failures.tracebacks(p, offsets))
+        return True

@@ -24,8 +24,10 @@ import logging
 from collections.abc import Callable, Iterable
 
 from kspout.config import TopicConfig
+from kspout.driver.batches import BatchTracker
 from kspout.driver.breaker import CircuitBreaker
 from kspout.driver.commits import Committer
+from kspout.driver.dead_letters import DeadLetterWorker
 from kspout.driver.failure_log import FailureLog
 from kspout.driver.isolation import Isolation
 from kspout.driver.owned import OwnedPartition, PartitionState
@@ -50,8 +52,9 @@ OTHERS_EVERY = 1.0  # seconds between checks of the partitions other instances o
 class Ownership:
     """Claims, releases, pauses and drops the driver's partitions as the ownership nodes say.
 
-    `quiet(partition)` tells whether nothing of a partition runs or waits to run (the loop
-    knows); `replay_window` and `replay_past_window` are the driver's (`check_start`).
+    It reads the batches in flight, the isolation queue and the dead-letter writer to tell
+    when a partition is quiet; `replay_window` and `replay_past_window` are the driver's
+    (`check_start`).
     """
 
     def __init__(
@@ -65,8 +68,9 @@ class Ownership:
         isolation: Isolation,
         failures: FailureLog,
         stalls: StallWatch,
+        batches: BatchTracker,
+        dead_letters: DeadLetterWorker,
         clock: Callable[[], float],
-        quiet: Callable[[int], bool],
         replay_window: float | None,
         replay_past_window: bool,
     ) -> None:
@@ -79,8 +83,9 @@ class Ownership:
         self._isolation = isolation
         self._failures = failures
         self._stalls = stalls
+        self._batches = batches
+        self._dead_letters = dead_letters
         self._clock = clock
-        self._quiet = quiet
         self._window = replay_window
         self._past_window = replay_past_window
         self.partitions: dict[int, OwnedPartition] = {}
@@ -89,11 +94,25 @@ class Ownership:
         self.refused = 0  # commits refused: the claim was gone or the record changed
         self.dropped = 0  # partitions dropped because this instance lost them
 
-    def moving(self) -> bool:
-        """Some partition is still on its way in (assigned, not claimed) or out (releasing)."""
+    def caught_up(self) -> bool:
+        """True when nothing runs or waits, no partition is on its way in or out, every
+        partition this instance runs is finished up to its high mark, and so is every other
+        partition of the topic by its stored commit point (a stopped or paused partition
+        waits for an operator, not for the loop)."""
+        if len(self._batches) or len(self._isolation) or self._dead_letters.pending:
+            return False
         if any(part.state is PartitionState.RELEASING for part in self.partitions.values()):
-            return True
-        return bool(self._membership.mine() - self.partitions.keys())
+            return False
+        if self._membership.mine() - self.partitions.keys():
+            return False  # assigned, not claimed yet
+        paused = self._membership.paused
+        for p, part in self.partitions.items():
+            if part.stopped is not None or p in paused:
+                continue
+            pm, high = part.manager, self._watermarks.known(p)[1]
+            if pm.commit_point < high or pm.emitted_to != pm.commit_point:
+                return False
+        return self._others_finished()
 
     # -- claiming ----------------------------------------------------------------------------
 
@@ -235,6 +254,14 @@ class Ownership:
             abandoned,
         )
 
+    def _quiet(self, p: int) -> bool:
+        """Nothing of partition `p` runs or waits to run alone, no dead letter is unwritten."""
+        if any(p in b.tasks and p not in b.finished for b in self._batches):
+            return False
+        if any(group.partition == p for group in self._isolation.waiting()):
+            return False
+        return not self._dead_letters.pending
+
     # -- losing ------------------------------------------------------------------------------
 
     def refuse(self, p: int, exc: OffsetConflict) -> None:
@@ -268,7 +295,7 @@ class Ownership:
 
     # -- the other instances' partitions -----------------------------------------------------
 
-    def others_finished(self) -> bool:
+    def _others_finished(self) -> bool:
         """The partitions this instance does not run are committed up to their high marks
         (asked at most every `OTHERS_EVERY` seconds: one pipelined ZooKeeper read of their
         records and one batched Kafka query, each a round trip for all of them)."""
