@@ -1,30 +1,32 @@
 """The driver loop: plan, submit, watch, apply, commit.
 
-One PartitionManager per partition decides what to run; each step of the loop
+Each partition this instance owns is one `OwnedPartition` (`owned.py`): the PartitionManager
+that decides what to run, its circuit breaker, and its state (running, stopped, paused,
+releasing). Each step of the loop
 
 1. takes in what running tasks said over the outcome channel (streamed outcomes, beats) and
    the results of batches that ended, and applies them (`_collect`); what user code raised is
    logged once per kind and partition, then counted and summed up (`FailureLog`);
 2. times out the roots tasks are stuck on, holds the records queued behind them, and cancels
    batches whose every open task is stuck (`BatchTracker.watch`);
-3. plans and submits the next batch: a group of suspects to run alone if one waits
-   (`Isolation`), else due retries and new offsets of every partition whose circuit breaker
-   lets it run (`_submit`);
-4. hands dead letters to the background writer and confirms the ones it wrote;
+3. plans and submits the next batch (`Planner`): a group of suspects to run alone if one
+   waits (`Isolation`), else due retries and new offsets of every running partition whose
+   circuit breaker lets it run;
+4. hands dead letters to the background writer and confirms the ones it wrote
+   (`DeadLetterHandoff`);
 5. commits every `commit_interval` seconds (the commit point and the finished runs above it,
    so a restart replays only what is unfinished), watches for commit points stuck against the
    chain's replay window (`window.py`), and resumes stopped partitions an operator moved.
 
-Before that, each step follows the spout's ownership nodes (`ownership.py`): it claims the
-partitions the assignment gives this instance, releases the ones it moved away, honours
-operators' pauses, and drops partitions this instance lost. Each partition it runs is one
-`OwnedPartition` (`owned.py`): its manager, its breaker, and its state (running, stopped,
-paused, releasing).
+Before that, each step follows the spout's ownership nodes (`Ownership`, `ownership.py`): it
+claims the partitions the assignment gives this instance, releases the ones it moved away,
+honours operators' pauses, and drops partitions this instance lost.
 
-Whose fault a failure is decides what it costs (design.md, "Failures: whose fault"): a
-message's own failure spends its retry budget; an infrastructure failure releases the
-offsets without spending anything and opens the partition's breaker; a dead worker makes
-its task's open offsets suspects until isolation finds the one record that kills workers.
+Whose fault a failure is decides what it costs (design.md, "Failures: whose fault";
+`FailureCosts`): a message's own failure spends its retry budget; an infrastructure failure
+releases the offsets without spending anything and opens the partition's breaker; a dead
+worker makes its task's open offsets suspects until isolation finds the one record that kills
+workers.
 
 The driver handles offsets only; payloads stay on the executors (dead letters are the one
 exception: the writer fetches their payload again, so the DLQ record carries the message).
