@@ -75,6 +75,7 @@ class Ownership:
         replay_past_window: bool,
     ) -> None:
         self._config = config
+        self._topic = config.topic
         self._membership = membership
         self._store = store
         self._metadata = metadata
@@ -118,7 +119,7 @@ class Ownership:
 
     def claim(self, partitions: Iterable[int]) -> dict[int, StoredOffset]:
         """Claim and take on the partitions in `partitions` that no other instance holds."""
-        topic, out = self._config.topic, {}
+        topic, out = self._topic, {}
         for p in sorted(set(partitions) - self.partitions.keys()):
             start = functools.partial(self._metadata.resolve, self._config.start, topic, p)
             try:
@@ -133,7 +134,7 @@ class Ownership:
 
     def _adopt(self, p: int, stored: StoredOffset) -> None:
         """Start running a claimed partition from its record."""
-        topic = self._config.topic
+        topic = self._topic
         log.info(
             "%s[%d] claimed: resumes at offset %d, skipping %s finished above it",
             topic,
@@ -167,7 +168,7 @@ class Ownership:
 
     def _claim_running(self, partitions: set[int]) -> None:
         """`claim` while running: a partition whose replay would pass the window stops."""
-        window, topic = self._window, self._config.topic
+        window, topic = self._window, self._topic
         for p, record in self.claim(partitions).items():
             if window is None:
                 continue
@@ -200,10 +201,6 @@ class Ownership:
             if by is not None and (self._quiet(p) or self._clock() >= by):
                 self._let_go(part)
         self._follow_pauses()
-
-    @property
-    def _topic(self) -> str:
-        return self._config.topic
 
     def _let_go(self, part: OwnedPartition) -> None:
         """Release a partition that moved away: final commit, then the claim goes."""
