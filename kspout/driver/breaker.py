@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kspout.config import RetryBackoff
 from kspout.policy import Backoff
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,13 @@ class CircuitBreaker:
         self._probing = False  # when HALF_OPEN: the probe was handed out, its result not in yet
         self._opened_at = 0.0  # when the breaker last left CLOSED
         self._outage_failures = 0  # failures since then, late ones included
+
+    @classmethod
+    def waiting_as(
+        cls, name: str, waits: RetryBackoff, clock: Callable[[], float] = time.monotonic
+    ) -> CircuitBreaker:
+        """A breaker that waits as a config's backoff section says (`[infra_backoff]`)."""
+        return cls(name, Backoff(waits.initial, waits.multiplier, waits.max), clock)
 
     # -- queries -------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kspout.driver.owned import OwnedPartition
 from kspout.errors import OffsetConflict
 from kspout.partition_manager import PartitionManager
 from kspout.zk.offsets import OffsetWrite, ZkOffsetStore
@@ -128,17 +129,15 @@ class Committer:
         """Clock time the record was last written."""
         return self._records[partition].written_at
 
-    def commit(
-        self, pms: Mapping[int, PartitionManager], stopped: Mapping[int, str]
-    ) -> list[tuple[int, OffsetConflict]]:
+    def commit(self, parts: Mapping[int, OwnedPartition]) -> list[tuple[int, OffsetConflict]]:
         """Write every partition whose commit point, finished runs or stop mark changed, all
         in one round trip; returns the partitions whose write was refused (another writer
         owns them now)."""
         leaders = self._leaders()
         changes = [
             change
-            for p, pm in pms.items()
-            if (change := self._change(p, pm, stopped.get(p), leaders)) is not None
+            for p, part in parts.items()
+            if (change := self._change(p, part.manager, part.stopped, leaders)) is not None
         ]
         outcomes = self._store.commit_all([change.write for change in changes])
         refused: list[tuple[int, OffsetConflict]] = []
@@ -204,10 +203,13 @@ class Committer:
             fields.update(history_fields(record.history, self._window))
         return fields
 
-    def moved(self, stopped: Mapping[int, str]) -> dict[int, int]:
+    def moved(self, parts: Mapping[int, OwnedPartition]) -> dict[int, int]:
         """Stopped partitions an operator moved since: partition -> the offset to resume at."""
         now = self._clock()
-        if not stopped or now - self._polled_at < RESUME_POLL:
+        if now - self._polled_at < RESUME_POLL:
+            return {}
+        stopped = [p for p, part in parts.items() if part.stopped is not None]
+        if not stopped:
             return {}
         self._polled_at = now
         out = {}

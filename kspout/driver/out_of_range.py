@@ -5,8 +5,8 @@ comes back with an out-of-range hint from its fetch. A hint can be stale (planne
 reset the driver has done since, or before the watermarks moved back into range), so hints of
 an older epoch are dropped and the watermarks are asked again before anything is reset.
 
-Under `out_of_range = "fail"` only that partition stops: it is recorded here with its reason
-until an operator moves its offset; the other partitions keep running and committing.
+Under `out_of_range = "fail"` only that partition stops (`OwnedPartition.stop`, with the
+reason) until an operator moves its offset; the other partitions keep running and committing.
 """
 
 from __future__ import annotations
@@ -14,17 +14,18 @@ from __future__ import annotations
 import logging
 
 from kspout.config import TopicConfig
+from kspout.driver.owned import OwnedPartition
 from kspout.driver.watermarks import WatermarkCache
 from kspout.errors import PartitionStopped
 from kspout.kafka import KafkaMetadata
-from kspout.partition_manager import OutOfRangeReset, PartitionManager
+from kspout.partition_manager import OutOfRangeReset
 from kspout.policy import PositionKind
 
 log = logging.getLogger(__name__)
 
 
 class OutOfRangeHandler:
-    """Resets partitions per policy, records what was lost, and which partitions stopped."""
+    """Resets partitions per policy, records what was lost, stops partitions under "fail"."""
 
     def __init__(
         self, config: TopicConfig, metadata: KafkaMetadata, watermarks: WatermarkCache
@@ -33,25 +34,21 @@ class OutOfRangeHandler:
         self._metadata = metadata
         self._watermarks = watermarks
         self.resets: list[tuple[int, OutOfRangeReset]] = []
-        self.stopped: dict[int, str] = {}  # partition -> why it stopped
 
-    def check(self, partition: int, pm: PartitionManager, low: int, high: int) -> None:
+    def check(self, part: OwnedPartition, low: int, high: int) -> None:
         """Planning found the partition's offsets outside `[low, high)`: apply the policy."""
-        if pm.out_of_range(low, high):
-            self._reset(partition, pm, low, high)
+        if part.manager.out_of_range(low, high):
+            self._reset(part, low, high)
 
-    def hint(self, partition: int, pm: PartitionManager, epoch: int) -> None:
+    def hint(self, part: OwnedPartition, epoch: int) -> None:
         """A task's fetch found offsets out of range: act on fresh watermarks, if still so."""
-        if epoch != pm.epoch or partition in self.stopped:
+        if epoch != part.manager.epoch or part.stopped is not None:
             return  # planned before a reset since: the hint says nothing about now
-        low, high = self._watermarks.fresh(partition)
-        self.check(partition, pm, low, high)
+        low, high = self._watermarks.fresh(part.number)
+        self.check(part, low, high)
 
-    def resumed(self, partition: int) -> None:
-        """An operator moved the stopped partition: it runs again."""
-        self.stopped.pop(partition, None)
-
-    def _reset(self, partition: int, pm: PartitionManager, low: int, high: int) -> None:
+    def _reset(self, part: OwnedPartition, low: int, high: int) -> None:
+        partition, pm = part.number, part.manager
         position = pm.policy.out_of_range
         ts_offset = None
         if position.kind is PositionKind.TIMESTAMP and position.timestamp_ms is not None:
@@ -61,7 +58,7 @@ class OutOfRangeHandler:
         try:
             reset = pm.on_out_of_range(low, high, timestamp_offset=ts_offset)
         except PartitionStopped as stop:
-            self.stopped[partition] = (
+            part.stop(
                 f"offset {stop.offset} is out of range; Kafka holds [{stop.low}, {stop.high})"
             )
             log.error("%s", stop)

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kspout.driver.breaker import BreakerView
+from kspout.driver.breaker import BreakerState, BreakerView
+from kspout.driver.commits import Committer
 from kspout.driver.failure_log import FailureSummary
+from kspout.driver.owned import OwnedPartition, PartitionState
+from kspout.driver.watermarks import WatermarkCache
+from kspout.driver.window import StallWatch
 from kspout.partition_manager import OutOfRangeReset, Stats
 from kspout.zk.record import now_ms
 from kspout.zk.registry import InstanceRegistry
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -78,6 +85,54 @@ class Progress:
     @property
     def lag(self) -> int:
         return sum(p.lag for p in self.partitions)
+
+
+def partition_views(
+    partitions: Mapping[int, OwnedPartition],
+    watermarks: WatermarkCache,
+    committer: Committer,
+    stalls: StallWatch,
+    paused: Collection[int],
+) -> list[PartitionView]:
+    """Each owned partition as the driver sees it now (`paused`: the operators' pauses)."""
+    views = []
+    for p, part in partitions.items():
+        pm, breaker = part.manager, part.breaker
+        views.append(
+            PartitionView(
+                p,
+                pm.stats(),
+                *watermarks.known(p),
+                committer.committed(p),
+                None if breaker.state is BreakerState.CLOSED else breaker.view(),
+                part.stopped,
+                stalls.stalls.get(p, 0),
+                stalls.stuck_for(p, pm),
+                p in paused,
+                part.state is PartitionState.RELEASING,
+                committed_at=committer.written_at(p),
+            )
+        )
+    return views
+
+
+def warn_if_every_record_failed(progress: Progress, dlq_topic: str) -> None:
+    """Say loudly when no record succeeded and some failed: a broken handler must not look
+    like a run that went through."""
+    if not progress.failures or progress.total("acked") + progress.total("duplicates"):
+        return
+    kinds = "; ".join(
+        f"{f.failure} ({f.records} {'record' if f.records == 1 else 'records'})"
+        for f in progress.failures[:3]
+    )
+    log.error(
+        "%s: EVERY RECORD FAILED in this run, none succeeded: %s. Fix the handler (the "
+        "traceback is logged above); failed records are retried, then dead-lettered to %s "
+        "(`kspout dlq show`) or skipped, per on_exhausted",
+        progress.topic,
+        kinds,
+        dlq_topic,
+    )
 
 
 # What an instance publishes of each partition in its ZooKeeper node, for `kspout status`.
