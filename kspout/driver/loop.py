@@ -58,6 +58,7 @@ from kspout.driver.window import StallWatch, check_start
 from kspout.errors import KafkaUnavailable, OffsetConflict, ReplayPastWindow
 from kspout.kafka import KafkaMetadata
 from kspout.kafka.group_mirror import GroupMirror
+from kspout.kafka.transactions import TransactionWatch
 from kspout.lifecycle import Lifecycle
 from kspout.ordering import KeyOrder, blockers_of
 from kspout.outcomes import FailReason, describe_error
@@ -157,6 +158,7 @@ class Driver(Lifecycle):
         self._metrics = MetricsExporter(config, clock, metrics_interval)
         self._group_mirror = GroupMirror(config)
         self._reporter = InstanceReporter(self._registry, clock, config.commit_interval)
+        self._transactions = TransactionWatch(config, clock)
 
     def _infra_backoff(self) -> Backoff:
         b = self.config.infra_backoff
@@ -183,6 +185,7 @@ class Driver(Lifecycle):
         self._dead_letters.start()
         self._metrics.start()  # first: a port taken is a config error, found before any claim
         self._group_mirror.start()
+        self._transactions.start()
         topic = self.config.topic
         self._metadata.require_topic(topic)
         self._membership.start()
@@ -291,6 +294,7 @@ class Driver(Lifecycle):
         self._zk.close()
         self._metadata.close()
         self._group_mirror.close()
+        self._transactions.close()
         self._metrics.close()
 
     def __exit__(
@@ -452,6 +456,10 @@ class Driver(Lifecycle):
         for p, refused in self._committer.commit(self._pms, stopped):
             self._refuse(p, refused)
         self._stalls.observe({p: pm for p, pm in self._pms.items() if p not in stopped})
+        highs = {p: self._watermarks.known(p)[1] for p in self._pms}
+        self._transactions.observe(
+            {p: high for p, high in highs.items() if self._pms[p].commit_point >= high}
+        )
         for p, pm in self._pms.items():
             self._isolation.forget_below(p, pm.commit_point)
         self._failures.finished_below({p: pm.commit_point for p, pm in self._pms.items()})
@@ -598,6 +606,7 @@ class Driver(Lifecycle):
                     p in self._membership.paused,
                     p in self._releasing,
                     committed_at=self._committer.written_at(p),
+                    open_transaction=self._transactions.waiting.get(p),
                 )
             )
         return Progress(

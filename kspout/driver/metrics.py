@@ -123,6 +123,12 @@ GAUGES: tuple[tuple[str, str, Callable[[PartitionView], float]], ...] = (
         "Seconds the commit point has stood still with unfinished offsets above it (0: not stuck)",
         lambda v: v.stuck_for or 0.0,
     ),
+    (
+        "kspout_open_transaction_since_timestamp_seconds",
+        "Unix time since which the partition, caught up to its last stable offset, waits on an "
+        "open transaction (the timestamp of its first record there); 0: not waiting",
+        lambda v: 0.0 if v.open_transaction is None else v.open_transaction.since_ms / 1000,
+    ),
 )
 
 # Per-partition counters: name (the client library adds `_total`), help, `Stats` field.

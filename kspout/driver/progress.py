@@ -8,6 +8,7 @@ from typing import Any
 
 from kspout.driver.breaker import BreakerView
 from kspout.driver.failure_log import FailureSummary
+from kspout.kafka.transactions import OpenTransaction
 from kspout.partition_manager import OutOfRangeReset, Stats
 from kspout.zk.record import now_ms
 from kspout.zk.registry import InstanceRegistry
@@ -31,6 +32,8 @@ class PartitionView:
     # Driver clock when its record was last written (claim, commit, operator move): the
     # metrics endpoint's commit age.
     committed_at: float | None = None
+    # The open transaction it waits on, caught up to its last stable offset (`TransactionWatch`)
+    open_transaction: OpenTransaction | None = None
 
     @property
     def lag(self) -> int:
