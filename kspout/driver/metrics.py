@@ -6,7 +6,8 @@ What it serves, labelled `topic`, `spout_id` and, per partition, `partition`:
   name is in each help text): `kspout_spout_lag`, `kspout_earliest_time_offset`,
   `kspout_latest_time_offset`, `kspout_latest_emitted_offset`,
   `kspout_latest_completed_offset`; plus the offset ZooKeeper holds, the commit age, and the
-  offsets in flight, waiting for a retry or for the dead-letter writer;
+  offsets in flight, waiting for a retry or for the dead-letter writer; and since when an
+  open transaction holds the partition at its last stable offset;
 * the outcome counts per partition as counters (`kspout_messages_acked_total`,
   `kspout_messages_failed_total{reason}`, ...), the driver's batch and commit counts, and
   `kspout_batch_duration_seconds`, a histogram;
