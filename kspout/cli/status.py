@@ -295,8 +295,11 @@ def collect_status(config: TopicConfig, *, now: int | None = None) -> Status:
     with ZkSession(config) as session, KafkaMetadata(config) as kafka:
         own = read_ownership(session)
         marks = read_marks(config, ZkOffsetStore(session), kafka)
-    with TransactionProbe(config) as probe:
-        opened = probe.open_above(_caught_up(marks))
+    caught_up = _caught_up(marks)
+    opened = {}
+    if caught_up:
+        with TransactionProbe(config) as probe:
+            opened = probe.open_above(caught_up)
     now = now_ms() if now is None else now
     stale_ms = int(STALE_AFTER * config.commit_interval * 1000)
     names = sorted(own.instances)

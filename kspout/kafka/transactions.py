@@ -32,6 +32,7 @@ from confluent_kafka import Consumer, TopicPartition
 from kspout.config import TopicConfig
 from kspout.errors import KafkaUnavailable
 from kspout.kafka._client import all_watermarks, consumer_settings
+from kspout.kafka.metadata import QUICK_TIMEOUT
 from kspout.lifecycle import Lifecycle
 
 log = logging.getLogger(__name__)
@@ -39,8 +40,9 @@ log = logging.getLogger(__name__)
 # Seconds between two looks at the idle partitions: a transaction open for less is normal
 # traffic, not a wait worth reporting.
 CHECK_EVERY = 5.0
-# Seconds one look may take (it has no retries: the next look asks again).
-ASK_TIMEOUT = 2.0
+# Seconds to the next look after Kafka gave no answer: each failed look held the driver's loop
+# for up to QUICK_TIMEOUT, and its own breakers already deal with the outage.
+AFTER_FAILURE = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +86,7 @@ class TransactionProbe(Lifecycle):
         topic = self._config.topic
         lows = dict.fromkeys(stable, 0)  # the highs only: one request per broker
         bounds = all_watermarks(
-            self._consumer, topic, stable, timeout=ASK_TIMEOUT, attempts=1, lows=lows
+            self._consumer, topic, stable, timeout=QUICK_TIMEOUT, attempts=1, lows=lows
         )
         found = {}
         for p, lso in stable.items():
@@ -104,7 +106,7 @@ class TransactionProbe(Lifecycle):
         assert self._consumer is not None
         self._consumer.assign([TopicPartition(topic, partition, offset)])
         try:
-            deadline = time.monotonic() + ASK_TIMEOUT
+            deadline = time.monotonic() + QUICK_TIMEOUT
             while time.monotonic() < deadline:
                 for msg in self._consumer.consume(1, 0.2):
                     if msg.error() is None and msg.offset() == offset:
@@ -121,8 +123,8 @@ class TransactionWatch(Lifecycle):
 
     `observe` gets, at each commit, the partitions caught up to their LSO; every
     `CHECK_EVERY` seconds it asks its probe about those whose LSO is the same as at the
-    previous look. Between looks, and when Kafka does not answer, it keeps the last answer
-    for the partitions still caught up at the same LSO.
+    previous look (`AFTER_FAILURE` seconds after a look Kafka did not answer). Between looks
+    it keeps the last answer for the partitions still caught up at the same LSO.
     """
 
     def __init__(
@@ -134,7 +136,7 @@ class TransactionWatch(Lifecycle):
     ) -> None:
         self._probe = TransactionProbe(config) if probe is None else probe
         self._clock = clock
-        self._looked_at = float("-inf")
+        self._next_look = float("-inf")
         self._seen: dict[int, int] = {}  # the caught-up partitions at the last look -> LSO
         self.waiting: dict[int, OpenTransaction] = {}
 
@@ -148,12 +150,13 @@ class TransactionWatch(Lifecycle):
         """`caught_up`: partition -> its LSO, for the partitions finished up to it."""
         self.waiting = {p: t for p, t in self.waiting.items() if caught_up.get(p) == t.stable}
         now = self._clock()
-        if now - self._looked_at < CHECK_EVERY:
+        if now < self._next_look:
             return
-        self._looked_at = now
+        self._next_look = now + CHECK_EVERY
         still = {p: lso for p, lso in caught_up.items() if self._seen.get(p) == lso}
         self._seen = dict(caught_up)
         try:
             self.waiting = self._probe.open_above(still, self.waiting)
         except KafkaUnavailable as exc:
+            self._next_look = now + AFTER_FAILURE
             log.debug("open transactions not asked: %s", exc)

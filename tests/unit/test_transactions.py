@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from kspout.config import parse_config
 from kspout.errors import KafkaUnavailable
 from kspout.kafka.transactions import (
+    AFTER_FAILURE,
     CHECK_EVERY,
     OpenTransaction,
     TransactionProbe,
@@ -81,7 +82,7 @@ def test_a_partition_with_a_backlog_is_never_asked() -> None:
     assert probe.asked == []
 
 
-def test_kafka_down_keeps_the_last_answer() -> None:
+def test_kafka_down_keeps_the_last_answer_and_asks_again_later() -> None:
     w, probe, clock = watch()
     held = OpenTransaction(stable=20, written=35, since_ms=1_000)
     probe.open = {0: held}
@@ -93,3 +94,10 @@ def test_kafka_down_keeps_the_last_answer() -> None:
     clock.now = 2 * CHECK_EVERY
     w.observe({0: 20})
     assert w.waiting == {0: held}
+    probe.down = False
+    clock.now += AFTER_FAILURE - 1
+    w.observe({0: 20})
+    assert len(probe.asked) == 1  # not yet
+    clock.now += 1
+    w.observe({0: 20})
+    assert len(probe.asked) == 2 and w.waiting == {0: held}
