@@ -12,7 +12,10 @@ caught up to their LSO whose LSO has not moved since its previous look, at most 
 `CHECK_EVERY` seconds, in one batched query for all of them (one ListOffsets request per
 broker, about the cost of the driver's own watermark query). A partition with a backlog, or
 whose LSO moves, is never asked: a topic without transactions costs one such query every
-`CHECK_EVERY` seconds while some partition is idle, and nothing while all are busy.
+`CHECK_EVERY` seconds while some partition is idle, and nothing while all are busy. Measured
+on Apache Kafka 4.2 (one KRaft node on loopback, 40 partitions, a loaded 2-core host): 0.83 ms
+and 0.36 ms of client CPU per look at all 40, beside 1.04 ms for the driver's own query of
+their highs; the first look at an open transaction, which reads its first record, 37 ms.
 
 "Since when" is the timestamp of the record at the LSO, the open transaction's first record
 there: the moment the LSO stopped moving (the producer's clock, or the broker's for a topic

@@ -20,16 +20,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import redis
 from click.testing import CliRunner
 from confluent_kafka import Producer
+from pyspark.sql import DataFrame, SparkSession
 
+from kspout import Fields, KafkaSpout
 from kspout.cli import main
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
 from kspout.driver import Driver, Progress
 from kspout.executor.local import LocalExecutor
+from kspout.executor.topology import ChainItem
 from kspout.kafka import Record
 from tests.integration.helpers import PARTITIONS, highs, stored, topic_file
+from tests.integration.spark_jobs import StoreValue, ValueOf
 
 # Longer than any test here: the broker must not abort an open transaction on its own
 # (the broker's `transaction.max.timeout.ms` is Kafka's default, 15 minutes).
@@ -138,6 +143,63 @@ def test_aborted_records_never_reach_a_handler_and_their_offsets_finish_as_gaps(
     assert progress.total("acked") == records
     # Every offset not a kept record is a gap: aborted records and transaction markers.
     assert progress.total("gaps") == sum(ends.values()) - records > len(ledger.aborted)
+
+
+def values(df: DataFrame) -> Counter[bytes]:
+    return Counter(row.value for row in df.select("value").collect())
+
+
+def test_aborted_records_reach_no_bolt_frame_or_stream_on_spark(
+    spark: SparkSession,
+    stack: DevStack,
+    make_config: Callable[..., TopicConfig],
+    producer: Producer,
+    redis_client: redis.Redis,
+    tmp_path: Path,
+) -> None:
+    """One transactional topic read four ways on Spark, each under a spout id of its own: a
+    bolt chain, `foreach_batch`, the streaming source and a `spark.read` batch read."""
+    config = make_config(batch_size=25)
+    ledger = Ledger()
+    with transactional_producer(stack.info.brokers) as txn:
+        write_interleaved(producer, txn, config.topic, ledger, rounds=2)
+    expected = ledger.expected()
+
+    key = f"{config.topic}:values"
+    chain: list[ChainItem] = [ValueOf(), Fields("value"), StoreValue(stack.info.redis_url, key)]
+    progress = KafkaSpout(config, spark).run(chain, until_caught_up=True)
+    assert Counter(redis_client.lrange(key, 0, -1)) == expected
+    assert_clean(progress)
+    assert stored(config) == highs(config)
+
+    framed = make_config(batch_size=25, spout_id=f"{config.spout_id}-frames")
+    frames: Counter[bytes] = Counter()
+    progress = KafkaSpout(framed, spark).foreach_batch(
+        lambda df, _batch: frames.update(values(df)), until_caught_up=True
+    )
+    assert frames == expected
+    assert_clean(progress)
+    assert stored(framed) == highs(framed)
+
+    streamed = make_config(spout_id=f"{config.spout_id}-stream")
+    toml = topic_file(tmp_path / "stream.toml", stack, streamed)
+    rows: Counter[bytes] = Counter()
+    query = (
+        spark.readStream.format("kspout")
+        .option("config", str(toml))
+        .load()
+        .writeStream.foreachBatch(lambda df, _batch: rows.update(values(df)))
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert not query.isActive, "the availableNow run did not end within 120 s"
+    assert rows == expected
+    assert stored(streamed) == highs(streamed)
+
+    read = values(spark.read.format("kspout").option("config", str(toml)).load())
+    assert read == expected
 
 
 def status(config_file: Path, *options: str) -> str:
