@@ -3,7 +3,10 @@ transaction makes its partition wait at the last stable offset.
 
 A transactional producer writes committed and aborted transactions between plain records, on
 every partition. The test keeps its own ledger of what it committed, aborted and wrote plainly,
-and judges what user code saw against it, not against kspout's records.
+and judges what user code saw against it, not against kspout's records: a handler run in
+process, and on Spark a bolt chain, a `foreach_batch` frame, the streaming source and a
+`spark.read` batch read. The broker keeps Kafka's default `transaction.max.timeout.ms` (15
+minutes), and the producers ask for 5, so no transaction is aborted behind a test's back.
 """
 
 from __future__ import annotations
@@ -149,6 +152,23 @@ def values(df: DataFrame) -> Counter[bytes]:
     return Counter(row.value for row in df.select("value").collect())
 
 
+def stream_once(spark: SparkSession, toml: Path, checkpoint: Path) -> Counter[bytes]:
+    """One `availableNow` run of the streaming source: the values it read."""
+    rows: Counter[bytes] = Counter()
+    query = (
+        spark.readStream.format("kspout")
+        .option("config", str(toml))
+        .load()
+        .writeStream.foreachBatch(lambda df, _batch: rows.update(values(df)))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert not query.isActive, "the availableNow run did not end within 120 s"
+    return rows
+
+
 def test_aborted_records_reach_no_bolt_frame_or_stream_on_spark(
     spark: SparkSession,
     stack: DevStack,
@@ -183,23 +203,41 @@ def test_aborted_records_reach_no_bolt_frame_or_stream_on_spark(
 
     streamed = make_config(spout_id=f"{config.spout_id}-stream")
     toml = topic_file(tmp_path / "stream.toml", stack, streamed)
-    rows: Counter[bytes] = Counter()
-    query = (
-        spark.readStream.format("kspout")
-        .option("config", str(toml))
-        .load()
-        .writeStream.foreachBatch(lambda df, _batch: rows.update(values(df)))
-        .option("checkpointLocation", str(tmp_path / "checkpoint"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination(120)
-    assert not query.isActive, "the availableNow run did not end within 120 s"
-    assert rows == expected
+    assert stream_once(spark, toml, tmp_path / "checkpoint") == expected
     assert stored(streamed) == highs(streamed)
 
     read = values(spark.read.format("kspout").option("config", str(toml)).load())
     assert read == expected
+
+
+def test_the_streaming_source_stops_at_an_open_transaction_and_reads_it_once_committed(
+    spark: SparkSession,
+    stack: DevStack,
+    make_config: Callable[..., TopicConfig],
+    producer: Producer,
+    tmp_path: Path,
+) -> None:
+    config = make_config()
+    topic = config.topic
+    toml = topic_file(tmp_path / "topic.toml", stack, config)
+    before = {p: [b"before-%d-%d" % (p, i) for i in range(5)] for p in PARTITIONS}
+    for p, sent in before.items():
+        send(producer, topic, p, sent)
+    with transactional_producer(stack.info.brokers) as txn:
+        txn.begin_transaction()
+        pending = [b"open-0-%d" % i for i in range(3)]
+        send(txn, topic, 0, pending)
+        behind = [b"behind-0-%d" % i for i in range(2)]  # after the LSO: waits with it
+        send(producer, topic, 0, behind)
+
+        first = stream_once(spark, toml, tmp_path / "checkpoint")
+        assert first == Counter(v for sent in before.values() for v in sent)
+        assert stored(config) == {0: 5, 1: 5, 2: 5, 3: 5}
+
+        txn.commit_transaction(30)
+    second = stream_once(spark, toml, tmp_path / "checkpoint")
+    assert second == Counter(pending + behind)
+    assert stored(config) == highs(config)
 
 
 def status(config_file: Path, *options: str) -> str:
