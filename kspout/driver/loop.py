@@ -158,7 +158,7 @@ class Driver(Lifecycle):
         self._metrics = MetricsExporter(config, clock, metrics_interval)
         self._group_mirror = GroupMirror(config)
         self._reporter = InstanceReporter(self._registry, clock, config.commit_interval)
-        self._transactions = TransactionWatch(config, clock)
+        self._transactions = TransactionWatch(config, clock, self._metadata)
 
     def _infra_backoff(self) -> Backoff:
         b = self.config.infra_backoff
