@@ -33,12 +33,14 @@ from kspout.cli.views import PartitionMarks, age, iso, read_marks
 from kspout.config import TopicConfig, load_config
 from kspout.errors import KspoutError, resume_command
 from kspout.kafka import KafkaMetadata
+from kspout.kafka.transactions import OpenTransaction, TransactionProbe
 from kspout.ownership.tree import Ownership, Pause, read_ownership
 from kspout.wording import count
 from kspout.zk.offsets import ZkOffsetStore
 from kspout.zk.record import now_ms
 from kspout.zk.session import ZkSession
 
+WAITING = "waiting: open transaction"  # the status of a partition an open transaction holds
 STALE_AFTER = 3  # commit intervals: a live driver reports at least every 2 (REPORT_EVERY)
 COULD_NOT_TELL = 3  # exit code (1 is `lag`'s "above the threshold", 2 click's usage error)
 
@@ -129,6 +131,8 @@ class PartitionStatus:
     pause: PauseView | None
     committed_at: int | None  # wall ms of the record's write
     commit_age_s: float | None
+    # Caught up to its last stable offset, held there by an open transaction since `since_ms`
+    open_transaction: OpenTransaction | None
 
 
 COUNTS = ("in_flight", "waiting", "dead_letter_pending", "dead_lettered", "lost")
@@ -196,12 +200,17 @@ def _pause(pause: Pause | None, owner: str | None) -> PauseView | None:
     return PauseView(pause.by, pause.at_ms, pause.reason, pause.acked_by, pause.acked_offset, acked)
 
 
-def _state(stopped: str | None, paused: bool, reported: Mapping[str, Any]) -> str | None:
-    """The record's stop and the pause node first (they are current); else the owner's word."""
+def _state(
+    stopped: str | None, paused: bool, reported: Mapping[str, Any], held: bool
+) -> str | None:
+    """The record's stop and the pause node first (they are current); else an open
+    transaction that holds it (`held`), else the owner's word."""
     if stopped is not None:
         return "stopped"
     if paused:
         return "paused"
+    if held:
+        return WAITING
     state = _str(reported.get("status"))
     if state in ("open", "half-open"):
         return f"breaker {state}"
@@ -216,6 +225,7 @@ def _partition(
     own: Ownership,
     instances: Mapping[str, InstanceView],
     now: int,
+    opened: OpenTransaction | None,
 ) -> PartitionStatus:
     owner = own.claims.get(m.partition)
     assigned = own.assignment.owners.get(m.partition)
@@ -249,11 +259,12 @@ def _partition(
         dead_lettered=_int(reported.get("dead_lettered")),
         lost=_int(reported.get("lost")),
         report_stale=None if live is None else live.stale,
-        status=_state(stopped, pause is not None, reported),
+        status=_state(stopped, pause is not None, reported, opened is not None),
         stopped=stopped,
         pause=_pause(pause, owner),
         committed_at=committed_at,
         commit_age_s=_seconds(now, committed_at),
+        open_transaction=opened,
     )
 
 
@@ -268,11 +279,27 @@ def _totals(rows: list[PartitionStatus]) -> dict[str, int]:
     }
 
 
+def _caught_up(marks: list[PartitionMarks]) -> dict[int, int]:
+    """Partition -> its high (the last stable offset), for those committed up to it."""
+    return {
+        m.partition: m.watermarks[1]
+        for m in marks
+        if m.record is not None and m.watermarks is not None and m.record.offset >= m.watermarks[1]
+    }
+
+
 def collect_status(config: TopicConfig, *, now: int | None = None) -> Status:
-    """Read the spout's nodes, its records and Kafka's watermarks; `now` in wall ms."""
+    """Read the spout's nodes, its records and Kafka's watermarks; `now` in wall ms. The
+    partitions committed up to their high are asked whether an open transaction holds them
+    (`kspout.kafka.transactions`)."""
     with ZkSession(config) as session, KafkaMetadata(config) as kafka:
         own = read_ownership(session)
         marks = read_marks(config, ZkOffsetStore(session), kafka)
+    caught_up = _caught_up(marks)
+    opened = {}
+    if caught_up:
+        with TransactionProbe(config) as probe:
+            opened = probe.open_above(caught_up)
     now = now_ms() if now is None else now
     stale_ms = int(STALE_AFTER * config.commit_interval * 1000)
     names = sorted(own.instances)
@@ -280,7 +307,7 @@ def collect_status(config: TopicConfig, *, now: int | None = None) -> Status:
         name: _instance(name, own.instances[name], own, name == names[0], stale_ms, now)
         for name in names
     }
-    rows = [_partition(config, m, own, instances, now) for m in marks]
+    rows = [_partition(config, m, own, instances, now, opened.get(m.partition)) for m in marks]
     return Status(config.topic, config.zk_spout_path, list(instances.values()), rows, _totals(rows))
 
 
@@ -404,6 +431,16 @@ def _partitions_table(status: Status) -> Table:
     return table
 
 
+def _waiting_note(partition: int, held: OpenTransaction, now: int) -> str:
+    since = f"{iso(held.since_ms)} ({_ago((now - held.since_ms) / 1000)})"
+    return (
+        f"partition {partition} waiting on an open transaction since {since}: offsets "
+        f"{held.stable}-{held.written - 1} are written but not committed; nothing past "
+        f"{held.stable} is read until its producer commits or aborts it (or the broker aborts it "
+        "after the producer's transaction.timeout.ms)"
+    )
+
+
 def _notes(status: Status, config_path: str, now: int) -> list[str]:
     """What the tables abbreviate: who paused what, why a partition stopped, what resumes it."""
     out = []
@@ -422,6 +459,8 @@ def _notes(status: Status, config_path: str, now: int) -> list[str]:
                 f"({pause.reason}); {ack}; `kspout resume --config {quoted} --partition {p}` "
                 "resumes it"
             )
+        if row.open_transaction is not None:
+            out.append(_waiting_note(p, row.open_transaction, now))
         if row.stopped is not None:
             out.append(f"partition {p} stopped: {row.stopped}")
             out.append(f"  resume it from Kafka's earliest: {resume_command(config_path, p)}")

@@ -67,6 +67,7 @@ from kspout.driver.window import StallWatch, check_start
 from kspout.errors import KafkaUnavailable
 from kspout.kafka import KafkaMetadata
 from kspout.kafka.group_mirror import GroupMirror
+from kspout.kafka.transactions import TransactionWatch
 from kspout.lifecycle import Lifecycle
 from kspout.outcomes import describe_error
 from kspout.ownership.membership import Membership
@@ -178,6 +179,7 @@ class Driver(Lifecycle):
         self._metrics = MetricsExporter(config, clock, metrics_interval)
         self._group_mirror = GroupMirror(config)
         self._reporter = InstanceReporter(self._registry, clock, config.commit_interval)
+        self._transactions = TransactionWatch(config, clock, self._metadata)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -200,6 +202,7 @@ class Driver(Lifecycle):
         self._dead_letters.start()
         self._metrics.start()  # first: a port taken is a config error, found before any claim
         self._group_mirror.start()
+        self._transactions.start()
         topic = self.config.topic
         self._metadata.require_topic(topic)
         self._membership.start()
@@ -247,6 +250,7 @@ class Driver(Lifecycle):
         self._zk.close()
         self._metadata.close()
         self._group_mirror.close()
+        self._transactions.close()
         self._metrics.close()
 
     def __exit__(
@@ -355,6 +359,10 @@ class Driver(Lifecycle):
         for p, refused in self._committer.commit(parts):
             self._ownership.refuse(p, refused)
         self._stalls.observe({p: part.manager for p, part in parts.items() if part.stopped is None})
+        highs = {p: self._watermarks.known(p)[1] for p in parts}
+        self._transactions.observe(
+            {p: high for p, high in highs.items() if parts[p].manager.commit_point >= high}
+        )
         for p, part in parts.items():
             self._isolation.forget_below(p, part.manager.commit_point)
         self._failures.finished_below({p: part.manager.commit_point for p, part in parts.items()})
@@ -378,7 +386,12 @@ class Driver(Lifecycle):
     def progress(self) -> Progress:
         """A snapshot of every partition's counts, watermarks, breakers and commits."""
         views = partition_views(
-            self._parts, self._watermarks, self._committer, self._stalls, self._membership.paused
+            self._parts,
+            self._watermarks,
+            self._committer,
+            self._stalls,
+            self._membership.paused,
+            self._transactions.waiting,
         )
         ownership = self._ownership
         return Progress(

@@ -6,7 +6,8 @@ What it serves, labelled `topic`, `spout_id` and, per partition, `partition`:
   name is in each help text): `kspout_spout_lag`, `kspout_earliest_time_offset`,
   `kspout_latest_time_offset`, `kspout_latest_emitted_offset`,
   `kspout_latest_completed_offset`; plus the offset ZooKeeper holds, the commit age, and the
-  offsets in flight, waiting for a retry or for the dead-letter writer;
+  offsets in flight, waiting for a retry or for the dead-letter writer; and since when an
+  open transaction holds the partition at its last stable offset;
 * the outcome counts per partition as counters (`kspout_messages_acked_total`,
   `kspout_messages_failed_total{reason}`, ...), the driver's batch and commit counts, and
   `kspout_batch_duration_seconds`, a histogram;
@@ -122,6 +123,12 @@ GAUGES: tuple[tuple[str, str, Callable[[PartitionView], float]], ...] = (
         "kspout_commit_stuck_seconds",
         "Seconds the commit point has stood still with unfinished offsets above it (0: not stuck)",
         lambda v: v.stuck_for or 0.0,
+    ),
+    (
+        "kspout_open_transaction_since_timestamp_seconds",
+        "Unix time since which the partition, caught up to its last stable offset, waits on an "
+        "open transaction (the timestamp of its first record there); 0: not waiting",
+        lambda v: 0.0 if v.open_transaction is None else v.open_transaction.since_ms / 1000,
     ),
 )
 

@@ -13,6 +13,7 @@ from kspout.driver.failure_log import FailureSummary
 from kspout.driver.owned import OwnedPartition, PartitionState
 from kspout.driver.watermarks import WatermarkCache
 from kspout.driver.window import StallWatch
+from kspout.kafka.transactions import OpenTransaction
 from kspout.partition_manager import OutOfRangeReset, Stats
 from kspout.zk.record import now_ms
 from kspout.zk.registry import InstanceRegistry
@@ -38,6 +39,8 @@ class PartitionView:
     # Driver clock when its record was last written (claim, commit, operator move): the
     # metrics endpoint's commit age.
     committed_at: float | None = None
+    # The open transaction it waits on, caught up to its last stable offset (`TransactionWatch`)
+    open_transaction: OpenTransaction | None = None
 
     @property
     def lag(self) -> int:
@@ -93,8 +96,10 @@ def partition_views(
     committer: Committer,
     stalls: StallWatch,
     paused: Collection[int],
+    open_transactions: Mapping[int, OpenTransaction],
 ) -> list[PartitionView]:
-    """Each owned partition as the driver sees it now (`paused`: the operators' pauses)."""
+    """Each owned partition as the driver sees it now (`paused`: the operators' pauses;
+    `open_transactions`: the partitions waiting on one)."""
     views = []
     for p, part in partitions.items():
         pm, breaker = part.manager, part.breaker
@@ -111,6 +116,7 @@ def partition_views(
                 p in paused,
                 part.state is PartitionState.RELEASING,
                 committed_at=committer.written_at(p),
+                open_transaction=open_transactions.get(p),
             )
         )
     return views

@@ -62,6 +62,26 @@ class Count(BasicBolt):
         redis.sadd(f"{self.key}:pids", os.getpid())
 
 
+class ValueOf(BasicBolt):
+    """Emits the record's value."""
+
+    outputs = ("value",)
+
+    def process(self, tuple_: Tuple, collector: BasicCollector) -> None:
+        collector.emit((tuple_.record.value,))
+
+
+class StoreValue(BasicBolt):
+    """Appends each value it gets to the Redis list `key` (a value handled twice shows twice)."""
+
+    def __init__(self, redis_url: str, key: str) -> None:
+        self.redis_url = redis_url
+        self.key = key
+
+    def process(self, tuple_: Tuple, collector: BasicCollector) -> None:
+        client(self.redis_url).rpush(self.key, tuple_["value"])
+
+
 class SlowOnce(Bolt):
     """Sleeps `seconds` on the first attempt of each record of partition 0 (`slowest[1]`
     seconds at offset `slowest[0]`), then acks."""
