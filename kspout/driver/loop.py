@@ -58,6 +58,7 @@ from kspout.driver.window import StallWatch, check_start
 from kspout.errors import KafkaUnavailable, OffsetConflict, ReplayPastWindow
 from kspout.kafka import KafkaMetadata
 from kspout.kafka.group_mirror import GroupMirror
+from kspout.kafka.rights import require_spout_rights
 from kspout.lifecycle import Lifecycle
 from kspout.ordering import KeyOrder, blockers_of
 from kspout.outcomes import FailReason, describe_error
@@ -185,6 +186,7 @@ class Driver(Lifecycle):
         self._group_mirror.start()
         topic = self.config.topic
         self._metadata.require_topic(topic)
+        require_spout_rights(self.config)
         self._membership.start()
         self._membership.poll()
         records = self._claim(self._membership.mine())
