@@ -92,16 +92,23 @@ class SecuredKafkaBroker(KafkaBroker):
         return options
 
 
-def grant(brokers: str, principal: str, topic: str, *operations: str, timeout: float = 30) -> None:
+def grant(
+    brokers: str,
+    principal: str,
+    name: str,
+    *operations: str,
+    kind: str = "TOPIC",
+    timeout: float = 30,
+) -> None:
     """Allow `principal` (`User:<name>`) each operation (`READ`, `WRITE`, `DESCRIBE`, ...) on
-    the topic `topic`, from any host, through the admin API on `brokers` (a super user's
-    listener: the secured node's PLAINTEXT one)."""
+    the resource `name` of `kind` (`TOPIC`, `GROUP`), from any host, through the admin API on
+    `brokers` (a super user's listener: the secured node's PLAINTEXT one)."""
     client: dict[str, Any] = {"bootstrap.servers": brokers, "logger": LIBRDKAFKA_LOG}
     admin = AdminClient(client)
     bindings = [
         AclBinding(
-            ResourceType.TOPIC,
-            topic,
+            ResourceType[kind],
+            name,
             ResourcePatternType.LITERAL,
             principal,
             "*",

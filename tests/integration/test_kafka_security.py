@@ -25,8 +25,10 @@ from pathlib import Path
 
 import pytest
 import trustme
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from cryptography.hazmat.primitives import serialization
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
 
 from kspout.devstack import ZooKeeperServer, create_topic
 from kspout.devstack.secured_kafka import SecuredKafkaBroker, grant
@@ -117,7 +119,7 @@ MakeSpout = Callable[..., Spout]
 
 @pytest.fixture
 def make_spout(secured: Secured, tmp_path: Path) -> Iterator[MakeSpout]:
-    def make(user: str, password: str = PASSWORD) -> Spout:
+    def make(user: str, password: str = PASSWORD, extra: str = "") -> Spout:
         topic = f"secured-{uuid.uuid4().hex[:8]}"
         dlq, output = f"{topic}.dlq", f"{topic}.out"
         for name, partitions in ((topic, PARTITIONS), (dlq, 1), (output, 1)):
@@ -135,6 +137,7 @@ def make_spout(secured: Secured, tmp_path: Path) -> Iterator[MakeSpout]:
                 max_retries = 0
                 commit_interval = 0.5
                 fetch_timeout = 10.0
+                {extra}
 
                 [retry_backoff]
                 initial = 0.05
@@ -190,8 +193,10 @@ def run_spout(spout: Spout) -> subprocess.CompletedProcess[str]:
 def test_a_principal_with_the_listed_rights_consumes_dead_letters_publishes_and_reports(
     secured: Secured, make_spout: MakeSpout
 ) -> None:
-    spout = make_spout("spout")
+    group = f"mirror-{uuid.uuid4().hex[:8]}"
+    spout = make_spout("spout", extra=f'consumer_group = "{group}"')
     listed_rights(secured, "spout", spout)
+    grant(secured.setup_brokers, "User:spout", group, "READ", kind="GROUP")
     produce(secured, spout.topic)
 
     done = run_spout(spout)
@@ -211,6 +216,63 @@ def test_a_principal_with_the_listed_rights_consumes_dead_letters_publishes_and_
     shown = kspout(spout, "dlq", "show", "--json")
     assert shown.returncode == 0, shown.stderr[-3000:]
     assert len(json.loads(shown.stdout)["letters"]) == failing
+    assert mirrored(secured, spout.topic, group) == [PER_PARTITION] * PARTITIONS
+
+
+def mirrored(secured: Secured, topic: str, group: str) -> list[int]:
+    """The offsets `consumer_group` holds for each partition of `topic`."""
+    consumer = Consumer({"bootstrap.servers": secured.setup_brokers, "group.id": group})
+    try:
+        asked = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        return [tp.offset for tp in consumer.committed(asked, timeout=10)]
+    finally:
+        consumer.close()
+
+
+def stream(spark: SparkSession, spout: Spout) -> list[tuple[int, int]]:
+    """One `availableNow` run of the spout's topic file as a stream: (partition, offset) of
+    every row it delivered."""
+    seen: list[tuple[int, int]] = []
+
+    def sink(frame: DataFrame, _batch: int) -> None:
+        seen.extend((row.partition, row.offset) for row in frame.collect())
+
+    query = (
+        spark.readStream.format("kspout")
+        .option("config", str(spout.file))
+        .load()
+        .writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(spout.workdir / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        query.awaitTermination(120)
+        assert not query.isActive, "the availableNow run did not end within 120 s"
+    finally:
+        query.stop()
+    return seen
+
+
+def test_the_streaming_source_reads_a_secured_topic_with_the_listed_rights(
+    secured: Secured, make_spout: MakeSpout, spark: SparkSession
+) -> None:
+    spout = make_spout("spout")
+    listed_rights(secured, "spout", spout)
+    produce(secured, spout.topic)
+    expected = [(p, o) for p in range(PARTITIONS) for o in range(PER_PARTITION)]
+    assert sorted(stream(spark, spout)) == expected
+
+
+def test_the_streaming_source_without_read_fails_its_query_naming_the_acl(
+    secured: Secured, make_spout: MakeSpout, spark: SparkSession
+) -> None:
+    spout = make_spout("no-read")
+    grant(secured.setup_brokers, "User:no-read", spout.topic, "DESCRIBE")
+    produce(secured, spout.topic)
+    with pytest.raises(StreamingQueryException) as failed:
+        stream(spark, spout)
+    assert f"Kafka refused User:no-read Read on topic '{spout.topic}'" in str(failed.value)
 
 
 def test_a_wrong_password_stops_a_run_and_status_at_once_naming_the_user_and_the_keys(
