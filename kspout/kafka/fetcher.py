@@ -237,6 +237,10 @@ class PartitionFetcher(Lifecycle):
                             # else records arrived since; the consumer is fetching them
                 elif error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
                     raise access_denied(self._config, "Read", topic, error.str())
+                elif error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+                    # librdkafka looks up the coordinator of the group every consumer must
+                    # name, which kspout never joins nor commits to: no ACL is needed for it.
+                    log.debug("%s[%d]: %s (the group is not used)", topic, partition, error)
                 elif error.fatal():
                     raise KafkaRequestFailed(
                         "fetch", topic, partition, str(error), "the client cannot continue"
