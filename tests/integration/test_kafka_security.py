@@ -2,10 +2,12 @@
 ACLs enforced by Kafka's StandardAuthorizer, on Apache Kafka's real broker.
 
 A principal with exactly the rights README's "Secured clusters" lists runs `kspout run` (a
-handler that publishes through `KafkaOutput` and fails some records into the dead-letter topic)
-and `status`, `lag` and `dlq show`; a wrong password, a principal without Read on the topic and
-one without Write on the dead-letter topic are stopped at once with an error naming the
-principal, the topic and what to fix. No command prints the password, at `-vv` either.
+handler that publishes through `KafkaOutput` and fails some records into the dead-letter topic,
+commit points mirrored to a consumer group), `KafkaSpout.run` on Spark, the streaming source,
+and `status`, `lag` and `dlq show`; a wrong password, a principal without Read on the topic,
+one without Write on the dead-letter topic and one without Describe are stopped at once with
+an error naming the principal, the topic and what to fix. No command prints the password, at
+`-vv` either.
 
 The broker and a ZooKeeper of this module's own start once for the module; a broker that does
 not start fails every test here (never a skip).
@@ -30,8 +32,10 @@ from cryptography.hazmat.primitives import serialization
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
+from kspout import KafkaSpout, load_config
 from kspout.devstack import ZooKeeperServer, create_topic
 from kspout.devstack.secured_kafka import SecuredKafkaBroker, grant
+from kspout.kafka import Record
 from tests.integration.helpers import kspout_command, read_topic
 
 PASSWORD = "scram-s3cret-pw"  # every user's, but the wrong one's
@@ -275,6 +279,28 @@ def test_the_streaming_source_without_read_fails_its_query_naming_the_acl(
     with pytest.raises(StreamingQueryException) as failed:
         stream(spark, spout)
     assert f"Kafka refused User:no-read Read on topic '{spout.topic}'" in str(failed.value)
+
+
+def fail_every_fifth(record: Record) -> None:
+    """A handler for Spark's workers (found there by reference to this module)."""
+    if record.offset % FAILING == 0:
+        raise ValueError("refused by the test")
+
+
+def test_kafka_spout_run_on_spark_consumes_and_dead_letters_with_the_listed_rights(
+    secured: Secured, make_spout: MakeSpout, spark: SparkSession
+) -> None:
+    spout = make_spout("spout")
+    listed_rights(secured, "spout", spout)
+    produce(secured, spout.topic)
+    progress = KafkaSpout(load_config(spout.file), spark).run(
+        fail_every_fifth, until_caught_up=True
+    )
+    failing = PARTITIONS * len(range(0, PER_PARTITION, FAILING))
+    assert progress.total("acked") == PARTITIONS * PER_PARTITION - failing
+    assert progress.total("dead_lettered") == failing
+    assert [p.committed for p in progress.partitions] == [PER_PARTITION] * PARTITIONS
+    assert len(read_topic(secured.setup_brokers, spout.dlq, failing)) == failing
 
 
 def test_a_wrong_password_stops_a_run_and_status_at_once_naming_the_user_and_the_keys(
