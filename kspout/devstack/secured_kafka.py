@@ -3,8 +3,8 @@ and Kafka's own authorizer (`StandardAuthorizer`), so a client sees what it woul
 production cluster: a refused login, a refused topic, a refused write.
 
 The PLAINTEXT listener stays, for the controller link and the test's own setup (topics, ACLs):
-its clients are `User:ANONYMOUS`, a super user, as is `admin`. Everyone else on the SASL_SSL
-listener gets only what an ACL grants (`allow.everyone.if.no.acl.found` is false). SCRAM users
+its clients are `User:ANONYMOUS`, a super user. Every SCRAM user on the SASL_SSL listener gets
+only what an ACL grants (`allow.everyone.if.no.acl.found` is false). SCRAM users
 are written into the metadata log when the data folder is formatted, so they exist from the
 first start.
 """
@@ -31,7 +31,7 @@ from kspout.kafka import LIBRDKAFKA_LOG
 
 MECHANISM = "SCRAM-SHA-512"
 LISTENER = "SASL_SSL"
-SUPER_USERS = "User:ANONYMOUS;User:admin"  # the PLAINTEXT listener's clients, and `admin`
+SUPER_USERS = "User:ANONYMOUS"  # the PLAINTEXT listener's clients (the controller's too)
 
 
 class SecuredKafkaBroker(KafkaBroker):
