@@ -337,3 +337,43 @@ class KafkaUnreachable(KafkaUnavailable):
             f"{brokers_origin}: check that the brokers run and this host can reach them (and the "
             "[kafka] security settings, with TLS or SASL), or correct the address"
         )
+
+
+# -- Kafka security: the login or the ACLs need fixing; asking again will not help ----------------
+
+
+class KafkaLoginRefused(KspoutError):
+    """Kafka refused this client's SASL login: a wrong user or password, or a mechanism the
+    broker does not offer."""
+
+    def __init__(self, principal: str, brokers: str, path: str, cause: str) -> None:
+        self.principal = principal
+        self.brokers = brokers
+        self.cause = cause
+        super().__init__(
+            f"Kafka at {brokers} refused the login of {principal} ({cause}): check "
+            f"`kafka.sasl.username` and the password (`kafka.sasl.password`, `sasl.password_file` "
+            f"or `sasl.password_env`) and `kafka.sasl.mechanism` in {path}, and that the user "
+            "exists on the cluster with that mechanism"
+        )
+
+
+class KafkaAccessDenied(KspoutError):
+    """Kafka's authorizer refused this client's principal an operation on a topic: an ACL is
+    missing (grant it, or log in as a principal that has it)."""
+
+    def __init__(
+        self, principal: str, operation: str, topic: str, brokers: str, path: str, why: str
+    ) -> None:
+        self.principal = principal
+        self.operation = operation
+        self.topic = topic
+        self.why = why
+        grant = (
+            f"kafka-acls.sh --bootstrap-server {brokers} --add --allow-principal {principal} "
+            f"--operation {operation} --topic {topic}"
+        )
+        super().__init__(
+            f"Kafka refused {principal} {operation} on topic {topic!r} ({why}): grant it "
+            f"(`{grant}`), or log in as a principal that has it (`kafka.sasl.username` in {path})"
+        )

@@ -177,7 +177,7 @@ class KafkaBroker(Component):
     def _format(self, jvm: list[str], properties: Path) -> None:
         """Format the data folder for this node's cluster (Kafka's storage tool)."""
         argv = [*jvm, "kafka.tools.StorageTool", "format", "-t", self.cluster_id]
-        argv += ["-c", str(properties)]
+        argv += ["-c", str(properties), *self._format_options()]
         with self.log_path.open("ab") as log:
             done = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.home)
         if done.returncode != 0:
@@ -185,6 +185,10 @@ class KafkaBroker(Component):
                 f"Kafka's storage tool could not format {self.home / 'data'} (exit "
                 f"{done.returncode}); last lines of {self.log_path}:\n{log_tail(self.log_path)}"
             )
+
+    def _format_options(self) -> list[str]:
+        """More options for the storage tool's `format` (none: a plain node)."""
+        return []
 
     def _ready(self) -> bool:
         try:

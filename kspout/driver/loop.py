@@ -67,6 +67,7 @@ from kspout.driver.window import StallWatch, check_start
 from kspout.errors import KafkaUnavailable
 from kspout.kafka import KafkaMetadata
 from kspout.kafka.group_mirror import GroupMirror
+from kspout.kafka.rights import require_spout_rights
 from kspout.kafka.transactions import TransactionWatch
 from kspout.lifecycle import Lifecycle
 from kspout.outcomes import describe_error
@@ -205,6 +206,7 @@ class Driver(Lifecycle):
         self._transactions.start()
         topic = self.config.topic
         self._metadata.require_topic(topic)
+        require_spout_rights(self.config)
         self._membership.start()
         self._membership.poll()
         records = self._ownership.claim(self._membership.mine())

@@ -2,8 +2,10 @@
 
 One module per job: `metadata` (partitions, watermarks, timestamps, start positions),
 `fetcher` (exactly the planned offsets of a partition), `deadletter` (the dead-letter topic),
-`records` (the plain values they hand out). Every client is made with `client_settings`, which
-routes librdkafka's log through Python logging (`LIBRDKAFKA_LOG`).
+`records` (the plain values they hand out), `access` (a refused login or ACL: an error to fix,
+not an outage) and `rights` (what a spout's principal may do, asked at start). Every client
+is made with `client_settings`, which routes librdkafka's log through Python logging
+(`LIBRDKAFKA_LOG`).
 """
 
 from kspout.kafka._client import LIBRDKAFKA_LOG, client_settings

@@ -31,6 +31,7 @@ from confluent_kafka import (
 
 from kspout.config import TopicConfig
 from kspout.errors import KafkaRequestFailed, KafkaUnreachable
+from kspout.kafka.access import LOGIN_REFUSED, login_refused
 
 T = TypeVar("T")
 
@@ -99,16 +100,20 @@ def consumer_settings(config: TopicConfig) -> dict[str, Any]:
 
 
 class _BrokerReports:
-    """librdkafka's error callback (served by `poll`): whether it found every broker down, and
-    its last other error, which says why (refused, not resolved, a failed handshake)."""
+    """librdkafka's error callback (served by `poll`): whether it found every broker down, its
+    last other error, which says why (refused, not resolved, a failed handshake), and a
+    refused login (a wrong SASL user or password), which no wait cures."""
 
     def __init__(self) -> None:
         self.all_down = False
         self.last: str | None = None
+        self.login_refused: str | None = None
 
     def __call__(self, error: KafkaError) -> None:
         if error.code() == KafkaError._ALL_BROKERS_DOWN:
             self.all_down = True
+        elif error.code() in LOGIN_REFUSED:
+            self.login_refused = error.str()
         else:
             self.last = error.str()
 
@@ -121,7 +126,8 @@ def connect(
 ) -> Consumer:
     """A consumer (`consumer_settings`) that has had an answer from a broker: it asked for the
     topic's metadata. `KafkaUnreachable`, naming the address and where it was set, when no
-    broker answers within `timeout`, or once librdkafka finds every broker down."""
+    broker answers within `timeout`, or once librdkafka finds every broker down;
+    `KafkaLoginRefused` at once when a broker refuses the SASL login."""
     reports = _BrokerReports()
     consumer = Consumer(consumer_settings(config) | {"error_cb": reports})
     deadline = clock() + timeout
@@ -137,6 +143,9 @@ def connect(
                     "metadata request", config.topic, None, str(exc.args[0]), hint
                 ) from exc
         consumer.poll(0)  # serves the error callback
+        if reports.login_refused is not None:
+            consumer.close()
+            raise login_refused(config, reports.login_refused)
         if reports.all_down or clock() >= deadline:
             consumer.close()
             cause = reports.last or f"no broker answered within {timeout:g}s"

@@ -26,6 +26,7 @@ from kspout.config import TopicConfig
 from kspout.errors import FetchTimeout, KafkaRequestFailed
 from kspout.gc_pause import cyclic_gc_paused
 from kspout.kafka._client import consumer_settings, watermarks
+from kspout.kafka.access import access_denied
 from kspout.kafka.records import FetchResult, Record, RecordBuilder, make_record
 from kspout.lifecycle import Lifecycle
 
@@ -234,6 +235,12 @@ class PartitionFetcher(Lifecycle):
                             if progress.cursor >= bounds[1]:
                                 return FetchResult(records, progress.missing, bounds)
                             # else records arrived since; the consumer is fetching them
+                elif error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                    raise access_denied(self._config, "Read", topic, error.str())
+                elif error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+                    # librdkafka looks up the coordinator of the group every consumer must
+                    # name, which kspout never joins nor commits to: no ACL is needed for it.
+                    log.debug("%s[%d]: %s (the group is not used)", topic, partition, error)
                 elif error.fatal():
                     raise KafkaRequestFailed(
                         "fetch", topic, partition, str(error), "the client cannot continue"

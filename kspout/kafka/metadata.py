@@ -21,6 +21,7 @@ from kspout.kafka._client import (
     connect,
     watermarks,
 )
+from kspout.kafka.access import access_denied
 from kspout.lifecycle import Lifecycle
 from kspout.policy import Position, PositionKind
 
@@ -62,7 +63,8 @@ class KafkaMetadata(Lifecycle):
         return found
 
     def partitions(self, topic: str) -> list[int]:
-        """The topic's partition ids, sorted; [] while the topic does not exist."""
+        """The topic's partition ids, sorted; [] while the topic does not exist.
+        `KafkaAccessDenied` when the principal may not Describe it."""
         consumer = self._client()
         # Also serve the consumer's queue, which nothing else here polls: librdkafka's log
         # lines and errors would pile up in it while a broker is down.
@@ -76,6 +78,8 @@ class KafkaMetadata(Lifecycle):
             if found.error is not None:
                 if found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
                     return []
+                if found.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                    raise access_denied(self._config, "Describe", topic, found.error.str())
                 raise KafkaException(found.error)
             return sorted(found.partitions)
 
