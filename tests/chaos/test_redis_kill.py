@@ -95,9 +95,13 @@ class WatchedBolt(IdempotencyBolt):
         for tuple_ in tuples:
             record = tuple_.record
             ends[record.partition] = max(ends.get(record.partition, 0), record.offset + 1)
+        try:
+            size = self.watch.aof.stat().st_size
+        except FileNotFoundError:  # a restarted server may write another file: not cut then
+            size = -1
         with self.watch.lock:
             self.watch.in_flight += 1
-            self.watch.batches.append((time.monotonic(), self.watch.aof.stat().st_size, ends))
+            self.watch.batches.append((time.monotonic(), size, ends))
         try:
             super().execute_batch(tuples, collector)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -224,6 +228,8 @@ class Kill:
         if self.watch.handled < self.threshold or not running or len(batches) < 2:
             return None
         started, size, ends = batches[-2]
+        if size < 0:
+            return None
         committed = stored(self.config)
         if any(committed.get(p, 0) < end for p, end in ends.items()):
             return None
