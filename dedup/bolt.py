@@ -11,7 +11,9 @@ settlement for all of them.
   applied and the record marked DONE in one Lua call, only if this claim's fencing token still
   holds the record. If it raises, the record is marked FAILED and the message fails with
   EXCEPTION, to be retried; if what it raised is `KafkaUnavailable` (a Kafka it writes to is
-  down: `KafkaOutput.flush`), the message is released instead, no attempt spent.
+  down: `KafkaOutput.flush`), the message is released instead, no attempt spent, and so it is
+  if it raised `FencedOut` and Redis still took its claim as current (Redis lost the newer
+  claim with its last writes, and a replay's claim will outrun the sink's token).
 * No id: the message goes to the dead-letter topic (INVALID), counted.
 * REJECTED (the id's record key, or one of its effects, is something Redis would refuse:
   another type, a non-integer, an overflow): the message fails with EXCEPTION and Redis's
@@ -46,7 +48,7 @@ from redis.exceptions import RedisClusterException
 
 from dedup.effects import check_effect
 from dedup.epoch import ZkEpoch
-from dedup.errors import NotDurable
+from dedup.errors import FencedOut, NotDurable
 from dedup.ids import IdReader, id_reader
 from dedup.records import ClaimStatus, Effect, Settlement, SettleStatus
 from dedup.server_checks import require_wait_aof, server_durability_warnings
@@ -306,6 +308,11 @@ class IdempotencyBolt(Bolt):
                 elif isinstance(raised.get(i), KafkaUnavailable):
                     # FAILED in Redis, so a replay claims it; no attempt spent
                     collector.release(tuple_, item.error or "Kafka unavailable")
+                elif isinstance(raised.get(i), FencedOut):
+                    # The sink holds a higher token, yet Redis took this claim as current: Redis
+                    # lost the claim that wrote (its last writes, in a machine crash) and handed
+                    # out a lower token again. No fault of the message: a replay claims it anew.
+                    collector.release(tuple_, f"{item.error}; Redis had lost that newer claim")
                 else:
                     collector.fail(tuple_, raised.get(i) or item.error or "failed")
             elif status is SettleStatus.STALE:

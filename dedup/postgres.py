@@ -17,7 +17,10 @@ its effects. `write(claim, apply)` runs, in one READ COMMITTED transaction:
      a zombie (its lease ran out while it ran). `FencedOut` is raised, not returned, so a zombie
      cannot carry on as if it had written: out of the handler it makes the bolt settle FAILED
      with a stale token, which Redis refuses (STALE: the message is deferred, not acked), and
-     the newer owner settles it;
+     the newer owner settles it. If Redis accepts it instead, Redis lost the newer claim with
+     its last writes (`appendfsync everysec` on a machine crash) and handed out a lower token
+     again: the bolt releases the message (no attempt spent), and a replay's newer claim finds
+     the effects ALREADY_APPLIED (tests/chaos/test_redis_kill.py);
    * a lower or equal token: an earlier claim committed the effects (a zombie that wrote first,
      a handler that raised after the commit, a commit whose reply was lost, a Redis settlement
      that never happened because its task died). The answer is ALREADY_APPLIED: the handler

@@ -43,6 +43,7 @@ import redis
 from confluent_kafka.admin import AdminClient
 
 from dedup import Effects, IdempotencyBolt
+from dedup.bolt import EffectHandler
 from kspout.bolts import BasicBolt, BasicCollector, Collector, Tuple
 from kspout.config import TopicConfig
 from kspout.kafka import Record
@@ -143,7 +144,7 @@ class ProbedIdempotencyBolt(IdempotencyBolt):
     answers; when it does not (the outage the test injects strikes this batch), one line is
     appended to `spool` (Redis cannot count its own outage)."""
 
-    def __init__(self, handler: DedupApply, config: TopicConfig, spool: Path) -> None:
+    def __init__(self, handler: EffectHandler, config: TopicConfig, spool: Path) -> None:
         super().__init__(handler, config)
         self.spool = str(spool)
 

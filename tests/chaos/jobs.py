@@ -29,6 +29,7 @@ import signal
 import time
 from dataclasses import dataclass
 from functools import cache, partial
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -39,6 +40,7 @@ from dedup.errors import FencedOut
 from dedup.postgres import PostgresSink, SinkOutcome
 from kspout.config import TopicConfig, load_config
 from kspout.kafka import Record
+from tests.chaos.faults import ProbedIdempotencyBolt
 
 
 @cache
@@ -112,16 +114,21 @@ def postgres_sink(config: TopicConfig, url: str) -> PostgresSink:
     return PostgresSink(url, config.spout_id)
 
 
-def chaos_bolt(config: TopicConfig, postgres_url: str | None = None) -> IdempotencyBolt:
+def chaos_bolt(
+    config: TopicConfig, postgres_url: str | None = None, spool: Path | None = None
+) -> IdempotencyBolt:
     """The dedup bolt around the chaos handler for `config`'s topic; with `postgres_url`, the
-    effect goes to PostgreSQL through the fenced sink."""
+    effect goes to PostgreSQL through the fenced sink; with `spool`, each batch that finds
+    Redis down appends a line to that file (`faults.ProbedIdempotencyBolt`)."""
     slow = config.message_timeout + 2
     sink = None if postgres_url is None else postgres_sink(config, postgres_url)
     handler = ChaosHandler(config.topic, config.redis.url, slow_seconds=slow, sink=sink)
+    if spool is not None:
+        return ProbedIdempotencyBolt(handler, config, spool)
     return IdempotencyBolt(handler, config)
 
 
-def main(config_path: str, postgres_url: str | None = None) -> None:
+def main(config_path: str, spool: str, postgres_url: str | None = None) -> None:
     """The driver process the test kills. Started as `python -c` (see `DRIVER`), not as
     `python -m`: classes of a `__main__` module would reach Spark's workers by value, cut
     off from this module's other functions."""
@@ -131,7 +138,8 @@ def main(config_path: str, postgres_url: str | None = None) -> None:
     config = load_config(config_path)
     spark = spark_session("local[2]", conf={"spark.ui.enabled": "false"})
     spark.sparkContext.setLogLevel("ERROR")
-    KafkaSpout(config, spark).run(chaos_bolt(config, postgres_url), until_caught_up=True)
+    bolt = chaos_bolt(config, postgres_url, Path(spool))
+    KafkaSpout(config, spark).run(bolt, until_caught_up=True)
 
 
 DRIVER = "import sys; from tests.chaos.jobs import main; main(*sys.argv[1:])"

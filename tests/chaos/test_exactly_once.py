@@ -5,7 +5,9 @@ through the dedup bolt (tests/chaos/jobs.py) while the test injects, besides the
 faults (exceptions, slow messages that time out and finish or throw later, Python workers
 killed mid-batch):
 
-* a `redis-server` restart (append-only file on) while the first driver runs;
+* its `redis-server` SIGKILLed (append-only file, `appendfsync everysec`) while the first
+  driver runs, and started again `REDIS_OUTAGE` seconds later; the fault counts as struck once
+  a batch found Redis down (`faults.ProbedIdempotencyBolt`; Redis cannot count its own outage);
 * the first driver, a separate process, killed outright (SIGKILL) mid-run;
 * a second driver that resumes from ZooKeeper's commit points and runs until caught up.
 
@@ -14,7 +16,9 @@ PostgreSQL through the fenced SQL sink (committed with the id's fence row), wher
 write must be refused by the database itself.
 
 Verified: every id's effect was applied exactly once (its counter is 1), none is missing, and
-ZooKeeper's commit points reached the high watermarks. The test prints both lists.
+ZooKeeper's commit points reached the high watermarks; the Redis kill struck a batch. The test
+prints both lists. (What a SIGKILL of Redis loses, record by record, and a machine crash's
+loss of the last second are in test_redis_kill.py.)
 """
 
 from __future__ import annotations
@@ -41,12 +45,14 @@ from pyspark.sql import SparkSession
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
 from kspout.spout import KafkaSpout
+from tests.chaos.faults import spool_strikes
 from tests.chaos.jobs import DRIVER, applied_table, chaos_bolt, create_tables, postgres_sink
 from tests.integration.helpers import FAST_BACKOFF, PARTITIONS, highs, stored
 
 MESSAGES = 24_000
 FAULTS = {"kill": 2, "slow": 2, "slow_raise": 2}  # placed at random offsets
 RAISE_SHARE = 0.03  # of the remaining messages
+REDIS_OUTAGE = 2.0  # seconds the killed redis-server stays down: batches run into it
 
 
 def produce_chaos_stream(producer: Producer, topic: str, seed: int = 11) -> Counter[str]:
@@ -187,7 +193,8 @@ def test_every_effect_applied_exactly_once_through_faults_kills_and_restarts(
     # 1. The first driver, a separate process with its own Spark, killed outright mid-run;
     #    Redis restarts (append-only file on) while it runs.
     config_file = write_config(tmp_path / "chaos.toml", config)
-    command = [sys.executable, "-c", DRIVER, str(config_file)]
+    spool = tmp_path / "redis-down.spool"
+    command = [sys.executable, "-c", DRIVER, str(config_file), str(spool)]
     if postgres_url is not None:
         command.append(postgres_url)
     repo = Path(__file__).resolve().parents[2]
@@ -197,7 +204,8 @@ def test_every_effect_applied_exactly_once_through_faults_kills_and_restarts(
     )  # fmt: skip
     try:
         wait_for(lambda: applied() >= MESSAGES // 6, "a sixth was applied", driver)
-        stack.redis.stop()
+        stack.redis.kill()  # SIGKILL, appendfsync everysec: no clean flush of the file
+        time.sleep(REDIS_OUTAGE)
         stack.redis.start()
         restarted_at = applied()
         wait_for(lambda: applied() >= MESSAGES // 3, "a third was applied", driver)
@@ -225,7 +233,8 @@ def test_every_effect_applied_exactly_once_through_faults_kills_and_restarts(
     print(
         f"\neffects in {effects_in}: {MESSAGES} messages with unique ids; "
         f"faults planned {dict(faults)}; "
-        f"faults that struck {struck}; redis-server restarted after {restarted_at} applied; "
+        f"faults that struck {struck}; redis-server SIGKILLed, and started again after "
+        f"{restarted_at} applied; {spool_strikes(spool)} batch(es) found it down; "
         f"driver SIGKILLed after {killed_at} applied; second driver: "
         f"{progress.total('acked')} acked, {progress.total('duplicates')} duplicates, "
         f"{progress.total('deferred')} deferred, {progress.total('retried')} retried, "
@@ -240,6 +249,7 @@ def test_every_effect_applied_exactly_once_through_faults_kills_and_restarts(
     assert not missing, f"lost: {sorted(missing)[:10]}"
     assert not twice, f"applied more than once: {dict(list(twice.items())[:10])}"
     assert stored(config) == highs(config)
+    assert spool_strikes(spool) >= 1, "no batch ran into the Redis outage"
     # The faults really happened (each at least once; a message whose first claim died with
     # its worker or its driver never runs its first attempt, so some planned ones never strike).
     for fault, planned in faults.items():

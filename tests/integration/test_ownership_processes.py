@@ -2,11 +2,18 @@
 instance's partitions move within the ZooKeeper session timeout and nothing is lost; a
 SIGSTOPped instance woken after its session expired has its commits refused (counted and
 logged) and drops the partitions it held.
+
+Judged by the test's own ledger (tests/integration/ledger.py): the values it produced, and the
+values each instance's handler finished (a line appended and fsynced after the work succeeded,
+so what a SIGKILLed instance finished counts, and what it had in hand does not). Every produced
+message must be in some ledger, and ZooKeeper, read again after every instance has stopped (the
+zombie's final drain included), must hold commit points at the high watermarks.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -21,13 +28,14 @@ from kspout.config import TopicConfig
 from kspout.devstack import DevStack
 from tests.integration.helpers import (
     PARTITIONS,
-    handled_lines,
     highs,
+    kspout_command,
     open_store,
-    prepare_kspout_run,
     produce,
     stored,
+    topic_file,
 )
+from tests.integration.ledger import entries, produced, write_handler
 from tests.integration.test_ownership import claims, eventually
 
 SESSION = 4.0  # zk_session_timeout: ZooKeeper's least with its default tickTime of 2 s
@@ -38,13 +46,17 @@ EXTRA = f"zk_session_timeout = {SESSION}\n"
 def instances(
     stack: DevStack, config: TopicConfig, tmp_path: Path, count: int
 ) -> Iterator[list[tuple[subprocess.Popen[bytes], Path]]]:
-    """`count` `kspout run --json` processes, each logging what it handled to its own file;
-    stopped (SIGTERM, then SIGKILL) when the block ends."""
-    argv, env, _ = prepare_kspout_run(stack, config, tmp_path, pause=0.01, extra=EXTRA)
+    """`count` `kspout run --json` processes, each with a ledger of its own (a handler that
+    takes 10 ms a message); stopped (SIGTERM, then SIGKILL) when the block ends."""
+    toml = topic_file(tmp_path / "topic.toml", stack, config, EXTRA)
+    handler = write_handler(tmp_path)
+    argv = [str(kspout_command()), "run", "--config", str(toml), "--handler", handler]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KSPOUT_")}
+    env["HANDLER_PAUSE"] = "0.01"
     runs = []
     for i in range(count):
-        log = tmp_path / f"handled-{i}.log"
-        env_i = {**env, "HANDLED_LOG": str(log)}
+        log = tmp_path / f"instance-{i}.ledger"
+        env_i = {**env, "LEDGER": str(log)}
         proc = subprocess.Popen(
             [*argv, "--json"],
             cwd=tmp_path,
@@ -84,7 +96,8 @@ def test_three_instances_divide_the_topic_and_a_killed_ones_partitions_move(
     stack: DevStack, make_config: Callable[..., TopicConfig], producer: Producer, tmp_path: Path
 ) -> None:
     config = make_config()
-    produce(producer, config.topic, {p: range(600) for p in PARTITIONS})
+    sent = {p: range(600) for p in PARTITIONS}
+    produce(producer, config.topic, sent)
     with instances(stack, config, tmp_path, 3) as runs:
         ids = [eventually(owner_of(config, proc.pid), what="registered") for proc, _ in runs]
         eventually(lambda: set(claims(config).values()) == set(ids), what="all three own some")
@@ -101,25 +114,27 @@ def test_three_instances_divide_the_topic_and_a_killed_ones_partitions_move(
         moved_after = time.monotonic() - killed_at
         eventually(lambda: stored(config) == highs(config), timeout=120, what="caught up")
 
-    handled = Counter(at for _, log in runs for at in handled_lines(log))
-    assert set(handled) == {(p, o) for p in PARTITIONS for o in range(600)}  # nothing lost
-    per_instance = [len(handled_lines(log)) for _, log in runs]
+    finished = Counter(value for _, ledger in runs for value, _ in entries(ledger))
+    assert set(finished) == produced(sent)  # nothing lost, nothing that was not produced
+    per_instance = [len(entries(ledger)) for _, ledger in runs]
     assert all(n > 0 for n in per_instance), per_instance  # each processed some
-    twice = sum(n - 1 for n in handled.values())
+    twice = sum(n - 1 for n in finished.values())
     print(
-        f"\nper instance {per_instance}; processed twice {twice} of {len(handled)}; the killed "
-        f"instance's partitions {held} moved {moved_after:.1f}s after SIGKILL"
+        f"\nfinished per instance {per_instance}; finished twice {twice} of {len(finished)}; "
+        f"the killed instance's partitions {held} moved {moved_after:.1f}s after SIGKILL"
     )
-    assert twice < 0.1 * sum(handled.values()), twice  # few processed by two
+    assert twice < 0.1 * sum(finished.values()), twice  # few processed by two
     # ZooKeeper ends the session after SESSION (checked every tick, 2 s); then a poll and a claim.
     assert moved_after < 2 * SESSION, moved_after
+    assert stored(config) == highs(config), "ZooKeeper, read after every instance stopped"
 
 
 def test_a_stopped_instance_woken_after_its_session_expired_cannot_commit(
     stack: DevStack, make_config: Callable[..., TopicConfig], producer: Producer, tmp_path: Path
 ) -> None:
     config = make_config()
-    produce(producer, config.topic, {p: range(1500) for p in PARTITIONS})
+    sent = {p: range(1500) for p in PARTITIONS}
+    produce(producer, config.topic, sent)
     with instances(stack, config, tmp_path, 2) as runs:
         (zombie, zombie_log), _survivor = runs
         ids = [eventually(owner_of(config, proc.pid), what="registered") for proc, _ in runs]
@@ -140,6 +155,9 @@ def test_a_stopped_instance_woken_after_its_session_expired_cannot_commit(
     assert final["partitions_dropped"] >= len(held)
     logged = b"".join(err.split())  # rich wraps long log lines
     assert b"refused" in logged and b"dropping" in logged
-    handled = Counter(at for _, log in runs for at in handled_lines(log))
-    assert set(handled) == {(p, o) for p in PARTITIONS for o in range(1500)}  # nothing lost
-    assert handled_lines(zombie_log)  # it did run before it was stopped
+    finished = {value for _, ledger in runs for value, _ in entries(ledger)}
+    assert finished == produced(sent)  # nothing lost, nothing that was not produced
+    assert entries(zombie_log)  # it did run before it was stopped
+    # Every instance has stopped (the zombie after its final drain): no commit of the zombie's
+    # moved a commit point back.
+    assert stored(config) == highs(config)
