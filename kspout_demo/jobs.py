@@ -30,9 +30,10 @@ import redis
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from dedup import Effects, IdempotencyBolt
-from kspout.bolts import BasicBolt, BasicCollector, Fields, TaskContext, Tuple
+from kspout.bolts import BasicBolt, BasicCollector, TaskContext, Tuple
 from kspout.config import TopicConfig
 from kspout.executor.topology import ChainItem
+from kspout.groupings import Fields
 from kspout.kafka import Record, client_settings
 from kspout.kafka.topics import ensure_topic
 from kspout.zk.offsets import ZkOffsetStore

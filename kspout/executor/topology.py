@@ -26,9 +26,7 @@ from kspout.bolts import (
     Bolt,
     Chunk,
     Collector,
-    Fields,
     FunctionBolt,
-    Grouping,
     RootKey,
     TaskContext,
     Tuple,
@@ -39,6 +37,7 @@ from kspout.errors import ChainError
 from kspout.executor.outcome_log import OutcomeLog
 from kspout.executor.task import Handler, cut_short, released
 from kspout.gc_pause import cyclic_gc_paused
+from kspout.groupings import Fields, Grouping
 from kspout.kafka import FetchResult
 from kspout.outcomes import FailReason, OutcomeKind, describe_error
 from kspout.spans import runs

@@ -27,16 +27,11 @@ from kspout.bolts import (
     BasicCollector,
     Bolt,
     Collector,
-    Fields,
     FunctionBolt,
-    Global,
-    Grouping,
     RootKey,
-    Shuffle,
     TaskContext,
     Tuple,
     root_tuple,
-    stable_hash,
 )
 from kspout.contract import PartitionTask, TaskResult
 from kspout.errors import ChainError, KspoutError
@@ -53,6 +48,7 @@ from kspout.executor.topology import (
     run_later_stage,
     task_results,
 )
+from kspout.groupings import Fields, Global, Grouping, Shuffle, stable_hash
 from kspout.kafka import FetchResult, Record
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
 from kspout.partition_manager import Plan, Span
@@ -708,7 +704,8 @@ HASHED: list[object] = [*WORDS, b"bytes", 42, -7, 3.5, None, ("kafka", 1), (b"k"
 
 _CHILD = """
 import json, sys
-from kspout.bolts import Fields, Tuple, stable_hash
+from kspout.bolts import Tuple
+from kspout.groupings import Fields, stable_hash
 values = eval(sys.stdin.read())
 print(json.dumps({
     "hash": hash("kafka"),
