@@ -34,6 +34,7 @@ from kspout.config import TopicConfig, load_config
 from kspout.errors import KspoutError, resume_command
 from kspout.kafka import KafkaMetadata
 from kspout.ownership.tree import Ownership, Pause, read_ownership
+from kspout.ranges import runs
 from kspout.wording import count
 from kspout.zk.offsets import ZkOffsetStore
 from kspout.zk.record import now_ms
@@ -297,13 +298,8 @@ def _ago(seconds: float | None) -> str:
 
 def _ranges(partitions: list[int]) -> str:
     """`0-3, 7, 9-10`."""
-    runs: list[list[int]] = []
-    for p in partitions:
-        if runs and p == runs[-1][1] + 1:
-            runs[-1][1] = p
-        else:
-            runs.append([p, p])
-    return ", ".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in runs) or "-"
+    spans = runs(partitions)
+    return ", ".join(str(lo) if hi == lo + 1 else f"{lo}-{hi - 1}" for lo, hi in spans) or "-"
 
 
 def _instances_table(status: Status) -> Table:

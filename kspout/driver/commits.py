@@ -20,11 +20,11 @@ from typing import Any
 
 from kspout.errors import OffsetConflict
 from kspout.partition_manager import PartitionManager
+from kspout.ranges import Range
 from kspout.zk.offsets import OffsetWrite, ZkOffsetStore
 from kspout.zk.record import (
     MAX_DONE_SPANS,
     Checkpoint,
-    Range,
     StoredOffset,
     encode_done,
     history_fields,

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from kspout.partition_manager import Plan, Span
+from kspout.partition_manager.plans import join
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,13 +62,7 @@ def split(group: Suspects, last_seen: int | None) -> list[Suspects]:
 
 def _spans(offsets: Sequence[tuple[int, int]]) -> tuple[Span, ...]:
     """Ascending `(offset, attempt)` pairs as spans of consecutive offsets, one attempt each."""
-    out: list[Span] = []
-    for offset, attempt in offsets:
-        if out and out[-1].end == offset and out[-1].attempt == attempt:
-            out[-1] = Span(out[-1].start, offset + 1, attempt)
-        else:
-            out.append(Span(offset, offset + 1, attempt))
-    return tuple(out)
+    return tuple(join([Span(offset, offset + 1, attempt) for offset, attempt in offsets]))
 
 
 class Isolation:

@@ -40,7 +40,7 @@ from kspout.gc_pause import cyclic_gc_paused
 from kspout.groupings import Fields, Grouping
 from kspout.kafka import FetchResult
 from kspout.outcomes import FailReason, OutcomeKind, describe_error
-from kspout.spans import runs
+from kspout.ranges import runs
 
 ChainItem = Bolt | Grouping | Callable[[Any], object]
 

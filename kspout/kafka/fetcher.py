@@ -28,6 +28,7 @@ from kspout.gc_pause import cyclic_gc_paused
 from kspout.kafka._client import consumer_settings, watermarks
 from kspout.kafka.records import FetchResult, Record, RecordBuilder, make_record
 from kspout.lifecycle import Lifecycle
+from kspout.ranges import append
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +95,7 @@ class _Progress:
         """Kafka holds nothing at `[cursor, offset)`: mark those requested offsets missing."""
         while self.index < len(self.spans) and self.cursor < offset:
             stop = min(offset, self.end)
-            if self.missing and self.missing[-1][1] == self.cursor:
-                self.missing[-1] = (self.missing[-1][0], stop)
-            else:
-                self.missing.append((self.cursor, stop))
+            append(self.missing, self.cursor, stop)
             self.cursor = stop
             if stop == self.end:
                 self._next_span()

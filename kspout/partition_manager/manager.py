@@ -75,6 +75,7 @@ from kspout.partition_manager.states import (
 )
 from kspout.partition_manager.stats import Stats
 from kspout.policy import PartitionPolicy
+from kspout.ranges import Range, append
 
 
 class PartitionManager:
@@ -294,15 +295,12 @@ class PartitionManager:
         ledger = self._settled()
         return ledger.wait_range(lo, hi, attempt, self._clock(), error, deferred=False)
 
-    def unsettled(self, lo: int, hi: int, attempt: int) -> list[tuple[int, int]]:
+    def unsettled(self, lo: int, hi: int, attempt: int) -> list[Range]:
         """The runs of `[lo, hi)` still in flight at `attempt` (what a lost task left open)."""
-        out: list[tuple[int, int]] = []
+        out: list[Range] = []
         for a, b, value in self._settled().map.spans(lo, hi):
             if isinstance(value, InFlight) and value.attempt == attempt:
-                if out and out[-1][1] == a:
-                    out[-1] = (out[-1][0], b)
-                else:
-                    out.append((a, b))
+                append(out, a, b)
         return out
 
     def restart_at(self, offset: int) -> list[tuple[int, int]]:

@@ -6,6 +6,8 @@ from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from kspout.ranges import Range, append
+
 
 @dataclass(frozen=True, slots=True)
 class Span:
@@ -33,14 +35,11 @@ class Plan:
     def __bool__(self) -> bool:
         return bool(self.spans)
 
-    def ranges(self) -> list[tuple[int, int]]:
+    def ranges(self) -> list[Range]:
         """Half-open ranges to fetch; adjacent spans of different attempts are joined."""
-        out: list[tuple[int, int]] = []
+        out: list[Range] = []
         for span in self.spans:
-            if out and out[-1][1] == span.start:
-                out[-1] = (out[-1][0], span.end)
-            else:
-                out.append((span.start, span.end))
+            append(out, span.start, span.end)
         return out
 
     def attempt_of(self, offset: int) -> int:

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
 from kspout.partition_manager import PartitionManager
-from kspout.spans import runs
+from kspout.ranges import runs
 
 
 def _apply(pm: PartitionManager, outcomes: list[Outcome], epoch: int | None = None) -> None:
