@@ -37,7 +37,6 @@ import socket
 import ssl
 import uuid
 from collections.abc import Callable, Sequence
-from functools import cache
 
 import redis
 from kazoo.client import KazooClient
@@ -58,6 +57,7 @@ from kspout.config import TopicConfig
 from kspout.errors import KafkaUnavailable, RedisLoginRefused, RedisTlsRefused, RedisUnavailable
 from kspout.kafka import Record
 from kspout.outcomes import describe_error
+from kspout.worker_clients import WorkerClients
 
 log = logging.getLogger(__name__)
 
@@ -134,18 +134,19 @@ EffectHandler = Callable[[Record, Effects], object]
 REDIS_CONNECT_TIMEOUT = 10.0
 
 
-@cache
-def _redis(args: tuple[tuple[str, object], ...], cluster: bool) -> Client:
-    """This worker's client for `[redis]` (`cluster = true`: a Redis Cluster's)."""
-    settings = dict(args) | {"socket_connect_timeout": REDIS_CONNECT_TIMEOUT}
-    if cluster:
-        return RedisCluster.from_url(**settings)  # type: ignore[arg-type]
-    return redis.Redis.from_url(**settings)  # type: ignore[arg-type]
+def _new_redis(config: TopicConfig) -> Client:
+    settings = config.redis_args() | {"socket_connect_timeout": REDIS_CONNECT_TIMEOUT}
+    if config.redis.cluster:
+        return RedisCluster.from_url(**settings)
+    return redis.Redis.from_url(**settings)
+
+
+_redis = WorkerClients(_new_redis)
 
 
 def redis_client(config: TopicConfig) -> Client:
-    """The shared client of the topic's `[redis]` settings in this process."""
-    return _redis(tuple(sorted(config.redis_args().items())), config.redis.cluster)
+    """This worker's client for the topic's `[redis]` (`cluster = true`: a Redis Cluster's)."""
+    return _redis.get(config)
 
 
 def primaries(client: Client) -> list[redis.Redis]:
@@ -156,50 +157,36 @@ def primaries(client: Client) -> list[redis.Redis]:
     return [client]
 
 
-_zookeepers: dict[str, KazooClient] = {}
-
-
-def _zookeeper(config: TopicConfig) -> KazooClient:
-    """This worker's ZooKeeper client for the config's ensemble and credentials (with
+def _new_zookeeper(config: TopicConfig) -> KazooClient:
+    """A started ZooKeeper client for the config's ensemble and credentials (with
     `[zookeeper_auth]`, the epoch znode gets the same digest ACL as the offsets)."""
-    args = config.kazoo_args()
-    key = repr(sorted(args.items()))
-    client = _zookeepers.get(key)
-    if client is None:
-        client = KazooClient(**args, timeout=10.0)
-        client.start(timeout=15.0)
-        _zookeepers[key] = client
+    client = KazooClient(**config.kazoo_args(), timeout=10.0)
+    client.start(timeout=15.0)
     return client
 
 
-_stores: dict[tuple[object, ...], IdempotencyStore] = {}
+_zookeepers = WorkerClients(_new_zookeeper)
+
+
+def _new_store(config: TopicConfig, namespace: str) -> IdempotencyStore:
+    return IdempotencyStore(
+        redis_client(config),
+        namespace=namespace,
+        lease_ms=int(config.dedup.lease * 1000),
+        done_ttl_ms=int(config.dedup.ttl * 1000),
+        epoch_source=ZkEpoch(_zookeepers.get(config), f"{config.zk_root}/dedup/{namespace}/epoch"),
+        wait_replicas=config.dedup.wait_replicas,
+        wait_timeout_ms=max(1, int(config.dedup.wait_timeout * 1000)),
+        wait_aof=config.dedup.wait_aof,
+    )
+
+
+_stores = WorkerClients(_new_store)
 
 
 def worker_store(config: TopicConfig, namespace: str) -> IdempotencyStore:
     """This Python worker's store for the namespace (clients are made here, not shipped)."""
-    redis_args = tuple(sorted(config.redis_args().items()))
-    key = (
-        redis_args,
-        config.redis.cluster,  # the client's kind, and so the records' layout
-        repr(sorted(config.kazoo_args().items())),
-        config.zk_root,
-        namespace,
-        config.dedup,
-    )
-    store = _stores.get(key)
-    if store is None:
-        path = f"{config.zk_root}/dedup/{namespace}/epoch"
-        store = _stores[key] = IdempotencyStore(
-            redis_client(config),
-            namespace=namespace,
-            lease_ms=int(config.dedup.lease * 1000),
-            done_ttl_ms=int(config.dedup.ttl * 1000),
-            epoch_source=ZkEpoch(_zookeeper(config), path),
-            wait_replicas=config.dedup.wait_replicas,
-            wait_timeout_ms=max(1, int(config.dedup.wait_timeout * 1000)),
-            wait_aof=config.dedup.wait_aof,
-        )
-    return store
+    return _stores.get(config, namespace)
 
 
 class IdempotencyBolt(Bolt):

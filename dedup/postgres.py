@@ -51,8 +51,6 @@ handler. Requires psycopg 3 (`pip install 'kspout[sql]'`).
 from __future__ import annotations
 
 import enum
-import os
-import threading
 from collections.abc import Callable
 from functools import cache
 from typing import Any, Protocol
@@ -62,6 +60,7 @@ import psycopg.conninfo
 from psycopg import sql
 
 from dedup.errors import FencedOut, FenceRowMissing, FenceTableMissing, PostgresUnavailable
+from kspout.worker_clients import WorkerClients
 
 FENCE_TABLE = "kspout_fence"
 
@@ -118,7 +117,7 @@ class PostgresSink:
     def write(self, claim: Claimed, apply: Apply) -> SinkOutcome:
         """Run `apply(cursor)` and record the fence row in one transaction, unless the message's
         effects were committed already; `FencedOut` if a newer claim committed them."""
-        conn = _connection(self.conninfo)
+        conn = _connections.get(self.conninfo)
         with conn.transaction(), conn.cursor() as cur:
             written = self._fence(cur, claim)
             if written is None:
@@ -145,7 +144,7 @@ class PostgresSink:
 
     def close(self) -> None:
         """Close this thread's connection for this sink's conninfo, if it has one."""
-        connection = _connections().pop((self.conninfo, os.getpid()), None)
+        connection = _connections.pop(self.conninfo)
         if connection is not None:
             connection.close()
 
@@ -173,27 +172,12 @@ def _queries(table: str) -> _Queries:
     return _Queries(table)
 
 
-_local = threading.local()
-
-
-def _connections() -> dict[tuple[str, int], psycopg.Connection[Any]]:
-    """This thread's connections by (conninfo, pid): a forked child never uses its parent's."""
-    connections: dict[tuple[str, int], psycopg.Connection[Any]] | None = getattr(
-        _local, "connections", None
-    )
-    if connections is None:
-        connections = _local.connections = {}
-    return connections
-
-
-def _connection(conninfo: str) -> psycopg.Connection[Any]:
-    """This thread's open connection to `conninfo` (a new one if the last one broke)."""
-    connections = _connections()
-    key = (conninfo, os.getpid())
-    conn = connections.get(key)
-    if conn is None or conn.closed:
-        # autocommit: each `transaction()` block is the only transaction, with its own BEGIN
-        conn = connect(conninfo)
-        conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
-        connections[key] = conn
+def _connect(conninfo: str) -> psycopg.Connection[Any]:
+    # autocommit: each `transaction()` block is the only transaction, with its own BEGIN
+    conn = connect(conninfo)
+    conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
     return conn
+
+
+# This thread's open connection to a conninfo (a new one if the last one broke).
+_connections = WorkerClients(_connect, usable=lambda conn: not conn.closed, per_thread=True)

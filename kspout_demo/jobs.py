@@ -24,7 +24,6 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from functools import cache
 
 import redis
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -36,6 +35,7 @@ from kspout.executor.topology import ChainItem
 from kspout.groupings import Fields
 from kspout.kafka import Record, client_settings
 from kspout.kafka.topics import ensure_topic
+from kspout.worker_clients import WorkerClients
 from kspout.zk.offsets import ZkOffsetStore
 from kspout.zk.session import ZkSession
 
@@ -98,10 +98,8 @@ def produce_sentences(config: TopicConfig, messages: int, seed: int = 7) -> Demo
     return stream
 
 
-@cache
-def _redis(url: str) -> redis.Redis:
-    """One client per Python worker and URL (clients do not travel from the driver)."""
-    return redis.Redis.from_url(url)
+# One client per Python worker and URL (clients do not travel from the driver).
+_redis = WorkerClients(redis.Redis.from_url)
 
 
 class SplitSentence(BasicBolt):
@@ -115,7 +113,7 @@ class SplitSentence(BasicBolt):
         self.slow_seconds = slow_seconds
 
     def prepare(self, context: TaskContext) -> None:
-        self.redis = _redis(self.redis_url)
+        self.redis = _redis.get(self.redis_url)
 
     def process(self, tuple_: Tuple, collector: BasicCollector) -> None:
         message = json.loads(tuple_.record.value or b"{}")
@@ -152,7 +150,7 @@ class CountWord(BasicBolt):
         self.counts[tuple_["word"]] += 1
 
     def cleanup(self) -> None:
-        with _redis(self.redis_url).pipeline(transaction=True) as pipe:
+        with _redis.get(self.redis_url).pipeline(transaction=True) as pipe:
             for word, n in self.counts.items():
                 pipe.hincrby(self.key, word, n)
             pipe.execute()
@@ -194,13 +192,13 @@ def exactly_once_chain(config: TopicConfig, job: str, slow_seconds: float) -> Id
 
 def read_effects(config: TopicConfig, job: str) -> tuple[int, int]:
     """(effects applied, distinct ids applied) of the exactly-once job."""
-    client = _redis(config.redis.url)
+    client = _redis.get(config.redis.url)
     return int(client.get(f"{job}:effects") or 0), int(client.scard(f"{job}:ids"))
 
 
 def read_counts(config: TopicConfig, key: str) -> Counter[str]:
     """The counts a job left in Redis."""
-    raw = _redis(config.redis.url).hgetall(key)
+    raw = _redis.get(config.redis.url).hgetall(key)
     return Counter({_text(k): int(v) for k, v in raw.items()})
 
 
