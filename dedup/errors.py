@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kspout.errors import KspoutError
+from kspout.errors import RetryLater as KspoutRetryLater
 
 if TYPE_CHECKING:
     from dedup.records import SettleResult
@@ -113,7 +113,7 @@ class InFlightElsewhere(BatchNotApplied):
         )
 
 
-class PostgresUnavailable(RetryLater, KspoutError):
+class PostgresUnavailable(RetryLater, KspoutRetryLater):
     """No connection to PostgreSQL could be made (the server is down or unreachable, or it
     refused the login). Names the server, never the conninfo, which may hold a password."""
 

@@ -44,11 +44,10 @@ from confluent_kafka import KafkaError, Message
 from kspout.bolts import Bolt, Collector, Tuple
 from kspout.channel.beacon import thread_beacon
 from kspout.config import TopicConfig
-from kspout.errors import KafkaUnavailable, KspoutError
+from kspout.errors import OutputFailed, OutputUnavailable
 from kspout.kafka import Record
 from kspout.kafka.deadletter import FLUSH_MARGIN, HEADER_PREFIX, IdempotentProducer
 from kspout.outcomes import describe_error
-from kspout.wording import count
 from kspout.worker_clients import WorkerClients
 
 ID_HEADER = HEADER_PREFIX + "id"
@@ -82,35 +81,6 @@ def output_id(source: Record, index: int = 0, source_id: str | None = None) -> s
     if not source_id:
         raise ValueError("source_id is empty: pass the source message's id, or None")
     return f"{source.topic}/{source_id}#{index}"
-
-
-class OutputFailed(KspoutError):
-    """Kafka did not acknowledge some outputs: their source messages must not be acked."""
-
-    def __init__(self, topic: str, failures: list[tuple[str, str]]) -> None:
-        self.topic = topic
-        self.failures = failures  # (output id, Kafka's error) per unacknowledged output
-        output, error = failures[0]
-        super().__init__(
-            f"{count(len(failures), 'output')} to {topic} not acknowledged by Kafka (first: "
-            f"{output}: {error}); the source message fails and is retried, its outputs re-sent "
-            "with the same ids; check that the topic exists and this client may write to it"
-        )
-
-
-class OutputUnavailable(OutputFailed, KafkaUnavailable):
-    """Every unacknowledged output failed for an outage of the output's Kafka (see the module
-    docstring): the source message is released, no attempt spent, and sent again later."""
-
-    def __init__(self, topic: str, failures: list[tuple[str, str]]) -> None:
-        super().__init__(topic, failures)
-        output, error = failures[0]
-        self.args = (
-            f"{count(len(failures), 'output')} to {topic} not acknowledged: its Kafka is "
-            f"unreachable or has no leader for them (first: {output}: {error}); the source "
-            "message is released, no attempt spent, and its outputs are sent again once Kafka "
-            "answers",
-        )
 
 
 def raise_unacknowledged(topic: str, deliveries: Sequence[_Delivery]) -> None:

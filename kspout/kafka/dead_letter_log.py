@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from kspout.config import TopicConfig
-from kspout.errors import KafkaRequestFailed, KafkaUnavailable, KspoutError
+from kspout.errors import KafkaRequestFailed, KafkaUnavailable, LetterNotFound
 from kspout.kafka.deadletter import (
     ATTEMPTS,
     ERROR,
@@ -54,19 +54,6 @@ REPLAY_MARKS = (REPLAYED_FROM, REPLAYED_AT)
 READ_STEP = 10_000
 # librdkafka's RD_KAFKA_PARTITION_UA: the producer's partitioner chooses (by key).
 ANY_PARTITION = -1
-
-
-class LetterNotFound(KspoutError):
-    """An operator named a dead letter (`--offset P:O`) that the dead-letter topic lacks."""
-
-    def __init__(self, dlq_topic: str, partition: int, offset: int, why: str) -> None:
-        self.dlq_topic = dlq_topic
-        self.partition = partition
-        self.offset = offset
-        super().__init__(
-            f"{dlq_topic}: no dead letter at {partition}:{offset} ({why}); list the letters "
-            "with `kspout dlq show --config <topic file>` and name them as DLQ_PARTITION:OFFSET"
-        )
 
 
 class ReplayFailed(KafkaUnavailable):

@@ -5,11 +5,10 @@ from __future__ import annotations
 import threading
 
 from kspout.contract import PartitionTask
-from kspout.errors import KafkaUnavailable
+from kspout.errors import KafkaUnavailable, OutputFailed, OutputUnavailable
 from kspout.executor.task import CUT_SHORT, STOPPED, settle
 from kspout.kafka import FetchResult, Record
 from kspout.outcomes import FailReason, Outcome, OutcomeKind, describe_error
-from kspout.output import OutputFailed, OutputUnavailable
 from kspout.partition_manager import Plan, Span
 
 ACK, FAIL, GONE = OutcomeKind.ACK, OutcomeKind.FAIL, OutcomeKind.GONE
