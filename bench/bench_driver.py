@@ -79,7 +79,7 @@ class AnsweringExecutor:
             for span in plan.spans
             for o in range(span.start, span.end)
         ]
-        return TaskResult(task.topic, task.partition, plan.epoch, outcomes)
+        return TaskResult(task.topic, task.partition, plan.generation, outcomes)
 
     def cancel(self, batch: int) -> None:
         """Nothing runs in the background: nothing to cancel."""

@@ -166,7 +166,7 @@ def pm_ack_batch(n: int) -> Work:
     pm, outcomes = planned_pm(n), [Outcome(o, OutcomeKind.ACK, 1) for o in range(n)]
 
     def work() -> None:
-        pm.apply(outcomes, epoch=pm.epoch)
+        pm.apply(outcomes, generation=pm.generation)
         assert pm.commit_point == n
 
     return work
@@ -186,7 +186,7 @@ def pm_apply(n: int) -> Work:
     pm, outcomes = planned_pm(n), _outcomes(n)
 
     def work() -> None:
-        pm.apply(outcomes, epoch=pm.epoch)
+        pm.apply(outcomes, generation=pm.generation)
         assert pm.stats().failed == n // FAIL_EVERY
 
     return work

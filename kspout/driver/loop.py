@@ -73,9 +73,9 @@ from kspout.zk.session import ZkSession
 log = logging.getLogger(__name__)
 
 IDLE_WAIT = 0.05  # seconds to wait when nothing is plannable (retries backing off, no data)
-# A partition taken again starts this many epochs above the last one, so results of batches
-# planned before it left are ignored (a partition's own resets add a few epochs at most).
-EPOCH_STRIDE = 1 << 20
+# A partition taken again starts this many generations above the last one, so results of batches
+# planned before it left are ignored (a partition's own resets add a few generations at most).
+GENERATION_STRIDE = 1 << 20
 OTHERS_EVERY = 1.0  # seconds between checks of the partitions other instances own (caught_up)
 DRAIN_DEAD_LETTERS = 30.0  # seconds close() waits for dead letters still being written
 
@@ -146,7 +146,7 @@ class Driver(Lifecycle):
         self._leaders: dict[int, tuple[str, int]] = {}
         self._releasing: dict[int, float] = {}  # partitions moving away -> release deadline
         self._pause_acked: set[int] = set()  # paused partitions whose pause this instance acked
-        self._next_epoch = 0
+        self._next_generation = 0
         self._others_asked_at = float("-inf")
         self._refused = 0  # commits refused: the claim was gone or the record changed
         self._dropped = 0  # partitions dropped because this instance lost them
@@ -228,7 +228,7 @@ class Driver(Lifecycle):
         if stored.stopped:
             self._out_of_range.stopped[p] = stored.stopped
             log.error("%s[%d] is stopped: %s", topic, p, stored.stopped)
-        self._next_epoch += EPOCH_STRIDE
+        self._next_generation += GENERATION_STRIDE
         self._pms[p] = PartitionManager(
             self.config.partition_policy(),
             stored.offset,
@@ -236,7 +236,7 @@ class Driver(Lifecycle):
             topic=topic,
             partition=p,
             finished=stored.done,
-            epoch=self._next_epoch,
+            generation=self._next_generation,
         )
         self._committer.track(p, stored)
         self._seed_stall(p, stored)
@@ -662,7 +662,7 @@ class Driver(Lifecycle):
         if result.attempt_died:  # Spark ran the task again after its worker died
             self._crashed(batch, p, "an earlier attempt of the task died")
             return
-        pm.apply(result.outcomes, epoch=result.epoch)
+        pm.apply(result.outcomes, generation=result.generation)
         self._failures.record(p, result.outcomes)
         breaker = self._breakers[p]
         if result.infra_error is not None:
@@ -671,7 +671,7 @@ class Driver(Lifecycle):
             breaker.success()
         if result.out_of_range is not None:
             try:
-                self._out_of_range.hint(p, pm, result.epoch)
+                self._out_of_range.hint(p, pm, result.generation)
             except KafkaUnavailable as exc:  # asked again when the partition is planned
                 breaker.failure(describe_error(exc))
 
@@ -707,8 +707,8 @@ class Driver(Lifecycle):
 
     def _open(self, batch: RunningBatch, p: int) -> list[Span]:
         """What `batch` left unsettled in partition `p`, at the attempts it ran them."""
-        pm, epoch = self._pms.get(p), batch.tasks[p].plan.epoch
-        if pm is None or pm.epoch != epoch:
+        pm, generation = self._pms.get(p), batch.tasks[p].plan.generation
+        if pm is None or pm.generation != generation:
             return []
         return [
             Span(lo, hi, span.attempt)
@@ -726,17 +726,17 @@ class Driver(Lifecycle):
         if p not in self._pms:
             return  # it moved: its next owner runs what was open
         open_spans = self._open(batch, p)
-        epoch = batch.tasks[p].plan.epoch
+        generation = batch.tasks[p].plan.generation
         group = batch.group
         if group is None or group.partition != p:
-            self._isolation.suspect(p, epoch, open_spans)
+            self._isolation.suspect(p, generation, open_spans)
             return
         culprit = self._isolation.died(group, open_spans, batch.last_seen(p))
         if culprit is not None:
             attempt = batch.tasks[p].plan.attempt_of(culprit)
             reason = f"killed its Python worker when run alone ({error})"
             log.warning("%s[%d] offset %d %s", self.config.topic, p, culprit, reason)
-            self._pms[p].fail(culprit, FailReason.CRASH, reason, attempt, epoch=epoch)
+            self._pms[p].fail(culprit, FailReason.CRASH, reason, attempt, generation=generation)
 
     # -- planning ----------------------------------------------------------------------------
 
@@ -764,7 +764,7 @@ class Driver(Lifecycle):
     def _isolated(self, group: Suspects) -> PartitionTask | None:
         """The task that runs `group` alone, limited to what is still open in it."""
         pm = self._pms.get(group.partition)
-        if pm is None or pm.epoch != group.epoch:
+        if pm is None or pm.generation != group.generation:
             return None
         spans = tuple(
             Span(lo, hi, span.attempt)
@@ -773,7 +773,7 @@ class Driver(Lifecycle):
         )
         if not spans:
             return None
-        return self._task(group.partition, Plan(spans, group.epoch), pm)
+        return self._task(group.partition, Plan(spans, group.generation), pm)
 
     def _task(self, p: int, plan: Plan, pm: PartitionManager) -> PartitionTask:
         """The task for `plan`; with `ordering = key`, with the offsets that can hold back

@@ -3,7 +3,7 @@
 Two things trigger it: planning sees the partition's offsets outside the watermarks, or a task
 comes back with an out-of-range hint from its fetch. A hint can be stale (planned before a
 reset the driver has done since, or before the watermarks moved back into range), so hints of
-an older epoch are dropped and the watermarks are asked again before anything is reset.
+an older generation are dropped and the watermarks are asked again before anything is reset.
 
 Under `out_of_range = "fail"` only that partition stops: it is recorded here with its reason
 until an operator moves its offset; the other partitions keep running and committing.
@@ -40,9 +40,9 @@ class OutOfRangeHandler:
         if pm.out_of_range(low, high):
             self._reset(partition, pm, low, high)
 
-    def hint(self, partition: int, pm: PartitionManager, epoch: int) -> None:
+    def hint(self, partition: int, pm: PartitionManager, generation: int) -> None:
         """A task's fetch found offsets out of range: act on fresh watermarks, if still so."""
-        if epoch != pm.epoch or partition in self.stopped:
+        if generation != pm.generation or partition in self.stopped:
             return  # planned before a reset since: the hint says nothing about now
         low, high = self._watermarks.fresh(partition)
         self.check(partition, pm, low, high)

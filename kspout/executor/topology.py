@@ -364,7 +364,7 @@ def partition_results(
     for task in tasks:
         if task.partition in died:
             results.append(
-                TaskResult(task.topic, task.partition, task.plan.epoch, [], attempt_died=True)
+                TaskResult(task.topic, task.partition, task.plan.generation, [], attempt_died=True)
             )
             continue
         if task.partition in failed:
@@ -379,7 +379,7 @@ def partition_results(
             TaskResult(
                 task.topic,
                 task.partition,
-                task.plan.epoch,
+                task.plan.generation,
                 log.finish(missing.get(task.partition, [])),
                 out_of_range.get(task.partition),
                 infra_error,

@@ -4,7 +4,7 @@ what comes due, the totals, and the transitions that keep them in step.
 Whatever assigns a scheduled state registers it in its schedule here, and every transition
 counts what it did, so the driver's questions never walk the spans: the map counts offsets per
 state, `deadlines` finds expired attempts, `ready` due retries and unplanned gaps, `letters`
-dead letters not handed out yet. The ledger holds no clock and no epoch: callers pass `now`.
+dead letters not handed out yet. The ledger holds no clock and no generation: callers pass `now`.
 """
 
 from __future__ import annotations

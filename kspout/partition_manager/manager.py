@@ -84,8 +84,8 @@ class PartitionManager:
     `start_offset` is where the partition resumes (the stored commit point, or the position
     chosen by the `start` policy). `finished` are half-open ranges above it that the stored
     record says were finished before a restart: they start DONE (counted as `restored`) and
-    are not replayed; the gaps between them are. `epoch` is the first epoch: a driver that
-    takes a partition again starts above every epoch it planned before, so outcomes of those
+    are not replayed; the gaps between them are. `generation` is the first generation: a driver that
+    takes a partition again starts above every generation it planned before, so outcomes of those
     plans are ignored. `clock` returns seconds (monotonic); tests pass a fake.
 
     The driver asks every partition what to do at every step, so those questions must not
@@ -102,7 +102,7 @@ class PartitionManager:
         topic: str = "",
         partition: int = -1,
         finished: Iterable[tuple[int, int]] = (),
-        epoch: int = 0,
+        generation: int = 0,
     ) -> None:
         if start_offset < 0:
             raise ValueError(f"start_offset must be >= 0, got {start_offset}")
@@ -116,14 +116,14 @@ class PartitionManager:
         batch = FailBatcher(SpanLedger(policy, start_offset, finished, topic, partition))
         self._settled: Callable[[], SpanLedger] = batch.settled
         self._log = batch.log
-        self._epoch = epoch
-        self._nothing = Plan((), epoch)  # what `plan` returns when nothing is due (shared)
+        self._generation = generation
+        self._nothing = Plan((), generation)  # what `plan` returns when nothing is due (shared)
 
     def _restart(self, offset: int) -> None:
-        """Forget every offset: the partition starts over, empty, at `offset` (a new epoch)."""
+        """Forget every offset: the partition starts over, empty, at `offset` (a new generation)."""
         self._settled().reset(offset)
-        self._epoch += 1
-        self._nothing = Plan((), self._epoch)
+        self._generation += 1
+        self._nothing = Plan((), self._generation)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -138,9 +138,9 @@ class PartitionManager:
         return self._settled().map.end
 
     @property
-    def epoch(self) -> int:
+    def generation(self) -> int:
         """Bumped by an out-of-range reset; outcomes of older plans are ignored."""
-        return self._epoch
+        return self._generation
 
     def state_of(self, offset: int) -> State | None:
         """The state of an unfinished offset; DONE below the commit point; None if not emitted."""
@@ -226,7 +226,7 @@ class PartitionManager:
             ledger.deadlines.add(deadline, start, start + new)
             spans.append(Span(start, start + new, 1))
             ledger.enforce_behind()
-        return Plan(tuple(join(spans)), self._epoch)
+        return Plan(tuple(join(spans)), self._generation)
 
     @staticmethod
     def _plan_ready(ledger: SpanLedger, now: float, deadline: float, budget: int) -> list[Span]:
@@ -305,7 +305,7 @@ class PartitionManager:
 
     def restart_at(self, offset: int) -> list[tuple[int, int]]:
         """Start over at `offset` (an operator moved the partition); returns the unfinished
-        ranges given up. Outcomes of earlier plans no longer apply (a new epoch)."""
+        ranges given up. Outcomes of earlier plans no longer apply (a new generation)."""
         ledger = self._settled()
         if offset < 0:
             raise ValueError(f"offset must be >= 0, got {offset}")
@@ -322,7 +322,7 @@ class PartitionManager:
         error: str | None = None,
         attempt: int | None = None,
         *,
-        epoch: int | None = None,
+        generation: int | None = None,
     ) -> None:
         """The attempt failed. Ignored unless the offset is in flight at that attempt.
 
@@ -330,7 +330,7 @@ class PartitionManager:
         order and at this call's clock reading (`FailBatcher`): single calls come in floods
         (one per message of a failed batch), which are then applied in one go.
         """
-        if epoch is not None and epoch != self._epoch:
+        if generation is not None and generation != self._generation:
             self._settled().counts.stale += 1
         else:
             log = self._log
@@ -340,17 +340,17 @@ class PartitionManager:
             log.attempts.append(attempt)
             log.times.append(self._clock())
 
-    def apply(self, outcomes: Sequence[Outcome], *, epoch: int) -> None:
+    def apply(self, outcomes: Sequence[Outcome], *, generation: int) -> None:
         """Apply one batch's outcomes; contiguous alike outcomes are applied as one range.
 
-        `epoch` is the epoch of the plan the outcomes answer (required, so no caller can
+        `generation` is the generation of the plan the outcomes answer (required, so no caller can
         forget it): outcomes planned before an out-of-range reset are ignored. The batch is
         applied at one clock reading, so its failures share their retry state. A late ACK
         from an attempt that timed out still means the work is done (a retry in flight will
         find it DUPLICATE in the dedup bolt), so ACKs count whichever attempt they name.
         """
         ledger = self._settled()
-        if epoch != self._epoch:
+        if generation != self._generation:
             ledger.counts.stale += sum(o.count for o in outcomes)
             return
         now = self._clock()

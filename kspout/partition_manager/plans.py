@@ -1,4 +1,4 @@
-"""What `plan` hands out: spans of offsets to fetch, each at its attempt, under one epoch."""
+"""What `plan` hands out: spans of offsets to fetch, each at its attempt, under one generation."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class Plan:
     """Offsets to fetch next: due retries and a new range, ascending, each offset once."""
 
     spans: tuple[Span, ...]
-    epoch: int  # outcomes from another epoch (before an out-of-range reset) are ignored
+    generation: int  # outcomes from another generation (before an out-of-range reset) are ignored
 
     def __iter__(self) -> Iterator[int]:
         for span in self.spans:

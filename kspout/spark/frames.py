@@ -210,7 +210,7 @@ def settle_fetched(task: PartitionTask, unfetched: Unfetched) -> TaskResult:
             Outcome(lo, OutcomeKind.RELEASED, spans[i].attempt, error=CUT_SHORT, count=hi - lo)
         )
     outcomes.sort(key=lambda outcome: outcome.offset)
-    return TaskResult(task.topic, task.partition, task.plan.epoch, outcomes, unfetched.bounds)
+    return TaskResult(task.topic, task.partition, task.plan.generation, outcomes, unfetched.bounds)
 
 
 def _settled(
@@ -239,7 +239,7 @@ def _settled(
         if start < end:
             outcomes.append(Outcome(start, OutcomeKind.ACK, span.attempt, count=end - start))
     out_of_range = (low, high) if lost else None
-    return TaskResult(task.topic, task.partition, task.plan.epoch, outcomes, out_of_range)
+    return TaskResult(task.topic, task.partition, task.plan.generation, outcomes, out_of_range)
 
 
 # -- ranges: sorted, disjoint, half-open ---------------------------------------------------------

@@ -293,7 +293,7 @@ class PartitionManagerMachine(RuleBasedStateMachine):
             attempt = self.model.offsets[o].attempt
             reason = data.draw(reasons) if kind is OutcomeKind.FAIL else None
             outcomes.append(Outcome(o, kind, attempt, reason, "e" if reason else None))
-        self.pm.apply(outcomes, epoch=self.pm.epoch)
+        self.pm.apply(outcomes, generation=self.pm.generation)
         for out in outcomes:
             o = out.offset
             if out.kind is OutcomeKind.ACK:

@@ -68,8 +68,8 @@ def sentences(partition: int, texts: Sequence[str], start: int = 0) -> FetchResu
     return FetchResult([record(partition, start + i, t.encode()) for i, t in enumerate(texts)], [])
 
 
-def task(partition: int, *spans: Span, epoch: int = 0) -> PartitionTask:
-    return PartitionTask("t", partition, Plan(spans, epoch))
+def task(partition: int, *spans: Span, generation: int = 0) -> PartitionTask:
+    return PartitionTask("t", partition, Plan(spans, generation))
 
 
 def roundtrip(obj: Any) -> Any:
@@ -845,8 +845,8 @@ def test_acks_come_back_as_counted_runs_per_attempt_split_by_failures() -> None:
             raise ValueError("bad")
 
     run = run_chain(Topology.of([check, Shuffle(), noop]), {0: fetched})
-    (result,) = run.results([task(0, Span(0, 5, 2), Span(5, 10, 1), epoch=4)])
-    assert result.epoch == 4
+    (result,) = run.results([task(0, Span(0, 5, 2), Span(5, 10, 1), generation=4)])
+    assert result.generation == 4
     assert result.outcomes == [
         Outcome(0, ACK, 2, count=5),
         Outcome(5, ACK, 1),
