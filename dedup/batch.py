@@ -17,7 +17,7 @@ the same on every replay:
 
     df.writeStream.foreachBatch(ExactlyOnce(apply, config)).option("checkpointLocation", ...)
 
-The rows stay on the executors: per Spark partition, in chunks of `CHUNK` rows, their ids are
+The rows stay on the executors: per Spark partition, `ROWS_PER_CALL` rows at a time, their ids are
 claimed in one Redis round trip, `apply` runs on the claimed ones, and they settle in one more,
 the Redis effects atomically with DONE (effects in PostgreSQL: `dedup.postgres.PostgresSink`,
 given `effects`). A row whose id is DONE is skipped (a duplicate). A row claimed elsewhere (a
@@ -69,7 +69,7 @@ log = logging.getLogger(__name__)
 Key = Literal["id", "offset"]
 RowHandler = Callable[["Row", Effects], object]
 
-CHUNK = 1000  # rows per claim and per settlement: two Redis round trips per 1,000 rows
+ROWS_PER_CALL = 1000  # rows per claim and per settlement: two Redis round trips per 1,000 rows
 POLL = 0.5  # seconds between two claims of rows held by a live claim elsewhere
 POSITION = ("topic", "partition", "offset")  # columns every row needs (ids, errors)
 ID_COLUMN = {"key": "key", "header": "headers", "json": "value"}  # by `[dedup] id_source` kind
@@ -137,11 +137,11 @@ def apply_rows(
     patience = 2 * config.dedup.lease  # a holder that died loses its lease within one
     total = Applied()
     it = iter(rows)
-    while chunk := list(islice(it, CHUNK)):
-        ids = [id_of(row) for row in chunk]
-        partitions = [row["partition"] for row in chunk]
+    while part := list(islice(it, ROWS_PER_CALL)):
+        ids = [id_of(row) for row in part]
+        partitions = [row["partition"] for row in part]
         claimed = _claim(store, ids, partitions, owner, patience, sleep, clock)
-        total += _run(store, chunk, claimed, handler)
+        total += _run(store, part, claimed, handler)
     return total
 
 

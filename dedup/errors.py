@@ -79,7 +79,7 @@ class HandlerFailed(BatchNotApplied):
     def __init__(self, id: str, position: Position, error: str, failed: int) -> None:
         self.id = id
         self.position = position  # (topic, partition, offset)
-        self.failed = failed  # rows of the chunk whose handler raised
+        self.failed = failed  # rows of the call whose handler raised
         super().__init__(
             f"the handler raised on {_where(position)} (id {id!r}): {error}"
             + (f" (and on {failed - 1} more rows)" if failed > 1 else "")

@@ -48,7 +48,7 @@ offset either has a deadline, a due time, or a dead-letter write pending.
 The manager is the rules over named collaborators: the span ledger (`ledger`: the states, their
 schedules and the totals), the fail batcher (`fail_batch`: single `fail` calls logged and
 applied in one go), dead letters (`dead_letters`) and out of range (`out_of_range`). It holds
-the ledger only through the batcher, whose `settled()` applies pending failures first: no
+the ledger only through the batcher, whose `ledger()` applies pending failures first: no
 method can read or change the ledger while a logged failure is pending.
 """
 
@@ -110,18 +110,18 @@ class PartitionManager:
         self.topic = topic
         self.partition = partition
         self._clock = clock
-        # The ledger lives inside the batcher: `_settled()`, which applies the logged `fail`
+        # The ledger lives inside the batcher: `_ledger()`, which applies the logged `fail`
         # calls first, is the only way to it; `fail` appends to `_log`. Both are bound once
         # here, as the hot paths of single calls and of the driver's questions go through them.
         batch = FailBatcher(SpanLedger(policy, start_offset, finished, topic, partition))
-        self._settled: Callable[[], SpanLedger] = batch.settled
+        self._ledger: Callable[[], SpanLedger] = batch.ledger
         self._log = batch.log
         self._generation = generation
         self._nothing = Plan((), generation)  # what `plan` returns when nothing is due (shared)
 
     def _restart(self, offset: int) -> None:
         """Forget every offset: the partition starts over, empty, at `offset` (a new generation)."""
-        self._settled().reset(offset)
+        self._ledger().reset(offset)
         self._generation += 1
         self._nothing = Plan((), self._generation)
 
@@ -130,12 +130,12 @@ class PartitionManager:
     @property
     def commit_point(self) -> int:
         """The smallest unfinished offset, or `emitted_to`: everything below it is finished."""
-        return self._settled().map.first
+        return self._ledger().map.first
 
     @property
     def emitted_to(self) -> int:
         """Every offset below this was handed out at least once."""
-        return self._settled().map.end
+        return self._ledger().map.end
 
     @property
     def generation(self) -> int:
@@ -144,7 +144,7 @@ class PartitionManager:
 
     def state_of(self, offset: int) -> State | None:
         """The state of an unfinished offset; DONE below the commit point; None if not emitted."""
-        m = self._settled().map
+        m = self._ledger().map
         if offset < m.first:
             return DONE
         return m.get(offset)
@@ -154,7 +154,7 @@ class PartitionManager:
         where the first run left out starts (None: none is). What the stored record keeps, so
         a restart need not replay them; costs O(limit), not O(spans).
         """
-        m = self._settled().map
+        m = self._ledger().map
         out: list[tuple[int, int]] = []
         i = 0
         while True:
@@ -171,16 +171,16 @@ class PartitionManager:
     def finished_total(self) -> int:
         """Offsets finished since the start, however: it changes whenever the finished runs
         above the commit point may have (a cheap test before `finished_spans`)."""
-        return self._settled().counts.finished
+        return self._ledger().counts.finished
 
     def spans(self) -> Iterator[tuple[int, int, State]]:
         """Every span from the commit point to `emitted_to`, ascending, with its state: a walk
         over all of them (for tools and tests; the driver's questions never need one)."""
-        return self._settled().map.spans()
+        return self._ledger().map.spans()
 
     def stats(self) -> Stats:
         """Current state counts and totals, in O(1) (the map keeps the counts)."""
-        ledger = self._settled()
+        ledger = self._ledger()
         m = ledger.map
         return replace(
             ledger.counts,
@@ -196,7 +196,7 @@ class PartitionManager:
     def unfinished_below(self, hi: int) -> list[tuple[int, int]]:
         """The runs not finished between the commit point and `hi` (what holds back a key
         under `ordering = key`)."""
-        ledger = self._settled()
+        ledger = self._ledger()
         return ledger.unfinished(ledger.map.first, hi)
 
     # -- planning ----------------------------------------------------------------------------
@@ -208,7 +208,7 @@ class PartitionManager:
         most `max_new` of them, lowest first) beside new work, and plans no new offsets while
         more than `max_uncommitted` are uncommitted (backpressure; retries still go out).
         """
-        ledger = self._settled()
+        ledger = self._ledger()
         now = self._clock()
         if ledger.deadlines.due(now):
             self._expire(ledger, now)
@@ -258,7 +258,7 @@ class PartitionManager:
 
     def expire(self, now: float | None = None) -> int:
         """Fail every in-flight attempt past its deadline with TIMEOUT; returns how many."""
-        return self._expire(self._settled(), self._clock() if now is None else now)
+        return self._expire(self._ledger(), self._clock() if now is None else now)
 
     def _expire(self, ledger: SpanLedger, now: float) -> int:
         due = ledger.deadlines.pop_due(now)
@@ -279,7 +279,7 @@ class PartitionManager:
         other records, or waiting for a later stage): a message times out for its own
         slowness, not for the records before it. Offsets at another attempt are left alone.
         """
-        ledger = self._settled()
+        ledger = self._ledger()
         for a, b, value in ledger.map.spans(lo, hi):
             if isinstance(value, InFlight) and value.attempt == attempt and value.deadline < until:
                 ledger.map.assign(a, b, InFlight(value.attempt, value.deferrals, until))
@@ -292,13 +292,13 @@ class PartitionManager:
         once (the partition's circuit breaker decides when it is planned again). Returns how
         many were released.
         """
-        ledger = self._settled()
+        ledger = self._ledger()
         return ledger.wait_range(lo, hi, attempt, self._clock(), error, deferred=False)
 
     def unsettled(self, lo: int, hi: int, attempt: int) -> list[Range]:
         """The runs of `[lo, hi)` still in flight at `attempt` (what a lost task left open)."""
         out: list[Range] = []
-        for a, b, value in self._settled().map.spans(lo, hi):
+        for a, b, value in self._ledger().map.spans(lo, hi):
             if isinstance(value, InFlight) and value.attempt == attempt:
                 append(out, a, b)
         return out
@@ -306,7 +306,7 @@ class PartitionManager:
     def restart_at(self, offset: int) -> list[tuple[int, int]]:
         """Start over at `offset` (an operator moved the partition); returns the unfinished
         ranges given up. Outcomes of earlier plans no longer apply (a new generation)."""
-        ledger = self._settled()
+        ledger = self._ledger()
         if offset < 0:
             raise ValueError(f"offset must be >= 0, got {offset}")
         abandoned = ledger.unfinished(ledger.map.first, ledger.map.end)
@@ -331,7 +331,7 @@ class PartitionManager:
         (one per message of a failed batch), which are then applied in one go.
         """
         if generation is not None and generation != self._generation:
-            self._settled().counts.stale += 1
+            self._ledger().counts.stale += 1
         else:
             log = self._log
             log.offsets.append(offset)
@@ -349,7 +349,7 @@ class PartitionManager:
         from an attempt that timed out still means the work is done (a retry in flight will
         find it DUPLICATE in the dedup bolt), so ACKs count whichever attempt they name.
         """
-        ledger = self._settled()
+        ledger = self._ledger()
         if generation != self._generation:
             ledger.counts.stale += sum(o.count for o in outcomes)
             return
@@ -379,21 +379,21 @@ class PartitionManager:
     def take_dead_letters(self, limit: int | None = None) -> list[DeadLetterTicket]:
         """Offsets to write to the dead-letter topic now, lowest first; confirm with
         `dead_lettered`. O(1) when there are none."""
-        return dead_letters.take(self._settled(), limit)
+        return dead_letters.take(self._ledger(), limit)
 
     def dead_lettered(self, offsets: Iterable[int]) -> None:
         """The dead-letter records for these offsets are durable: they are finished."""
-        dead_letters.written(self._settled(), offsets)
+        dead_letters.written(self._ledger(), offsets)
 
     def dead_letter_failed(self, offsets: Iterable[int]) -> None:
         """Writing these dead letters failed: hand them out again later."""
-        dead_letters.unwritten(self._settled(), offsets)
+        dead_letters.unwritten(self._ledger(), offsets)
 
     # -- out of range ------------------------------------------------------------------------
 
     def out_of_range(self, low: int, high: int) -> bool:
         """True when the partition's next offsets are outside Kafka's `[low, high)`."""
-        return out_of_range.is_out_of_range(self._settled(), low, high)
+        return out_of_range.is_out_of_range(self._ledger(), low, high)
 
     def on_out_of_range(
         self, low: int, high: int, *, timestamp_offset: int | None = None
@@ -406,7 +406,7 @@ class PartitionManager:
         `latest`). Every unfinished offset below the new start is counted and logged as lost
         with its exact range; `fail` raises `PartitionStopped` and changes nothing.
         """
-        return out_of_range.reset(self._settled(), low, high, timestamp_offset, self._restart)
+        return out_of_range.reset(self._ledger(), low, high, timestamp_offset, self._restart)
 
 
 def _apply_run(ledger: SpanLedger, o: Outcome, hi: int, now: float) -> None:
