@@ -135,7 +135,7 @@ def build_spans(driver: Driver, per_partition: int) -> None:
         print(f"  planned and answered {emitted:,} offsets", flush=True)
         if emitted >= PARTITIONS * per_partition:
             break
-    waiting = sum(s.failed for s in stats)
+    waiting = sum(s.waiting for s in stats)
     print(f"  {waiting:,} offsets wait for a retry, in {time.perf_counter() - started:.1f} s")
 
 

@@ -140,7 +140,7 @@ def pm_fail_each(order: Callable[[int], list[int]]) -> Prepare:
             fail = pm.fail
             for o in offsets:
                 fail(o, EXC, None, 1)
-            assert pm.stats().failed == n
+            assert pm.stats().waiting == n
 
         return work
 
@@ -187,7 +187,7 @@ def pm_apply(n: int) -> Work:
 
     def work() -> None:
         pm.apply(outcomes, generation=pm.generation)
-        assert pm.stats().failed == n // FAIL_EVERY
+        assert pm.stats().waiting == n // FAIL_EVERY
 
     return work
 

@@ -227,7 +227,7 @@ def _partition(
     if live is not None:
         report = _dict(own.instances[live.id].get("report"))
         reported = _dict(_dict(report.get("partitions")).get(str(m.partition)))
-    failed, pending = _int(reported.get("failed")), _int(reported.get("dead_letter_pending"))
+    failed, pending = _int(reported.get("waiting")), _int(reported.get("dead_letter_pending"))
     record = m.record
     stopped = record.stopped if record is not None else None
     pause = own.paused.get(m.partition)

@@ -83,7 +83,7 @@ class Progress:
 # What an instance publishes of each partition in its ZooKeeper node, for `kspout status`.
 REPORTED = (
     "in_flight",
-    "failed",
+    "waiting",
     "dead_letter_pending",
     "acked",
     "retried",

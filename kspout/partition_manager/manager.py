@@ -187,7 +187,7 @@ class PartitionManager:
             commit_point=m.first,
             emitted_to=m.end,
             in_flight=m.count(InFlight),
-            failed=m.count(Waiting),
+            waiting=m.count(Waiting),
             dead_letter_pending=m.count(DeadLetterPending),
             unplanned=m.count(Unplanned),
             spans=len(m),

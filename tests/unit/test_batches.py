@@ -135,7 +135,7 @@ def check_settled_once(pm: PartitionManager) -> None:
     assert (stats.gaps, stats.lost) == (2, 0)  # GONE: gaps, not lost
     assert stats.deferred == 1
     assert stats.in_flight == 0
-    assert stats.failed == 3  # 1 and 11 wait for a retry, 4 was deferred
+    assert stats.waiting == 3  # 1 and 11 wait for a retry, 4 was deferred
     assert stats.stale == 0, "an outcome was applied twice"
     assert stats.timed_out == 0
 

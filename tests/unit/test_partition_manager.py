@@ -77,7 +77,7 @@ def make_pm() -> MakePM:
 def assert_drained(pm: PartitionManager) -> Stats:
     """Nothing in flight, waiting or pending a dead-letter write; commit point at the end."""
     s = pm.stats()
-    assert (s.in_flight, s.failed, s.dead_letter_pending) == (0, 0, 0)
+    assert (s.in_flight, s.waiting, s.dead_letter_pending) == (0, 0, 0)
     assert s.commit_point == s.emitted_to
     assert s.spans == 0
     return s
@@ -232,7 +232,7 @@ def test_poison_message_does_not_stall_new_work(make_pm: MakePM) -> None:
 
     s = pm.stats()
     assert s.emitted_to == 510
-    assert (s.failed, s.in_flight, s.retried) == (1, 0, 50)
+    assert (s.waiting, s.in_flight, s.retried) == (1, 0, 50)
     assert s.acked == 509
 
 
@@ -288,13 +288,13 @@ def test_many_failures_without_any_ack_never_raise(make_pm: MakePM) -> None:
     for o in range(5000):
         pm.fail(o, EXC, "downstream outage", attempt=1)
     s = pm.stats()
-    assert (s.failed, s.acked, s.in_flight, s.commit_point) == (5000, 0, 0, 0)
+    assert (s.waiting, s.acked, s.in_flight, s.commit_point) == (5000, 0, 0, 0)
 
     clock.advance(10.0)
     plan = pm.plan(5000, 5000)
     assert plan.ranges() == [(0, 5000)], "every failed offset is retried"
     pm_helpers.fail_many(pm, range(5000), EXC, "still down")
-    assert pm.stats().failed == 5000
+    assert pm.stats().waiting == 5000
 
 
 # -- out of range ------------------------------------------------------------------------------
