@@ -29,7 +29,7 @@ from rich.text import Text
 from kspout.cli.answers import echo_json, stdout_console
 from kspout.cli.group import main
 from kspout.cli.options import config_option, dev_option, json_option
-from kspout.cli.views import PartitionMarks, age, iso, read_marks
+from kspout.cli.views import PartitionPositions, age, iso, read_positions
 from kspout.config import TopicConfig, load_config
 from kspout.errors import KspoutError, resume_command
 from kspout.kafka import KafkaMetadata
@@ -59,7 +59,7 @@ def could_not_tell() -> Iterator[None]:
         raise CouldNotTell(f"could not tell: {exc}") from None
 
 
-def _start(config: TopicConfig, m: PartitionMarks) -> dict[str, Any] | None:
+def _start(config: TopicConfig, m: PartitionPositions) -> dict[str, Any] | None:
     """Where `start` begins (JSON), for a partition in Kafka without a record."""
     if m.start_offset is None:
         return None
@@ -213,7 +213,7 @@ def _state(stopped: str | None, paused: bool, reported: Mapping[str, Any]) -> st
 
 def _partition(
     config: TopicConfig,
-    m: PartitionMarks,
+    m: PartitionPositions,
     own: Ownership,
     instances: Mapping[str, InstanceView],
     now: int,
@@ -273,7 +273,7 @@ def collect_status(config: TopicConfig, *, now: int | None = None) -> Status:
     """Read the spout's nodes, its records and Kafka's watermarks; `now` in wall ms."""
     with ZkSession(config) as session, KafkaMetadata(config) as kafka:
         own = read_ownership(session)
-        marks = read_marks(config, ZkOffsetStore(session), kafka)
+        positions = read_positions(config, ZkOffsetStore(session), kafka)
     now = now_ms() if now is None else now
     stale_ms = int(STALE_AFTER * config.commit_interval * 1000)
     names = sorted(own.instances)
@@ -281,7 +281,7 @@ def collect_status(config: TopicConfig, *, now: int | None = None) -> Status:
         name: _instance(name, own.instances[name], own, name == names[0], stale_ms, now)
         for name in names
     }
-    rows = [_partition(config, m, own, instances, now) for m in marks]
+    rows = [_partition(config, m, own, instances, now) for m in positions]
     return Status(config.topic, config.zk_spout_path, list(instances.values()), rows, _totals(rows))
 
 
@@ -494,7 +494,7 @@ def lag_command(ctx: click.Context, config_path: str, threshold: int | None, as_
     with could_not_tell():
         config = load_config(config_path)
         with ZkSession(config) as session, KafkaMetadata(config) as kafka:
-            marks = read_marks(config, ZkOffsetStore(session), kafka)
+            positions = read_positions(config, ZkOffsetStore(session), kafka)
     rows = [
         {
             "partition": m.partition,
@@ -503,9 +503,9 @@ def lag_command(ctx: click.Context, config_path: str, threshold: int | None, as_
             "high": None if m.watermarks is None else m.watermarks[1],
             "lag": m.lag,
         }
-        for m in marks
+        for m in positions
     ]
-    lags = {m.partition: m.lag for m in marks if m.lag is not None}
+    lags = {m.partition: m.lag for m in positions if m.lag is not None}
     total = sum(lags.values())
     above = threshold is not None and total > threshold
     behind = sorted((p for p, n in lags.items() if n), key=lambda p: (-lags[p], p))
