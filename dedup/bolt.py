@@ -1,14 +1,14 @@
 """`IdempotencyBolt`: exactly-once effects for a handler, across replays, crashes and timeouts.
 
 It wraps the handler that applies a message's side effects and runs first in its stage. Per
-task it makes two Redis round trips: one claim for every message id of the batch, one
+task it makes two Redis round trips: one lease for every message id of the batch, one
 settlement for all of them.
 
 * DONE before: the message is acked as a DUPLICATE; the handler does not run.
 * In flight in another task with a live lease (a timeout replay while the original still
   runs): DEFERRED, offered again after `defer_delay` without spending an attempt.
-* Claimed: the handler runs with an `Effects` buffer. If it returns, its Redis effects are
-  applied and the record marked DONE in one Lua call, only if this claim's fencing token still
+* Leased: the handler runs with an `Effects` buffer. If it returns, its Redis effects are
+  applied and the record marked DONE in one Lua call, only if this lease's fencing token still
   holds the record. If it raises, the record is marked FAILED and the message fails with
   EXCEPTION, to be retried; if what it raised is `KafkaUnavailable` (a Kafka it writes to is
   down: `KafkaOutput.flush`), the message is released instead, no attempt spent.
@@ -23,8 +23,8 @@ settlement for all of them.
   acked as a DUPLICATE once the replicas have it (DEFERRED until then); one that finds it
   lost runs again.
 
-So a task that dies without a word leaves a lease that expires and is claimed again (nothing
-lost); an original that times out and throws later settles FAILED, and the next replay claims
+So a task that dies without a word leaves a lease that expires and is leased again (nothing
+lost); an original that times out and throws later settles FAILED, and the next replay leases
 and runs it (nothing stuck); a zombie whose lease was taken over finds its settlement refused
 (nothing applied twice).
 """
@@ -47,7 +47,7 @@ from dedup.effects import check_effect
 from dedup.epoch import ZkEpoch
 from dedup.errors import NotDurable
 from dedup.ids import IdReader, id_reader
-from dedup.records import ClaimStatus, Effect, Settlement, SettleStatus
+from dedup.records import Effect, LeaseStatus, Settlement, SettleStatus
 from dedup.server_checks import require_wait_aof, server_durability_warnings
 from dedup.store import IdempotencyStore
 from dedup.wire import Client
@@ -70,10 +70,10 @@ def _tls_refused(exc: BaseException) -> bool:
 
 
 class Effects:
-    """One claimed message's side effects, applied atomically with marking it DONE.
+    """One leased message's side effects, applied atomically with marking it DONE.
 
     Add Redis writes (`hincrby`, `incrby`, `sadd`, `set`, `hset`); they happen only if the
-    handler returns and this claim still holds the message. On a Redis Cluster every key must
+    handler returns and this lease still holds the message. On a Redis Cluster every key must
     carry the message's hash tag, `{<namespace>:p<partition>}`, to be in its record's slot:
     name keys with `key(name)`, which works on one server too. For effects in PostgreSQL, pass
     this object to `dedup.postgres.PostgresSink.write`, which commits them with the `token`
@@ -87,8 +87,8 @@ class Effects:
     ) -> None:
         self._store = store
         self.id = id
-        self.token = token  # the fencing token: strictly increasing per claim
-        self.attempt = attempt  # 1 for the first claim of this id
+        self.token = token  # the fencing token: strictly increasing per lease
+        self.attempt = attempt  # 1 for the first lease of this id
         self.partition = partition  # the message's Kafka partition: its record's shard
         self.commands: list[Effect] = []
 
@@ -118,9 +118,9 @@ class Effects:
         self.add("HSET", key, field, value)
 
     def still_owner(self) -> bool:
-        """True if this claim held the message when Redis answered, and no more than that.
+        """True if this lease held the message when Redis answered, and no more than that.
 
-        Not a fence: the lease can run out and a newer claim take the message over right after
+        Not a fence: the lease can run out and a newer lease take the message over right after
         the answer, so a write that follows a True can still land as a zombie's. Effects outside
         Redis need a sink that checks the token in the same transaction as the write
         (`dedup.postgres.PostgresSink`)."""
@@ -243,7 +243,7 @@ class IdempotencyBolt(Bolt):
         self.execute_batch([tuple_], collector)
 
     def execute_batch(self, tuples: Sequence[Tuple], collector: Collector) -> None:
-        """Claim the batch's ids, run the handler on the claimed ones, settle them together."""
+        """Lease the batch's ids, run the handler on the leased ones, settle them together."""
         store = self._store
         ids: list[str] = []
         known: list[Tuple] = []
@@ -258,18 +258,18 @@ class IdempotencyBolt(Bolt):
         settlements: list[Settlement] = []
         ran: list[Tuple] = []
         raised: dict[int, Exception] = {}  # by index into `ran`: what its handler raised
-        for run in store.claim_runs(ids, self._owner, partitions):
+        for run in store.lease_runs(ids, self._owner, partitions):
             end = run.start + run.length
             answered = zip(known[run.start : end], ids[run.start : end], strict=True)
-            if run.status is ClaimStatus.DUPLICATE:
+            if run.status is LeaseStatus.DUPLICATE:
                 for tuple_, _ in answered:
                     collector.duplicate(tuple_)
-            elif run.status is ClaimStatus.DEFERRED:
+            elif run.status is LeaseStatus.DEFERRED:
                 for tuple_, _ in answered:
                     collector.defer(tuple_)
-            elif run.status is ClaimStatus.REJECTED:
+            elif run.status is LeaseStatus.REJECTED:
                 for (tuple_, id_), why in zip(answered, run.errors, strict=True):
-                    collector.fail(tuple_, f"Redis rejected the claim of {id_!r}: {why}")
+                    collector.fail(tuple_, f"Redis rejected the lease of {id_!r}: {why}")
             else:
                 for k, (tuple_, id_) in enumerate(answered):
                     settlement, exc = self._run(tuple_.record, id_, run.token + k, run.attempts)
@@ -291,12 +291,12 @@ class IdempotencyBolt(Bolt):
                 if item.done:
                     collector.ack(tuple_)
                 elif isinstance(raised.get(i), KafkaUnavailable):
-                    # FAILED in Redis, so a replay claims it; no attempt spent
+                    # FAILED in Redis, so a replay leases it; no attempt spent
                     collector.release(tuple_, item.error or "Kafka unavailable")
                 else:
                     collector.fail(tuple_, raised.get(i) or item.error or "failed")
             elif status is SettleStatus.STALE:
-                collector.defer(tuple_)  # another claim holds it now: it settles the message
+                collector.defer(tuple_)  # another lease holds it now: it settles the message
             elif status is SettleStatus.LOST:
                 collector.fail(tuple_, f"idempotency record of {item.id!r} vanished from Redis")
             else:
@@ -305,7 +305,7 @@ class IdempotencyBolt(Bolt):
     def _run(
         self, record: Record, id_: str, token: int, attempt: int
     ) -> tuple[Settlement, Exception | None]:
-        """Run the handler on one claimed message: how it ended, to settle, and what it raised
+        """Run the handler on one leased message: how it ended, to settle, and what it raised
         (a `KafkaUnavailable`, an outage of a Kafka it writes to, is not its fault)."""
         effects = Effects(self._store, id_, token, attempt, record.partition)
         thread_beacon().current = record

@@ -942,7 +942,7 @@ def _dedup_bolt() -> Bolt:
     ],
 )
 def test_the_dedup_bolt_anywhere_but_first_is_refused(chain: Any, position: int) -> None:
-    """After a fan-out, sibling tuples share their root's id: the first would claim it and the
+    """After a fan-out, sibling tuples share their root's id: the first would lease it and the
     rest be found DONE (one effect of several applied, the root acked as DUPLICATE)."""
     with pytest.raises(ChainError) as caught:
         Topology.of(chain(_dedup_bolt()))
