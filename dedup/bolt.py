@@ -124,7 +124,7 @@ class Effects:
         the answer, so a write that follows a True can still land as a zombie's. Effects outside
         Redis need a sink that checks the token in the same transaction as the write
         (`dedup.postgres.PostgresSink`)."""
-        return self._store.fence_ok(self.id, self.token, self.partition)
+        return self._store.still_holds(self.id, self.token, self.partition)
 
 
 EffectHandler = Callable[[Record, Effects], object]

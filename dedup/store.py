@@ -373,7 +373,7 @@ class IdempotencyStore:
             return None
         return IdRecord.decode(raw if isinstance(raw, bytes) else raw.encode())
 
-    def fence_ok(self, id: str, token: int, partition: int = 0) -> bool:
+    def still_holds(self, id: str, token: int, partition: int = 0) -> bool:
         """True while `token` holds `id`'s lease (IN_FLIGHT with this token): a sink outside
         Redis checks this before writing, so a zombie whose lease was superseded writes nothing.
         (The check and the write are not atomic; for that, use effects in `settle`.)"""

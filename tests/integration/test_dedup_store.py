@@ -329,7 +329,7 @@ def test_a_client_decoding_responses_works_too(
         assert store.lease(["a"], "w2")[0].status is DUPLICATE
         record = store.record("b")
         assert record is not None and record.token == b.token
-        assert store.fence_ok("b", b.token)
+        assert store.still_holds("b", b.token)
     finally:
         client.close()
 
@@ -382,13 +382,13 @@ def test_a_zombie_done_with_effects_after_a_new_lease_applies_nothing(
 
     assert late == [STALE]
     assert redis_client.get(counter) is None
-    assert not store.fence_ok("m", zombie.token)
-    assert store.fence_ok("m", current.token)
+    assert not store.still_holds("m", zombie.token)
+    assert store.still_holds("m", current.token)
     assert store.settle(
         [Settlement("m", current.token, True, effects=[("INCRBY", counter, 1)])]
     ) == [SETTLED]
     assert redis_client.get(counter) == b"1"
-    assert not store.fence_ok("m", current.token)  # settled: no token holds a lease any more
+    assert not store.still_holds("m", current.token)  # settled: no token holds a lease any more
 
 
 def test_an_effect_redis_would_reject_settles_the_item_failed_and_applies_none(
