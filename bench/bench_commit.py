@@ -11,9 +11,9 @@ for those 1,000 partitions, it times:
   requests per broker) against the loop the driver, `kspout status` and the streaming planner
   used before, `KafkaMetadata.watermarks` once per partition (a round trip each);
 * a commit of every partition, three ways: `commit` once per partition, each waiting for its
-  answer; `ZkOffsetStore.commit_all` with `chunk_writes=1` (each partition's fenced
+  answer; `ZkOffsetStore.commit_all` with `bundle_writes=1` (each partition's fenced
   compare-and-set transaction, all sent before any answer is awaited); and `commit_all` as the
-  driver calls it (chunks of up to 100 partitions in one transaction each, pipelined). All
+  driver calls it (bundles of up to 100 partitions in one transaction each, pipelined). All
   write the same records: storm-kafka's JSON with kspout's fields (finished runs, emitted,
   history), fenced by a claim on every partition;
 * a read of every record (what `kspout status`, `lag` and `offsets show` do): the listing then
@@ -43,7 +43,7 @@ from kspout.devstack import KafkaCluster
 from kspout.kafka import KafkaMetadata
 from kspout.ownership.tree import SpoutTree
 from kspout.zk.claims import claim_partition
-from kspout.zk.offsets import CHUNK_WRITES, OffsetWrite, ZkOffsetStore
+from kspout.zk.offsets import BUNDLE_WRITES, OffsetWrite, ZkOffsetStore
 from kspout.zk.record import StoredOffset, encode_done
 from kspout.zk.session import ZkSession
 
@@ -112,10 +112,10 @@ class Records:
                 p, w.offset, version=w.version, broker=w.broker, extra=w.extra, fence=w.fence
             )
 
-    def batched(self, offset: int, chunk_writes: int = CHUNK_WRITES) -> None:
+    def batched(self, offset: int, bundle_writes: int = BUNDLE_WRITES) -> None:
         """Commit every partition at `offset` in one `commit_all`."""
         writes = [self.write(p, offset) for p in range(PARTITIONS)]
-        outcomes = self.store.commit_all(writes, chunk_writes=chunk_writes)
+        outcomes = self.store.commit_all(writes, bundle_writes=bundle_writes)
         for p, outcome in outcomes.items():
             assert isinstance(outcome, int), outcome
             self.versions[p] = outcome
@@ -140,9 +140,9 @@ def time_zookeeper(config: TopicConfig, rounds: int) -> dict[str, float]:
         figures = {
             "commit: one at a time": best(rounds, lambda n: records.one_by_one(3000 * n)),
             "commit: pipelined, a transaction per partition": best(
-                rounds, lambda n: records.batched(3000 * n + 1000, chunk_writes=1)
+                rounds, lambda n: records.batched(3000 * n + 1000, bundle_writes=1)
             ),
-            f"commit: pipelined, {CHUNK_WRITES} partitions per transaction": best(
+            f"commit: pipelined, {BUNDLE_WRITES} partitions per transaction": best(
                 rounds, lambda n: records.batched(3000 * n + 2000)
             ),
         }

@@ -1,4 +1,4 @@
-"""dedup claim+settle throughput: one client beside `redis-benchmark -t set -P 64` on one server,
+"""dedup lease+settle throughput: one client beside `redis-benchmark -t set -P 64` on one server,
 and several clients on one server, a 1-master and a 3-master Redis Cluster, in one run.
 
     python -m bench.bench_dedup            # 10**6 ids per case (a few minutes)
@@ -8,15 +8,15 @@ and several clients on one server, a 1-master and a 3-master Redis Cluster, in o
 Every server is its own `redis-server` on a free loopback port, append-only file on with
 `appendfsync everysec`, as in production; the clusters are local `--cluster-enabled yes` masters
 without replicas. Part one measures the server's pipelined SET rate with `redis-benchmark` (the
-baseline), then times one client claiming and settling fresh ids in batches, each batch one
-claim call and one settle call (two round trips), as a bolt's task does. Part two runs
-`--clients` processes at once, each claiming and settling batches of one Kafka partition at a
+baseline), then times one client leasing and settling fresh ids in batches, each batch one
+lease call and one settle call (two round trips), as a bolt's task does. Part two runs
+`--clients` processes at once, each leasing and settling batches of one Kafka partition at a
 time (its share of `--partitions`), against one server, then a 1-master and a 3-master cluster,
 and prints the cluster's rate over the one server's. The fences are set to epoch 1 before a case
 starts, so the epoch source is never consulted while one runs. Rewrites of the append-only file
 happen during a case, as in production, but each single-client case starts with none running.
 
-Targets from design.md ("Performance targets"): claim+settle >= 15% of the SET rate per client;
+Targets from design.md ("Performance targets"): lease+settle >= 15% of the SET rate per client;
 >= 2.5x on a 3-master cluster over one server. This is a benchmark, not a test: it prints
 met/missed and always exits 0.
 """
@@ -41,7 +41,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from bench.report import table
-from dedup import ClaimStatus, IdempotencyStore, Settlement, SettleStatus
+from dedup import IdempotencyStore, LeaseStatus, Settlement, SettleStatus
 from dedup.records import Effect
 from dedup.wire import Client
 from kspout.devstack import RedisServer
@@ -108,10 +108,10 @@ def wait_for_rewrite(client: redis.Redis) -> None:
 Effects = Callable[[str], list[Effect]]
 
 
-def claim_settle(
+def lease_settle(
     store: IdempotencyStore, ids: Sequence[str], effects: Effects | None, partition: int = 0
 ) -> float:
-    """Seconds to claim and settle DONE all `ids` (of one partition) in batches of BATCH."""
+    """Seconds to lease and settle DONE all `ids` (of one partition) in batches of BATCH."""
     t0 = time.perf_counter()
     for lo in range(0, len(ids), BATCH):
         batch = ids[lo : lo + BATCH]
@@ -124,8 +124,8 @@ def claim_settle(
                 effects(batch[run.start + k]) if effects else (),
                 run.attempts,
             )
-            for run in store.claim_runs(batch, "bench", partition)
-            if run.status is ClaimStatus.CLAIMED
+            for run in store.lease_runs(batch, "bench", partition)
+            if run.status is LeaseStatus.LEASED
             for k in range(run.length)
         ]
         statuses = store.settle(items, partition)
@@ -135,11 +135,11 @@ def claim_settle(
 
 
 def replay(store: IdempotencyStore, ids: list[str]) -> float:
-    """Seconds to claim already-DONE `ids` again (all DUPLICATE), in batches of BATCH."""
+    """Seconds to lease already-DONE `ids` again (all DUPLICATE), in batches of BATCH."""
     t0 = time.perf_counter()
     for lo in range(0, len(ids), BATCH):
-        [run] = store.claim_runs(ids[lo : lo + BATCH], "bench")
-        assert run.status is ClaimStatus.DUPLICATE
+        [run] = store.lease_runs(ids[lo : lo + BATCH], "bench")
+        assert run.status is LeaseStatus.DUPLICATE
     return time.perf_counter() - t0
 
 
@@ -156,18 +156,18 @@ def one_client(workdir: Path, n: int) -> tuple[float, list[tuple[str, float, flo
         client.flushall()
         store = new_store(client, "bench")
         preset_fences(client, store, 1)
-        claim_settle(store, [f"warm-{i}" for i in range(BATCH * 5)], None)
+        lease_settle(store, [f"warm-{i}" for i in range(BATCH * 5)], None)
 
         def hincrby(id: str) -> list[Effect]:
             return [("HINCRBY", "bench:counts", id[-2:], 1)]
 
         plain = [f"m-{i}" for i in range(n)]
         cases: list[tuple[str, Callable[[], float]]] = [
-            ("claim+settle DONE", lambda: claim_settle(store, plain, None)),
-            ("claim of DONE ids (DUPLICATE, no settle)", lambda: replay(store, plain)),
+            ("lease+settle DONE", lambda: lease_settle(store, plain, None)),
+            ("lease of DONE ids (DUPLICATE, no settle)", lambda: replay(store, plain)),
             (
-                "claim+settle DONE + 1 HINCRBY effect",
-                lambda: claim_settle(store, [f"e-{i}" for i in range(n)], hincrby),
+                "lease+settle DONE + 1 HINCRBY effect",
+                lambda: lease_settle(store, [f"e-{i}" for i in range(n)], hincrby),
             ),
         ]
         rows = []
@@ -192,7 +192,7 @@ def one_client(workdir: Path, n: int) -> tuple[float, list[tuple[str, float, flo
 def worker(
     url: str, cluster: bool, namespace: str, mine: list[int], n: int, start: Barrier
 ) -> float:
-    """One client process: claim and settle `n` fresh ids, a batch of one partition at a time,
+    """One client process: lease and settle `n` fresh ids, a batch of one partition at a time,
     round robin over the partitions `mine`; the seconds it took after the common start."""
     client: Client = RedisCluster.from_url(url) if cluster else redis.Redis.from_url(url)
     store = new_store(client, namespace)
@@ -200,7 +200,7 @@ def worker(
     start.wait()
     t0 = time.perf_counter()
     for number, lo in enumerate(range(0, n, BATCH)):
-        claim_settle(store, ids[lo : lo + BATCH], None, mine[number % len(mine)])
+        lease_settle(store, ids[lo : lo + BATCH], None, mine[number % len(mine)])
     return time.perf_counter() - t0
 
 
@@ -211,7 +211,7 @@ def _run_worker(args: tuple[str, bool, str, list[int], int, Barrier]) -> float:
 def many_clients(
     url: str, cluster: bool, clients: int, partitions: int, n: int
 ) -> tuple[float, list[int]]:
-    """ids/s of `clients` processes claiming and settling `n` ids in all, at once; and how many
+    """ids/s of `clients` processes leasing and settling `n` ids in all, at once; and how many
     of the partitions' shards each server holds."""
     client: Client = RedisCluster.from_url(url) if cluster else redis.Redis.from_url(url)
     namespace = f"bench-{time.monotonic_ns()}"
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         rates = scaling(Path(workdir), args.clients, args.partitions, n)
 
     print(
-        f"dedup claim+settle, batches of {BATCH}: {n:,} ids per case; redis-server with "
+        f"dedup lease+settle, batches of {BATCH}: {n:,} ids per case; redis-server with "
         "appendonly yes, appendfsync everysec"
     )
     print(

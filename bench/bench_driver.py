@@ -79,7 +79,7 @@ class AnsweringExecutor:
             for span in plan.spans
             for o in range(span.start, span.end)
         ]
-        return TaskResult(task.topic, task.partition, plan.epoch, outcomes)
+        return TaskResult(task.topic, task.partition, plan.generation, outcomes)
 
     def cancel(self, batch: int) -> None:
         """Nothing runs in the background: nothing to cancel."""
@@ -135,7 +135,7 @@ def build_spans(driver: Driver, per_partition: int) -> None:
         print(f"  planned and answered {emitted:,} offsets", flush=True)
         if emitted >= PARTITIONS * per_partition:
             break
-    waiting = sum(s.failed for s in stats)
+    waiting = sum(s.waiting for s in stats)
     print(f"  {waiting:,} offsets wait for a retry, in {time.perf_counter() - started:.1f} s")
 
 

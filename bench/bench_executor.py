@@ -99,7 +99,7 @@ HANDLER_TARGET, BOLT_TARGET, STAGES_TARGET = 1.0, 0.7, 0.3
 COMPRESSION = "lz4"
 PARTITIONS = 4  # of every topic this bench creates (kspout on `local[2]`: two tasks at once)
 VALUE_BYTES = 100
-CHUNK = 5000  # messages per consume() call in the bare loop (kspout's fetcher uses the same)
+PER_CONSUME = 5000  # messages per consume() call in the bare loop (kspout's fetcher uses the same)
 ZK_ROOT = "/bench-executor"
 MASTER = "local[2]"
 REPEAT = 3  # bare loops and in-process cases: best of REPEAT
@@ -219,7 +219,7 @@ def bare_values(
     seen = 0
     size = 0
     while seen < n:
-        for msg in consumer.consume(num_messages=CHUNK, timeout=1.0):
+        for msg in consumer.consume(num_messages=PER_CONSUME, timeout=1.0):
             if msg.error() is None:
                 size += len(msg.value() or b"")
                 seen += 1
@@ -240,7 +240,7 @@ def bare_values_serial(brokers: str, topic: str, n: int) -> float:
         consumer.assign([TopicPartition(topic, p, 0)])
         seen = 0
         while seen < per:
-            for msg in consumer.consume(num_messages=min(CHUNK, per - seen), timeout=1.0):
+            for msg in consumer.consume(num_messages=min(PER_CONSUME, per - seen), timeout=1.0):
                 if msg.error() is None:
                     size += len(msg.value() or b"")
                     seen += 1
@@ -257,7 +257,7 @@ def bare_fields(brokers: str, topic: str, n: int) -> float:
     seen = 0
     checksum = 0
     while seen < n:
-        for msg in consumer.consume(num_messages=CHUNK, timeout=1.0):
+        for msg in consumer.consume(num_messages=PER_CONSUME, timeout=1.0):
             if msg.error() is None:
                 fields = (
                     msg.topic(),

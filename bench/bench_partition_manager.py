@@ -140,7 +140,7 @@ def pm_fail_each(order: Callable[[int], list[int]]) -> Prepare:
             fail = pm.fail
             for o in offsets:
                 fail(o, EXC, None, 1)
-            assert pm.stats().failed == n
+            assert pm.stats().waiting == n
 
         return work
 
@@ -166,7 +166,7 @@ def pm_ack_batch(n: int) -> Work:
     pm, outcomes = planned_pm(n), [Outcome(o, OutcomeKind.ACK, 1) for o in range(n)]
 
     def work() -> None:
-        pm.apply(outcomes, epoch=pm.epoch)
+        pm.apply(outcomes, generation=pm.generation)
         assert pm.commit_point == n
 
     return work
@@ -186,8 +186,8 @@ def pm_apply(n: int) -> Work:
     pm, outcomes = planned_pm(n), _outcomes(n)
 
     def work() -> None:
-        pm.apply(outcomes, epoch=pm.epoch)
-        assert pm.stats().failed == n // FAIL_EVERY
+        pm.apply(outcomes, generation=pm.generation)
+        assert pm.stats().waiting == n // FAIL_EVERY
 
     return work
 

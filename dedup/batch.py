@@ -17,12 +17,12 @@ the same on every replay:
 
     df.writeStream.foreachBatch(ExactlyOnce(apply, config)).option("checkpointLocation", ...)
 
-The rows stay on the executors: per Spark partition, in chunks of `CHUNK` rows, their ids are
-claimed in one Redis round trip, `apply` runs on the claimed ones, and they settle in one more,
+The rows stay on the executors: per Spark partition, `ROWS_PER_CALL` rows at a time, their ids are
+leased in one Redis round trip, `apply` runs on the leased ones, and they settle in one more,
 the Redis effects atomically with DONE (effects in PostgreSQL: `dedup.postgres.PostgresSink`,
-given `effects`). A row whose id is DONE is skipped (a duplicate). A row claimed elsewhere (a
+given `effects`). A row whose id is DONE is skipped (a duplicate). A row leased elsewhere (a
 task of an earlier attempt of the batch, still running) is waited for: it ends DONE, or its
-lease runs out and it is claimed here. The batch fails, and Spark runs it again, when `apply`
+lease runs out and it is leased here. The batch fails, and Spark runs it again, when `apply`
 raised (`HandlerFailed`: that row runs again, the others are duplicates), when a settlement
 was not confirmed (`SettlementRefused`), and when a row has no id (`MissingMessageId`).
 
@@ -55,7 +55,7 @@ from dedup.errors import (
     SettlementRefused,
 )
 from dedup.ids import id_reader
-from dedup.records import Claim, ClaimStatus, Settlement, SettleStatus
+from dedup.records import Lease, LeaseStatus, Settlement, SettleStatus
 from dedup.store import IdempotencyStore
 from kspout.config import TopicConfig
 from kspout.kafka import Record
@@ -69,8 +69,8 @@ log = logging.getLogger(__name__)
 Key = Literal["id", "offset"]
 RowHandler = Callable[["Row", Effects], object]
 
-CHUNK = 1000  # rows per claim and per settlement: two Redis round trips per 1,000 rows
-POLL = 0.5  # seconds between two claims of rows held by a live claim elsewhere
+ROWS_PER_CALL = 1000  # rows per lease and per settlement: two Redis round trips per 1,000 rows
+POLL = 0.5  # seconds between two leases of rows held by a live lease elsewhere
 POSITION = ("topic", "partition", "offset")  # columns every row needs (ids, errors)
 ID_COLUMN = {"key": "key", "header": "headers", "json": "value"}  # by `[dedup] id_source` kind
 
@@ -137,15 +137,15 @@ def apply_rows(
     patience = 2 * config.dedup.lease  # a holder that died loses its lease within one
     total = Applied()
     it = iter(rows)
-    while chunk := list(islice(it, CHUNK)):
-        ids = [id_of(row) for row in chunk]
-        partitions = [row["partition"] for row in chunk]
-        claimed = _claim(store, ids, partitions, owner, patience, sleep, clock)
-        total += _run(store, chunk, claimed, handler)
+    while part := list(islice(it, ROWS_PER_CALL)):
+        ids = [id_of(row) for row in part]
+        partitions = [row["partition"] for row in part]
+        leased = _lease(store, ids, partitions, owner, patience, sleep, clock)
+        total += _run(store, part, leased, handler)
     return total
 
 
-def _claim(
+def _lease(
     store: IdempotencyStore,
     ids: list[str],
     partitions: list[int],
@@ -153,57 +153,57 @@ def _claim(
     patience: float,
     sleep: Callable[[float], None],
     clock: Callable[[], float],
-) -> list[tuple[str, Claim | None]]:
-    """Each id with its claim, None for a repeat of an id earlier in `ids` with the same record
-    (a duplicate); claims held by a live owner elsewhere are waited for, at most `patience`
+) -> list[tuple[str, Lease | None]]:
+    """Each id with its lease, None for a repeat of an id earlier in `ids` with the same record
+    (a duplicate); leases held by a live owner elsewhere are waited for, at most `patience`
     seconds."""
     records = [(store.key(id_, p), id_, p) for id_, p in zip(ids, partitions, strict=True)]
     firsts: dict[str, tuple[str, str, int]] = {}
-    for record in records:  # one claim per record key: a repeat in one call defers itself
+    for record in records:  # one lease per record key: a repeat in one call defers itself
         firsts.setdefault(record[0], record)
-    claims = dict(zip(firsts, _claim_each(store, list(firsts.values()), owner), strict=True))
+    leases = dict(zip(firsts, _lease_each(store, list(firsts.values()), owner), strict=True))
     deadline = clock() + patience
-    while waiting := [k for k, c in claims.items() if c.status is ClaimStatus.DEFERRED]:
+    while waiting := [k for k, c in leases.items() if c.status is LeaseStatus.DEFERRED]:
         if clock() >= deadline:
             raise InFlightElsewhere(firsts[waiting[0]][1], patience)
-        sleep(min(POLL, max(claims[k].retry_after_ms for k in waiting) / 1000))
-        again = _claim_each(store, [firsts[k] for k in waiting], owner)
-        claims.update(zip(waiting, again, strict=True))
+        sleep(min(POLL, max(leases[k].retry_after_ms for k in waiting) / 1000))
+        again = _lease_each(store, [firsts[k] for k in waiting], owner)
+        leases.update(zip(waiting, again, strict=True))
     seen: set[str] = set()
-    out: list[tuple[str, Claim | None]] = []
+    out: list[tuple[str, Lease | None]] = []
     for key, id_, _ in records:
-        out.append((id_, None if key in seen else claims[key]))
+        out.append((id_, None if key in seen else leases[key]))
         seen.add(key)
     return out
 
 
-def _claim_each(
+def _lease_each(
     store: IdempotencyStore, records: Sequence[tuple[str, str, int]], owner: str
-) -> list[Claim]:
-    """The claims of `(key, id, partition)` records, in order."""
-    return store.claim([r[1] for r in records], owner, [r[2] for r in records])
+) -> list[Lease]:
+    """The leases of `(key, id, partition)` records, in order."""
+    return store.lease([r[1] for r in records], owner, [r[2] for r in records])
 
 
 def _run(
     store: IdempotencyStore,
     rows: Sequence[Row],
-    claimed: Sequence[tuple[str, Claim | None]],
+    leased: Sequence[tuple[str, Lease | None]],
     handler: RowHandler,
 ) -> Applied:
-    """Run the handler on the claimed rows, settle them in one call, raise if any failed."""
+    """Run the handler on the leased rows, settle them in one call, raise if any failed."""
     settlements: list[Settlement] = []
     ran: list[Row] = []
     failures: list[tuple[Row, str, str]] = []
     refused: list[tuple[Row, str, str]] = []
     duplicates = 0
-    for row, (id_, claim) in zip(rows, claimed, strict=True):
-        if claim is None or claim.status is ClaimStatus.DUPLICATE:
+    for row, (id_, lease) in zip(rows, leased, strict=True):
+        if lease is None or lease.status is LeaseStatus.DUPLICATE:
             duplicates += 1
             continue
-        if claim.status is ClaimStatus.REJECTED:
-            refused.append((row, id_, f"Redis rejected the claim: {claim.error}"))
+        if lease.status is LeaseStatus.REJECTED:
+            refused.append((row, id_, f"Redis rejected the lease: {lease.error}"))
             continue
-        token, attempts = claim.token, claim.attempts
+        token, attempts = lease.token, lease.attempts
         effects = Effects(store, id_, token, attempts, row["partition"])
         try:
             handler(row, effects)
@@ -219,7 +219,7 @@ def _run(
         if status is SettleStatus.SETTLED:
             applied += item.done
         elif status is SettleStatus.STALE:
-            refused.append((row, item.id, "another claim holds it now (this one's lease ran out)"))
+            refused.append((row, item.id, "another lease holds it now (this one ran out)"))
         elif status is SettleStatus.LOST:
             refused.append((row, item.id, "its record vanished from Redis"))
         else:

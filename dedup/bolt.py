@@ -1,19 +1,19 @@
 """`IdempotencyBolt`: exactly-once effects for a handler, across replays, crashes and timeouts.
 
 It wraps the handler that applies a message's side effects and runs first in its stage. Per
-task it makes two Redis round trips: one claim for every message id of the batch, one
+task it makes two Redis round trips: one lease for every message id of the batch, one
 settlement for all of them.
 
 * DONE before: the message is acked as a DUPLICATE; the handler does not run.
 * In flight in another task with a live lease (a timeout replay while the original still
   runs): DEFERRED, offered again after `defer_delay` without spending an attempt.
-* Claimed: the handler runs with an `Effects` buffer. If it returns, its Redis effects are
-  applied and the record marked DONE in one Lua call, only if this claim's fencing token still
+* Leased: the handler runs with an `Effects` buffer. If it returns, its Redis effects are
+  applied and the record marked DONE in one Lua call, only if this lease's fencing token still
   holds the record. If it raises, the record is marked FAILED and the message fails with
   EXCEPTION, to be retried; if what it raised is `KafkaUnavailable` (a Kafka it writes to is
   down: `KafkaOutput.flush`), the message is released instead, no attempt spent, and so it is
-  if it raised `FencedOut` and Redis still took its claim as current (Redis lost the newer
-  claim with its last writes, and a replay's claim will outrun the sink's token).
+  if it raised `FencedOut` and Redis still took its lease as current (Redis lost the newer
+  lease with its last writes, and a replay's lease will outrun the sink's token).
 * No id: the message goes to the dead-letter topic (INVALID), counted.
 * REJECTED (the id's record key, or one of its effects, is something Redis would refuse:
   another type, a non-integer, an overflow): the message fails with EXCEPTION and Redis's
@@ -25,8 +25,8 @@ settlement for all of them.
   acked as a DUPLICATE once the replicas have it (DEFERRED until then); one that finds it
   lost runs again.
 
-So a task that dies without a word leaves a lease that expires and is claimed again (nothing
-lost); an original that times out and throws later settles FAILED, and the next replay claims
+So a task that dies without a word leaves a lease that expires and is leased again (nothing
+lost); an original that times out and throws later settles FAILED, and the next replay leases
 and runs it (nothing stuck); a zombie whose lease was taken over finds its settlement refused
 (nothing applied twice).
 """
@@ -39,7 +39,6 @@ import socket
 import ssl
 import uuid
 from collections.abc import Callable, Sequence
-from functools import cache
 
 import redis
 from kazoo.client import KazooClient
@@ -50,7 +49,7 @@ from dedup.effects import check_effect
 from dedup.epoch import ZkEpoch
 from dedup.errors import FencedOut, NotDurable
 from dedup.ids import IdReader, id_reader
-from dedup.records import ClaimStatus, Effect, Settlement, SettleStatus
+from dedup.records import Effect, LeaseStatus, Settlement, SettleStatus
 from dedup.server_checks import require_wait_aof, server_durability_warnings
 from dedup.store import IdempotencyStore
 from dedup.wire import Client
@@ -60,6 +59,7 @@ from kspout.config import TopicConfig
 from kspout.errors import KafkaUnavailable, RedisLoginRefused, RedisTlsRefused, RedisUnavailable
 from kspout.kafka import Record
 from kspout.outcomes import describe_error
+from kspout.worker_clients import WorkerClients
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +72,10 @@ def _tls_refused(exc: BaseException) -> bool:
 
 
 class Effects:
-    """One claimed message's side effects, applied atomically with marking it DONE.
+    """One leased message's side effects, applied atomically with marking it DONE.
 
     Add Redis writes (`hincrby`, `incrby`, `sadd`, `set`, `hset`); they happen only if the
-    handler returns and this claim still holds the message. On a Redis Cluster every key must
+    handler returns and this lease still holds the message. On a Redis Cluster every key must
     carry the message's hash tag, `{<namespace>:p<partition>}`, to be in its record's slot:
     name keys with `key(name)`, which works on one server too. For effects in PostgreSQL, pass
     this object to `dedup.postgres.PostgresSink.write`, which commits them with the `token`
@@ -89,8 +89,8 @@ class Effects:
     ) -> None:
         self._store = store
         self.id = id
-        self.token = token  # the fencing token: strictly increasing per claim
-        self.attempt = attempt  # 1 for the first claim of this id
+        self.token = token  # the fencing token: strictly increasing per lease
+        self.attempt = attempt  # 1 for the first lease of this id
         self.partition = partition  # the message's Kafka partition: its record's shard
         self.commands: list[Effect] = []
 
@@ -120,13 +120,13 @@ class Effects:
         self.add("HSET", key, field, value)
 
     def still_owner(self) -> bool:
-        """True if this claim held the message when Redis answered, and no more than that.
+        """True if this lease held the message when Redis answered, and no more than that.
 
-        Not a fence: the lease can run out and a newer claim take the message over right after
+        Not a fence: the lease can run out and a newer lease take the message over right after
         the answer, so a write that follows a True can still land as a zombie's. Effects outside
         Redis need a sink that checks the token in the same transaction as the write
         (`dedup.postgres.PostgresSink`)."""
-        return self._store.fence_ok(self.id, self.token, self.partition)
+        return self._store.still_holds(self.id, self.token, self.partition)
 
 
 EffectHandler = Callable[[Record, Effects], object]
@@ -136,18 +136,19 @@ EffectHandler = Callable[[Record, Effects], object]
 REDIS_CONNECT_TIMEOUT = 10.0
 
 
-@cache
-def _redis(args: tuple[tuple[str, object], ...], cluster: bool) -> Client:
-    """This worker's client for `[redis]` (`cluster = true`: a Redis Cluster's)."""
-    settings = dict(args) | {"socket_connect_timeout": REDIS_CONNECT_TIMEOUT}
-    if cluster:
-        return RedisCluster.from_url(**settings)  # type: ignore[arg-type]
-    return redis.Redis.from_url(**settings)  # type: ignore[arg-type]
+def _new_redis(config: TopicConfig) -> Client:
+    settings = config.redis_args() | {"socket_connect_timeout": REDIS_CONNECT_TIMEOUT}
+    if config.redis.cluster:
+        return RedisCluster.from_url(**settings)
+    return redis.Redis.from_url(**settings)
+
+
+_redis = WorkerClients(_new_redis)
 
 
 def redis_client(config: TopicConfig) -> Client:
-    """The shared client of the topic's `[redis]` settings in this process."""
-    return _redis(tuple(sorted(config.redis_args().items())), config.redis.cluster)
+    """This worker's client for the topic's `[redis]` (`cluster = true`: a Redis Cluster's)."""
+    return _redis.get(config)
 
 
 def primaries(client: Client) -> list[redis.Redis]:
@@ -158,50 +159,36 @@ def primaries(client: Client) -> list[redis.Redis]:
     return [client]
 
 
-_zookeepers: dict[str, KazooClient] = {}
-
-
-def _zookeeper(config: TopicConfig) -> KazooClient:
-    """This worker's ZooKeeper client for the config's ensemble and credentials (with
+def _new_zookeeper(config: TopicConfig) -> KazooClient:
+    """A started ZooKeeper client for the config's ensemble and credentials (with
     `[zookeeper_auth]`, the epoch znode gets the same digest ACL as the offsets)."""
-    args = config.kazoo_args()
-    key = repr(sorted(args.items()))
-    client = _zookeepers.get(key)
-    if client is None:
-        client = KazooClient(**args, timeout=10.0)
-        client.start(timeout=15.0)
-        _zookeepers[key] = client
+    client = KazooClient(**config.kazoo_args(), timeout=10.0)
+    client.start(timeout=15.0)
     return client
 
 
-_stores: dict[tuple[object, ...], IdempotencyStore] = {}
+_zookeepers = WorkerClients(_new_zookeeper)
+
+
+def _new_store(config: TopicConfig, namespace: str) -> IdempotencyStore:
+    return IdempotencyStore(
+        redis_client(config),
+        namespace=namespace,
+        lease_ms=int(config.dedup.lease * 1000),
+        done_ttl_ms=int(config.dedup.ttl * 1000),
+        epoch_source=ZkEpoch(_zookeepers.get(config), f"{config.zk_root}/dedup/{namespace}/epoch"),
+        wait_replicas=config.dedup.wait_replicas,
+        wait_timeout_ms=max(1, int(config.dedup.wait_timeout * 1000)),
+        wait_aof=config.dedup.wait_aof,
+    )
+
+
+_stores = WorkerClients(_new_store)
 
 
 def worker_store(config: TopicConfig, namespace: str) -> IdempotencyStore:
     """This Python worker's store for the namespace (clients are made here, not shipped)."""
-    redis_args = tuple(sorted(config.redis_args().items()))
-    key = (
-        redis_args,
-        config.redis.cluster,  # the client's kind, and so the records' layout
-        repr(sorted(config.kazoo_args().items())),
-        config.zk_root,
-        namespace,
-        config.dedup,
-    )
-    store = _stores.get(key)
-    if store is None:
-        path = f"{config.zk_root}/dedup/{namespace}/epoch"
-        store = _stores[key] = IdempotencyStore(
-            redis_client(config),
-            namespace=namespace,
-            lease_ms=int(config.dedup.lease * 1000),
-            done_ttl_ms=int(config.dedup.ttl * 1000),
-            epoch_source=ZkEpoch(_zookeeper(config), path),
-            wait_replicas=config.dedup.wait_replicas,
-            wait_timeout_ms=max(1, int(config.dedup.wait_timeout * 1000)),
-            wait_aof=config.dedup.wait_aof,
-        )
-    return store
+    return _stores.get(config, namespace)
 
 
 class IdempotencyBolt(Bolt):
@@ -258,7 +245,7 @@ class IdempotencyBolt(Bolt):
         self.execute_batch([tuple_], collector)
 
     def execute_batch(self, tuples: Sequence[Tuple], collector: Collector) -> None:
-        """Claim the batch's ids, run the handler on the claimed ones, settle them together."""
+        """Lease the batch's ids, run the handler on the leased ones, settle them together."""
         store = self._store
         ids: list[str] = []
         known: list[Tuple] = []
@@ -273,18 +260,18 @@ class IdempotencyBolt(Bolt):
         settlements: list[Settlement] = []
         ran: list[Tuple] = []
         raised: dict[int, Exception] = {}  # by index into `ran`: what its handler raised
-        for run in store.claim_runs(ids, self._owner, partitions):
+        for run in store.lease_runs(ids, self._owner, partitions):
             end = run.start + run.length
             answered = zip(known[run.start : end], ids[run.start : end], strict=True)
-            if run.status is ClaimStatus.DUPLICATE:
+            if run.status is LeaseStatus.DUPLICATE:
                 for tuple_, _ in answered:
                     collector.duplicate(tuple_)
-            elif run.status is ClaimStatus.DEFERRED:
+            elif run.status is LeaseStatus.DEFERRED:
                 for tuple_, _ in answered:
                     collector.defer(tuple_)
-            elif run.status is ClaimStatus.REJECTED:
+            elif run.status is LeaseStatus.REJECTED:
                 for (tuple_, id_), why in zip(answered, run.errors, strict=True):
-                    collector.fail(tuple_, f"Redis rejected the claim of {id_!r}: {why}")
+                    collector.fail(tuple_, f"Redis rejected the lease of {id_!r}: {why}")
             else:
                 for k, (tuple_, id_) in enumerate(answered):
                     settlement, exc = self._run(tuple_.record, id_, run.token + k, run.attempts)
@@ -306,17 +293,17 @@ class IdempotencyBolt(Bolt):
                 if item.done:
                     collector.ack(tuple_)
                 elif isinstance(raised.get(i), KafkaUnavailable):
-                    # FAILED in Redis, so a replay claims it; no attempt spent
+                    # FAILED in Redis, so a replay leases it; no attempt spent
                     collector.release(tuple_, item.error or "Kafka unavailable")
                 elif isinstance(raised.get(i), FencedOut):
-                    # The sink holds a higher token, yet Redis took this claim as current: Redis
-                    # lost the claim that wrote (its last writes, in a machine crash) and handed
-                    # out a lower token again. No fault of the message: a replay claims it anew.
+                    # The sink holds a higher token, yet Redis took this lease as current: Redis
+                    # lost the lease that wrote (its last writes, in a machine crash) and handed
+                    # out a lower token again. No fault of the message: a replay leases it anew.
                     collector.release(tuple_, f"{item.error}; Redis had lost that newer claim")
                 else:
                     collector.fail(tuple_, raised.get(i) or item.error or "failed")
             elif status is SettleStatus.STALE:
-                collector.defer(tuple_)  # another claim holds it now: it settles the message
+                collector.defer(tuple_)  # another lease holds it now: it settles the message
             elif status is SettleStatus.LOST:
                 collector.fail(tuple_, f"idempotency record of {item.id!r} vanished from Redis")
             else:
@@ -325,7 +312,7 @@ class IdempotencyBolt(Bolt):
     def _run(
         self, record: Record, id_: str, token: int, attempt: int
     ) -> tuple[Settlement, Exception | None]:
-        """Run the handler on one claimed message: how it ended, to settle, and what it raised
+        """Run the handler on one leased message: how it ended, to settle, and what it raised
         (a `KafkaUnavailable`, an outage of a Kafka it writes to, is not its fault)."""
         effects = Effects(self._store, id_, token, attempt, record.partition)
         thread_beacon().current = record

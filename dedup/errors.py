@@ -4,7 +4,7 @@
   is offered again (a replay, the query's next batch, a server back up).
 * `FixSetup`: the caller's code, the configuration, the server or a producer must change; the
   same call fails the same way until then.
-* `GiveUp`: a newer claim already holds the work (fenced out), or state the guarantees rest on
+* `GiveUp`: a newer lease already holds the work (fenced out), or state the guarantees rest on
   is broken; never retried: the work is another's, or an operator repairs the state first.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kspout.errors import KspoutError
+from kspout.errors import RetryLater as KspoutRetryLater
 
 if TYPE_CHECKING:
     from dedup.records import SettleResult
@@ -33,7 +33,7 @@ class FixSetup(DedupError):
 
 
 class GiveUp(DedupError):
-    """Never retried: a newer claim holds the work, or the dedup state needs an operator."""
+    """Never retried: a newer lease holds the work, or the dedup state needs an operator."""
 
 
 # -- retry later -----------------------------------------------------------------------------------
@@ -79,7 +79,7 @@ class HandlerFailed(BatchNotApplied):
     def __init__(self, id: str, position: Position, error: str, failed: int) -> None:
         self.id = id
         self.position = position  # (topic, partition, offset)
-        self.failed = failed  # rows of the chunk whose handler raised
+        self.failed = failed  # rows of the call whose handler raised
         super().__init__(
             f"the handler raised on {_where(position)} (id {id!r}): {error}"
             + (f" (and on {failed - 1} more rows)" if failed > 1 else "")
@@ -88,7 +88,7 @@ class HandlerFailed(BatchNotApplied):
 
 
 class SettlementRefused(BatchNotApplied):
-    """Redis did not confirm a row as DONE: another claim took it over, its record vanished,
+    """Redis did not confirm a row as DONE: another lease took it over, its record vanished,
     or Redis rejected its record or effects (`reason`)."""
 
     def __init__(self, id: str, position: Position, reason: str) -> None:
@@ -101,7 +101,7 @@ class SettlementRefused(BatchNotApplied):
 
 
 class InFlightElsewhere(BatchNotApplied):
-    """A row stayed claimed by another live owner for two leases (a clock or lease setting
+    """A row stayed leased by another live owner for two leases (a clock or lease setting
     is off: a holder that died loses its lease within one): the batch runs again later."""
 
     def __init__(self, id: str, waited: float) -> None:
@@ -113,7 +113,7 @@ class InFlightElsewhere(BatchNotApplied):
         )
 
 
-class PostgresUnavailable(RetryLater, KspoutError):
+class PostgresUnavailable(RetryLater, KspoutRetryLater):
     """No connection to PostgreSQL could be made (the server is down or unreachable, or it
     refused the login). Names the server, never the conninfo, which may hold a password."""
 
@@ -205,7 +205,7 @@ class EpochCorrupt(GiveUp):
 
 
 class FencedOut(GiveUp):
-    """A newer claim of the message already committed its effects: this writer is a zombie and
+    """A newer lease of the message already committed its effects: this writer is a zombie and
     wrote nothing. Let it propagate out of the handler (the newer owner settles the message);
     never retry the write."""
 
@@ -214,8 +214,8 @@ class FencedOut(GiveUp):
         self.token = token
         self.fence_token = fence_token
         super().__init__(
-            f"message {id!r}: the claim with token {token} is fenced out: token {fence_token} "
-            "already committed its effects (this claim's lease ran out while it ran)"
+            f"message {id!r}: the lease with token {token} is fenced out: token {fence_token} "
+            "already committed its effects (this lease ran out while it ran)"
         )
 
 

@@ -1,4 +1,4 @@
-"""Value types of the store (claims, settlements, records), and the decoding of script replies."""
+"""Value types of the store (leases, settlements, records), and the decoding of script replies."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any, NamedTuple
 from dedup.scripts import REJECTED_RUN, SettleCode
 
 
-class ClaimStatus(enum.Enum):
-    CLAIMED = "claimed"  # run the user code with `token`; settle it afterwards
+class LeaseStatus(enum.Enum):
+    LEASED = "leased"  # run the user code with `token`; settle it afterwards
     DUPLICATE = "duplicate"  # already DONE: ack without running user code
     # a live lease elsewhere, or DONE but not yet acknowledged by the replicas asked for: retry
     # after `retry_after_ms`, no attempt spent
@@ -20,49 +20,49 @@ class ClaimStatus(enum.Enum):
     REJECTED = "rejected"  # the id's key holds something else: nothing changed, see `error`
 
 
-class Claim(NamedTuple):
-    """One id's answer to `claim`; `token` and `attempts` are 0 unless CLAIMED."""
+class Lease(NamedTuple):
+    """One id's answer to `lease`; `token` and `attempts` are 0 unless LEASED."""
 
-    status: ClaimStatus
+    status: LeaseStatus
     token: int
     attempts: int
     retry_after_ms: int  # DEFERRED: when the other owner's lease ends, else 0
     error: str | None = None  # REJECTED: why
 
 
-class ClaimRun(NamedTuple):
-    """Consecutive ids of one `claim_runs` call with one answer, counted: a batch of new ids is
+class LeaseRun(NamedTuple):
+    """Consecutive ids of one `lease_runs` call with one answer, counted: a batch of new ids is
     one run, and DUPLICATE and DEFERRED replays cost no object per id."""
 
-    status: ClaimStatus
+    status: LeaseStatus
     start: int  # the position of the run's first id in the call's ids
     length: int  # how many ids
-    token: int  # CLAIMED: the first id's token; the k-th id of the run (from 0) has token + k
-    attempts: int  # CLAIMED: the attempt all the run's ids are at
+    token: int  # LEASED: the first id's token; the k-th id of the run (from 0) has token + k
+    attempts: int  # LEASED: the attempt all the run's ids are at
     retry_after_ms: int  # DEFERRED: when the last of the run's other leases ends, else 0
     errors: tuple[str, ...] = ()  # REJECTED: why, one per id
 
 
-def expand(runs: Sequence[ClaimRun]) -> list[Claim]:
-    """One `Claim` per id of the runs, in order (the runs cover positions 0..n-1)."""
-    out: list[Claim] = []
+def expand(runs: Sequence[LeaseRun]) -> list[Lease]:
+    """One `Lease` per id of the runs, in order (the runs cover positions 0..n-1)."""
+    out: list[Lease] = []
     for status, _, length, token, attempts, retry, errors in runs:
-        if status is _CLAIMED:
+        if status is _LEASED:
             tokens = range(token, token + length)
-            rows = zip(repeat(_CLAIMED), tokens, repeat(attempts), repeat(0), repeat(None))
-            out += map(_new_tuple, repeat(Claim), rows)
+            rows = zip(repeat(_LEASED), tokens, repeat(attempts), repeat(0), repeat(None))
+            out += map(_new_tuple, repeat(Lease), rows)
         elif status is _DUP:
             out += repeat(_DUPLICATE, length)
         elif status is _DEFERRED:
-            out += repeat(Claim(_DEFERRED, 0, 0, retry), length)
+            out += repeat(Lease(_DEFERRED, 0, 0, retry), length)
         else:
-            out += (Claim(status, 0, 0, 0, error) for error in errors)
+            out += (Lease(status, 0, 0, 0, error) for error in errors)
     return out
 
 
 class SettleStatus(enum.Enum):
     SETTLED = "settled"  # the record is now DONE (effects applied) or FAILED
-    STALE = "stale"  # another claim holds the record, or it was already settled: nothing changed
+    STALE = "stale"  # another lease holds the record, or it was already settled: nothing changed
     LOST = "lost"  # no record (expired, or Redis lost it): nothing changed
     # an effect would fail in Redis (none applied, record FAILED with why), or the record's key
     # holds another type (nothing changed)
@@ -81,9 +81,9 @@ Effect = Sequence[str | bytes | int | float]
 
 
 class Settlement(NamedTuple):
-    """How one claimed id ended: DONE (`done=True`, with optional `effects`) or FAILED (`error`).
+    """How one leased id ended: DONE (`done=True`, with optional `effects`) or FAILED (`error`).
 
-    `attempts` is what the claim answered with `token`: with it, settling takes one Redis
+    `attempts` is what the lease answered with `token`: with it, settling takes one Redis
     command per id; 0 (unknown) costs a second one."""
 
     id: str
@@ -94,17 +94,17 @@ class Settlement(NamedTuple):
     attempts: int = 0
 
 
-class RecordState(enum.Enum):
+class IdRecordState(enum.Enum):
     IN_FLIGHT = "I"
     DONE = "D"
     FAILED = "F"
 
 
 @dataclass(frozen=True, slots=True)
-class Record:
+class IdRecord:
     """A decoded idempotency record, for inspection; owner and lease only while IN_FLIGHT."""
 
-    state: RecordState
+    state: IdRecordState
     token: int
     attempts: int
     owner: str | None = None
@@ -112,12 +112,12 @@ class Record:
     error: str | None = None
 
     @classmethod
-    def decode(cls, raw: bytes) -> Record:
-        state = RecordState(raw[:1].decode())
-        if state is RecordState.IN_FLIGHT:
+    def decode(cls, raw: bytes) -> IdRecord:
+        state = IdRecordState(raw[:1].decode())
+        if state is IdRecordState.IN_FLIGHT:
             token, attempts, deadline, owner = raw[2:].split(b":", 3)
             return cls(state, int(token, 16), int(attempts), owner.decode(), int(deadline))
-        if state is RecordState.DONE:
+        if state is IdRecordState.DONE:
             token, attempts = raw[2:].split(b":")
             return cls(state, int(token, 16), int(attempts))
         token, attempts, error = raw[2:].split(b":", 2)
@@ -130,45 +130,45 @@ _RESULT_BY_DIGIT = {
 }
 _REJECTED_DIGIT = ord(str(int(SettleCode.REJECTED)))
 SETTLED = SettleResult(SettleStatus.SETTLED)
-_DUPLICATE = Claim(ClaimStatus.DUPLICATE, 0, 0, 0, None)
-_CLAIMED = ClaimStatus.CLAIMED
-_DEFERRED = ClaimStatus.DEFERRED
-_DUP = ClaimStatus.DUPLICATE
-_REJECTED = ClaimStatus.REJECTED
-# Claims are built with tuple.__new__, skipping the NamedTuple's Python-level __new__ (decoding
-# falls from about 0.6 to 0.15 us per id); same Claims
+_DUPLICATE = Lease(LeaseStatus.DUPLICATE, 0, 0, 0, None)
+_LEASED = LeaseStatus.LEASED
+_DEFERRED = LeaseStatus.DEFERRED
+_DUP = LeaseStatus.DUPLICATE
+_REJECTED = LeaseStatus.REJECTED
+# Leases are built with tuple.__new__, skipping the NamedTuple's Python-level __new__ (decoding
+# falls from about 0.6 to 0.15 us per id); same Leases
 _new_tuple = tuple.__new__
 
 
-def decode_claim_runs(
+def decode_lease_runs(
     first: int, codes: bytes | str, reasons: Sequence[bytes | str]
-) -> list[ClaimRun]:
-    """Decode the claim script's runs (`<code>:<count>` joined by ','; the codes:
+) -> list[LeaseRun]:
+    """Decode the lease script's runs (`<code>:<count>` joined by ','; the codes:
     `dedup.scripts.REJECTED_RUN`); the k-th id of the call (from 0) has token first + k + 1 if
-    CLAIMED; `reasons` are the REJECTED ids' errors."""
+    LEASED; `reasons` are the REJECTED ids' errors."""
     text = codes.decode() if isinstance(codes, bytes) else codes
     errors = map(_decoded, reasons)
-    runs: list[ClaimRun] = []
+    runs: list[LeaseRun] = []
     start = 0
     for part in text.split(","):
         code, _, counted = part.partition(":")
         count = int(counted)
         if code == REJECTED_RUN:
-            runs.append(ClaimRun(_REJECTED, start, count, 0, 0, 0, tuple(islice(errors, count))))
+            runs.append(LeaseRun(_REJECTED, start, count, 0, 0, 0, tuple(islice(errors, count))))
         elif (value := int(code)) > 0:
-            runs.append(ClaimRun(_CLAIMED, start, count, first + start + 1, value, 0))
+            runs.append(LeaseRun(_LEASED, start, count, first + start + 1, value, 0))
         elif value == 0:
-            runs.append(ClaimRun(_DUP, start, count, 0, 0, 0))
+            runs.append(LeaseRun(_DUP, start, count, 0, 0, 0))
         else:
-            runs.append(ClaimRun(_DEFERRED, start, count, 0, 0, -value))
+            runs.append(LeaseRun(_DEFERRED, start, count, 0, 0, -value))
         start += count
     return runs
 
 
-def remap_runs(runs: Sequence[ClaimRun], positions: list[int]) -> list[ClaimRun]:
+def remap_runs(runs: Sequence[LeaseRun], positions: list[int]) -> list[LeaseRun]:
     """Runs over a shard's ids (the ids at `positions` of a call) as runs over the call's
     positions: a run is cut where the positions are not consecutive."""
-    out: list[ClaimRun] = []
+    out: list[LeaseRun] = []
     for run in runs:
         k = 0
         while k < run.length:
@@ -176,7 +176,7 @@ def remap_runs(runs: Sequence[ClaimRun], positions: list[int]) -> list[ClaimRun]
             j = k + 1
             while j < run.length and positions[run.start + j] == first + j - k:
                 j += 1
-            token = run.token + k if run.status is _CLAIMED else 0
+            token = run.token + k if run.status is _LEASED else 0
             out.append(run._replace(start=first, length=j - k, token=token, errors=run.errors[k:j]))
             k = j
     return out

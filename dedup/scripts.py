@@ -26,21 +26,21 @@ def _script(name: str) -> Script:
     return Script(text, sha1(text.encode()).hexdigest())
 
 
-CLAIM = _script("claim.lua")  # claim a batch of one shard's ids: {status, base, runs, reasons}
+LEASE = _script("lease.lua")  # lease a batch of one shard's ids: {status, base, runs, reasons}
 ADVANCE_EPOCH = _script("advance_epoch.lua")  # move a shard's fence on: the fence's epoch after
 SETTLE = _script("settle.lua")  # settle a batch of one shard's ids: {codes, reasons}
 
 
-class ClaimScriptStatus(enum.IntEnum):
-    """The first element of `CLAIM`'s reply: whether it claimed, or why it changed nothing."""
+class LeaseScriptStatus(enum.IntEnum):
+    """The first element of `LEASE`'s reply: whether it leased, or why it changed nothing."""
 
-    CLAIMED = 0  # the ids were answered: base, runs and reasons follow
+    LEASED = 0  # the ids were answered: base, runs and reasons follow
     FENCE_MISSING = 1  # no fence: Redis lost data, or the shard is new
     EPOCH_MISMATCH = 2  # the fence holds another epoch, returned in place of base
     COUNTER_USED_UP = 3  # the counter would pass 2**40: a new epoch is needed
 
 
-# `CLAIM`'s runs are `<code>:<count>` joined by ',': code n > 0 CLAIMED at attempt n, 0
+# `LEASE`'s runs are `<code>:<count>` joined by ',': code n > 0 LEASED at attempt n, 0
 # DUPLICATE, -m DEFERRED (m: the longest wait of the run, ms), or this one, REJECTED
 REJECTED_RUN = "r"
 

@@ -55,7 +55,7 @@ def server_durability_warnings(client: redis.Redis) -> list[str]:
         warnings.append(
             f"maxmemory-policy is {policy}: at maxmemory Redis evicts keys; DONE and FAILED "
             "records carry a TTL, so even volatile-* policies evict DONE records and their "
-            "messages run again (allkeys-* also evict claims in flight); set "
+            "messages run again (allkeys-* also evict leases in flight); set "
             "maxmemory-policy noeviction (writes then fail loudly when memory is full)"
         )
     return warnings

@@ -1,4 +1,4 @@
-"""The claim/settle protocol of the dedup bolt: one record per message id, moved by Lua scripts.
+"""The lease/settle protocol of the dedup bolt: one record per message id, moved by Lua scripts.
 
 Records live in shards, one Redis hash tag each, so that every script call touches one Redis
 Cluster slot. On one server there is one shard, the namespace: an id's record is the string
@@ -10,46 +10,46 @@ message's partition stable, as Kafka's default partitioner does for a key).
 
 States and transitions of a record:
 
-* absent -> IN_FLIGHT(owner, lease deadline, token, attempts=1): `claim` of a new id;
-* IN_FLIGHT -> IN_FLIGHT(attempts+1, new token): `claim` once the lease has ended (the holder
+* absent -> IN_FLIGHT(owner, lease deadline, token, attempts=1): `lease` of a new id;
+* IN_FLIGHT -> IN_FLIGHT(attempts+1, new token): `lease` once the lease has ended (the holder
   died or hangs; its token is now stale);
-* IN_FLIGHT -> IN_FLIGHT(same attempts, new token): `claim` by the lease's own owner, a renewal
-  (a second claim of the same id within one call is DEFERRED instead, so a batch never fences
+* IN_FLIGHT -> IN_FLIGHT(same attempts, new token): `lease` by the lease's own owner, a renewal
+  (a second lease of the same id within one call is DEFERRED instead, so a batch never fences
   itself);
 * IN_FLIGHT -> DONE / FAILED: `settle` with the record's current token; both keep the attempt
   count, DONE atomically with the item's Redis effects, if any;
-* FAILED -> IN_FLIGHT(attempts+1, new token): `claim` (an exception-failed message runs again);
-* DONE: `claim` answers DUPLICATE (ack without running user code) until the key expires.
+* FAILED -> IN_FLIGHT(attempts+1, new token): `lease` (an exception-failed message runs again);
+* DONE: `lease` answers DUPLICATE (ack without running user code) until the key expires.
 
 A live lease held by another owner answers DEFERRED (retry later, no attempt spent). Lease
 deadlines come from Redis's clock (`TIME` inside the scripts), never from a client's.
 
 Every record expires, so memory stays bounded: DONE and FAILED after `done_ttl_ms` (the dedup
-window), IN_FLIGHT `lease_ms + done_ttl_ms` after its latest claim. That covers claims nobody
-settles or claims again (their messages were skipped, reset past, or dead-lettered by timeout).
-An IN_FLIGHT record that expires makes its id's next claim a new one (attempt 1, a higher
+window), IN_FLIGHT `lease_ms + done_ttl_ms` after its latest lease. That covers leases nobody
+settles or leases again (their messages were skipped, reset past, or dead-lettered by timeout).
+An IN_FLIGHT record that expires makes its id's next lease a new one (attempt 1, a higher
 token), which is safe: the record outlives its lease, so every holder's deadline has passed
-and a claim would take the id over anyway, and the message is not DONE (a DONE record would
+and a lease would take the id over anyway, and the message is not DONE (a DONE record would
 have replaced it). Keeping it a whole window past the lease lets a late holder whose lease ran
-out still settle DONE if nobody claimed the id since, as long as a DONE record would be kept.
+out still settle DONE if nobody leased the id since, as long as a DONE record would be kept.
 
-Per id, a claim of a new id is one Redis command (`SET NX GET`) and a settle one more (`SET
+Per id, a lease of a new id is one Redis command (`SET NX GET`) and a settle one more (`SET
 GET`: write, then compare what was there, and undo the rare write that was refused); the
 answers are compact (a batch of new ids answers `1:<n>`, and DUPLICATE and DEFERRED ids come
-back as counted runs, `ClaimRun`).
+back as counted runs, `LeaseRun`).
 
 The scripts are all or nothing, as Redis does not roll a script back: they check everything a
 command could refuse before a write that could leave a batch half done, and an id whose record
 key or effects Redis would refuse is REJECTED alone (its message fails with the reason) while
-the rest of the batch is claimed or settled. A server that refuses writes (out of memory, a
+the rest of the batch is leased or settled. A server that refuses writes (out of memory, a
 replica, a disk error, too few replicas) fails the whole call instead: that is no message's
-fault, and nothing was written. The claim script reserves one counter per id before
+fault, and nothing was written. The lease script reserves one counter per id before
 writing any record, so a token is never handed out twice.
 
 Fencing tokens are `epoch * 2**40 + counter`: each shard has its own counter, in its fence hash
-`{<tag>}:fence` beside the epoch it belongs to (so no one key takes every claim of a cluster),
+`{<tag>}:fence` beside the epoch it belongs to (so no one key takes every lease of a cluster),
 and epochs come from an `EpochSource` (ZooKeeper: `dedup.epoch.ZkEpoch`), one per namespace.
-Tokens strictly increase per shard, so per id, which is what fencing compares. When the claim
+Tokens strictly increase per shard, so per id, which is what fencing compares. When the lease
 script finds a shard's fence missing (Redis lost its data, or the shard is new), or its counter
 used up, the store takes a fresh epoch from the source and moves that fence to it; a fence only
 ever moves to a higher epoch, so tokens stay strictly increasing across clients and across a
@@ -66,8 +66,8 @@ Effects atomic with DONE run in the settle script, checked first against the all
 Replicas: with `wait_replicas` (and `wait_aof`), the script calls to a node are followed, on the
 same connection and in the same round trip, by `WAIT` (or `WAITAOF`, Redis >= 7.2: `dedup.wire`).
 A settle that fewer replicas acknowledged in time raises `NotDurable` (its writes stay on the
-primary; the caller must not ack), and a claim's DUPLICATE answers become DEFERRED (a DONE
-record on the primary alone is not yet a reason to ack). The claim script always writes (it
+primary; the caller must not ack), and a lease's DUPLICATE answers become DEFERRED (a DONE
+record on the primary alone is not yet a reason to ack). The lease script always writes (it
 reserves counters), so its WAIT covers every DONE record it read. WAIT is not strong
 consistency: a failover may still promote a replica that did not acknowledge, and a write that
 timed out is not undone.
@@ -86,23 +86,23 @@ from dedup.effects import check_effect
 from dedup.errors import EffectNotAllowed, EpochConflict, NotDurable
 from dedup.records import (
     SETTLED,
-    Claim,
-    ClaimRun,
-    ClaimStatus,
-    Record,
+    IdRecord,
+    Lease,
+    LeaseRun,
+    LeaseStatus,
     Settlement,
     SettleResult,
-    decode_claim_runs,
+    decode_lease_runs,
     decode_settle_results,
     expand,
     remap_runs,
 )
-from dedup.scripts import ADVANCE_EPOCH, CLAIM, SETTLE, ClaimScriptStatus
+from dedup.scripts import ADVANCE_EPOCH, LEASE, SETTLE, LeaseScriptStatus
 from dedup.wire import Call, Client, ScriptRunner
 
-COUNTER_BITS = 40  # the counter part of a token; the claim script asks for a new epoch at 2**40
+COUNTER_BITS = 40  # the counter part of a token; the lease script asks for a new epoch at 2**40
 MAX_ERROR_CHARS = 1000  # error text kept in a FAILED record: enough to diagnose, bounded memory
-EPOCH_ROUNDS = 5  # epoch changes one claim may go through before it gives up (each moves forward)
+EPOCH_ROUNDS = 5  # epoch changes one lease may go through before it gives up (each moves forward)
 
 
 class EpochSource(Protocol):
@@ -121,7 +121,7 @@ Shards = list[tuple[str, list[int] | None]]  # (tag, positions in the call; None
 
 
 class IdempotencyStore:
-    """Claims and settlements of message ids in one Redis namespace, one round trip per batch
+    """Leases and settlements of message ids in one Redis namespace, one round trip per batch
     and node.
 
     `client` is a `redis.Redis` (one server: one shard) or a `redis.cluster.RedisCluster` (one
@@ -157,7 +157,9 @@ class IdempotencyStore:
         self.namespace = namespace
         self.lease_ms = lease_ms
         self.done_ttl_ms = done_ttl_ms
-        self.claim_ttl_ms = lease_ms + done_ttl_ms  # IN_FLIGHT records: see the module docstring
+        self.in_flight_ttl_ms = (
+            lease_ms + done_ttl_ms
+        )  # IN_FLIGHT records: see the module docstring
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = wait_timeout_ms
         self.wait_aof = wait_aof
@@ -174,7 +176,7 @@ class IdempotencyStore:
 
     @property
     def epoch(self) -> int | None:
-        """The highest epoch this store's tokens carry now (None before the first claim)."""
+        """The highest epoch this store's tokens carry now (None before the first lease)."""
         return max(self._epochs.values(), default=None)
 
     def tag(self, partition: int = 0) -> str:
@@ -194,18 +196,18 @@ class IdempotencyStore:
         """The hash tag effect keys of `partition`'s records must carry (None: any key)."""
         return self.tag(partition) if self.sharded else None
 
-    # -- claims ---------------------------------------------------------------------------------
+    # -- leases ---------------------------------------------------------------------------------
 
-    def claim(
+    def lease(
         self, ids: Sequence[str], owner: str, partitions: int | Sequence[int] = 0
-    ) -> list[Claim]:
-        """Claim `ids` for `owner`: one `Claim` per id, in the same order (`claim_runs`)."""
-        return expand(self.claim_runs(ids, owner, partitions))
+    ) -> list[Lease]:
+        """Lease `ids` for `owner`: one `Lease` per id, in the same order (`lease_runs`)."""
+        return expand(self.lease_runs(ids, owner, partitions))
 
-    def claim_runs(
+    def lease_runs(
         self, ids: Sequence[str], owner: str, partitions: int | Sequence[int] = 0
-    ) -> list[ClaimRun]:
-        """Claim `ids` for `owner`, one script call per shard; the answers as counted runs of
+    ) -> list[LeaseRun]:
+        """Lease `ids` for `owner`, one script call per shard; the answers as counted runs of
         consecutive ids, in order.
 
         An epoch change (Redis lost data, or another client moved the fence) costs extra round
@@ -215,21 +217,21 @@ class IdempotencyStore:
         if not ids:
             return []
         pending = self._shards(partitions, len(ids))
-        runs: list[ClaimRun] = []
+        runs: list[LeaseRun] = []
         for _ in range(EPOCH_ROUNDS):
-            calls = [self._claim_call(tag, ids, positions, owner) for tag, positions in pending]
+            calls = [self._lease_call(tag, ids, positions, owner) for tag, positions in pending]
             answers = self._runner.run(calls)
             retry: Shards = []
             for (tag, positions), call, (reply, short) in zip(pending, calls, answers, strict=True):
                 status, base, codes, reasons, *read_only = reply
                 epoch = int(call.args[0])
-                if status == ClaimScriptStatus.CLAIMED:
-                    found = decode_claim_runs((epoch << COUNTER_BITS) + base, codes, reasons)
+                if status == LeaseScriptStatus.LEASED:
+                    found = decode_lease_runs((epoch << COUNTER_BITS) + base, codes, reasons)
                     if short is not None or (read_only and self._runner.wanted):
                         found = self._not_yet_duplicates(found)
                     runs += found if positions is None else remap_runs(found, positions)
                     continue
-                if status == ClaimScriptStatus.EPOCH_MISMATCH and base > epoch:
+                if status == LeaseScriptStatus.EPOCH_MISMATCH and base > epoch:
                     self._adopt(tag, base)  # another client moved the fence on: use its epoch
                 else:
                     self._move_fence(tag, epoch)  # fence missing, older, or its counter used up
@@ -242,29 +244,29 @@ class IdempotencyStore:
             self.namespace,
             self.epoch or 0,
             self._source.current(),
-            f"the epoch changed {EPOCH_ROUNDS} times during one claim; is something resetting "
+            f"the epoch changed {EPOCH_ROUNDS} times during one lease; is something resetting "
             "the fence key?",
         )
 
-    def _claim_call(
+    def _lease_call(
         self, tag: str, ids: Sequence[str], positions: list[int] | None, owner: str
     ) -> Call:
-        """The claim script's call for the ids at `positions` (None: all), all in shard `tag`."""
+        """The lease script's call for the ids at `positions` (None: all), all in shard `tag`."""
         epoch = self._epochs.get(tag)
         if epoch is None:
             epoch = self._epochs[tag] = self._source.current()
         prefix = f"{{{tag}}}:r:"
         chosen = ids if positions is None else [ids[p] for p in positions]
         keys: list[str | bytes] = [f"{{{tag}}}:fence", *[prefix + id for id in chosen]]
-        return Call(CLAIM, keys, [epoch, owner, self.lease_ms, self.claim_ttl_ms])
+        return Call(LEASE, keys, [epoch, owner, self.lease_ms, self.in_flight_ttl_ms])
 
-    def _not_yet_duplicates(self, runs: list[ClaimRun]) -> list[ClaimRun]:
+    def _not_yet_duplicates(self, runs: list[LeaseRun]) -> list[LeaseRun]:
         """`runs` with DUPLICATE made DEFERRED: DONE on the primary alone (or not shown to be
         on the replicas) is no reason to ack yet."""
         wait = self.wait_timeout_ms
         return [
-            run._replace(status=ClaimStatus.DEFERRED, retry_after_ms=wait)
-            if run.status is ClaimStatus.DUPLICATE
+            run._replace(status=LeaseStatus.DEFERRED, retry_after_ms=wait)
+            if run.status is LeaseStatus.DUPLICATE
             else run
             for run in runs
         ]
@@ -297,7 +299,7 @@ class IdempotencyStore:
     def settle(
         self, items: Sequence[Settlement], partitions: int | Sequence[int] = 0
     ) -> list[SettleResult]:
-        """Settle claimed ids, one script call per shard; one result per item, in order.
+        """Settle leased ids, one script call per shard; one result per item, in order.
 
         Items with effects (DONE only) run them in the same script, only if the token holds.
         Effects are checked first: `EffectNotAllowed` before anything is sent (on a Redis
@@ -335,11 +337,11 @@ class IdempotencyStore:
         ids, tokens, dones, _, effects, attempts = zip(*items, strict=True)
         keys: list[str | bytes] = [prefix + id for id in ids]
         # `<token hex>:<attempts> ` per item: the script reads them with gmatch
-        claims = (
+        leases = (
             "%x:%d " * len(items) % tuple(chain.from_iterable(zip(tokens, attempts, strict=True)))
         )
         if all(dones) and not any(effects):
-            return Call(SETTLE, keys, [self.done_ttl_ms, claims, "D" * len(items), ""])
+            return Call(SETTLE, keys, [self.done_ttl_ms, leases, "D" * len(items), ""])
         required = tag if self.sharded else None
         outcomes: list[str] = []
         shapes: list[str] = []
@@ -359,21 +361,21 @@ class IdempotencyStore:
                 stream.append((error or "")[:MAX_ERROR_CHARS])
             shapes.append(",")
         effect_shapes = "".join(shapes) if len(keys) > len(items) else ""
-        args = [self.done_ttl_ms, claims, "".join(outcomes), effect_shapes, *stream]
+        args = [self.done_ttl_ms, leases, "".join(outcomes), effect_shapes, *stream]
         return Call(SETTLE, keys, args)
 
     # -- inspection -----------------------------------------------------------------------------
 
-    def record(self, id: str, partition: int = 0) -> Record | None:
+    def record(self, id: str, partition: int = 0) -> IdRecord | None:
         """`id`'s record as it is now, or None if there is none."""
         raw = self._client.get(self.key(id, partition))
         if raw is None:
             return None
-        return Record.decode(raw if isinstance(raw, bytes) else raw.encode())
+        return IdRecord.decode(raw if isinstance(raw, bytes) else raw.encode())
 
-    def fence_ok(self, id: str, token: int, partition: int = 0) -> bool:
+    def still_holds(self, id: str, token: int, partition: int = 0) -> bool:
         """True while `token` holds `id`'s lease (IN_FLIGHT with this token): a sink outside
-        Redis checks this before writing, so a zombie whose claim was superseded writes nothing.
+        Redis checks this before writing, so a zombie whose lease was superseded writes nothing.
         (The check and the write are not atomic; for that, use effects in `settle`.)"""
         raw = self._client.get(self.key(id, partition))
         if raw is None:
@@ -397,5 +399,5 @@ class IdempotencyStore:
         return list(shards.items())
 
 
-def _start(run: ClaimRun) -> int:
+def _start(run: LeaseRun) -> int:
     return run.start

@@ -5,16 +5,14 @@ from kspout.bolts import (
     BasicCollector,
     Bolt,
     Collector,
-    Fields,
-    Global,
-    Shuffle,
     TaskContext,
     Tuple,
 )
 from kspout.config import TopicConfig, load_config
-from kspout.errors import KspoutError
+from kspout.errors import KspoutError, OutputFailed
+from kspout.groupings import Fields, Global, Shuffle
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
-from kspout.output import KafkaOutput, OutputFailed, Publish, output_id
+from kspout.output import KafkaOutput, Publish, output_id
 from kspout.partition_manager import PartitionManager, Plan, Stats
 from kspout.policy import Backoff, BehindPolicy, ExhaustedPolicy, PartitionPolicy, Position
 from kspout.spout import KafkaSpout

@@ -181,7 +181,7 @@ class DedupSettings(_Section):
 
     id_source: str = "key"  # key | header:<name> | json:<field>
     ttl: float = Field(86400.0, gt=0)  # seconds a DONE record is kept (the dedup window)
-    lease: float = Field(60.0, gt=0)  # seconds an IN_FLIGHT claim holds before re-claim
+    lease: float = Field(60.0, gt=0)  # seconds a lease holds a message id before a new one
     # replicas that must acknowledge each settlement (WAIT) before its messages are acked
     wait_replicas: int = Field(0, ge=0)
     wait_timeout: float = Field(1.0, gt=0)  # seconds to wait for them; short: released, retried

@@ -52,7 +52,7 @@ class TaskResult:
 
     topic: str
     partition: int
-    epoch: int
+    generation: int
     outcomes: list[Outcome]
     out_of_range: tuple[int, int] | None = None  # (low, high) when Kafka no longer had some
     # Set when the task failed outside per-message code (fetch, a bolt's prepare/cleanup/

@@ -1,20 +1,26 @@
 """Every error kspout raises, under one root, each carrying what the caller needs next.
 
-Classes are grouped by the caller's next move:
+Classes are sorted by the caller's next move, one group class each:
 
-* configuration and usage errors (`ConfigError`) — fix the input and start again;
-* data errors the spout handles itself (`OffsetOutOfRange` is turned into a reset or a stop by
-  the partition's `out_of_range` policy);
-* ownership errors (`OffsetConflict`, `TopicMismatch`) — never retried: another writer or
-  another topic owns the stored record, so writing would corrupt it;
-* infrastructure errors (`ZooKeeperUnavailable`, `KafkaUnavailable`, `StackError`) — raised
-  after transient failures were already retried; `KafkaUnreachable` and `TopicNotFound` end a
-  command at its first contact with Kafka.
+* `FixSetup` — the config, the command or stored data must change first: the same call again
+  fails the same (a missing topic, a wrong password, another topic's offsets, a running spout);
+* `RetryLater` — a server did not answer, after kspout's own retries: nothing was lost, try
+  again later (Kafka, ZooKeeper, Redis, owners slow to ack a pause);
+* `GiveUp` — stop this work: another writer owns what this one would write (never retry: it
+  would overwrite theirs), Kafka no longer holds the offsets (the `out_of_range` policy resets
+  or stops the partition), or Kafka refused a message's outputs (the message fails).
+
+`OutputUnavailable` is an `OutputFailed` for those who catch that, and a `KafkaUnavailable`:
+the outage wins, the message is released and retried later. The streaming source's own errors
+are in `kspout.streaming.errors`, dedup's in `dedup.errors`; exceptions a module raises and
+catches itself (a cancelled batch, a failed stage) are private signals, not errors for callers.
 """
 
 from __future__ import annotations
 
 import shlex
+
+from kspout.wording import count
 
 
 def resume_command(config_path: str, partition: int) -> str:
@@ -29,7 +35,22 @@ class KspoutError(Exception):
     """Root of every error raised by kspout."""
 
 
-class ConfigError(KspoutError):
+class FixSetup(KspoutError):
+    """The config, the command or stored data must change before trying again."""
+
+
+class RetryLater(KspoutError):
+    """A server did not answer (after kspout's own retries); nothing was lost: try later."""
+
+
+class GiveUp(KspoutError):
+    """Stop this work: it belongs to another writer now, or its offsets or outputs are gone."""
+
+
+# Fix the setup: the config, the command or stored data must change first.
+
+
+class ConfigError(FixSetup):
     """A topic config file is missing, malformed, or holds a value that is not allowed."""
 
     def __init__(self, path: str, key: str | None, message: str) -> None:
@@ -40,75 +61,11 @@ class ConfigError(KspoutError):
         super().__init__(f"{where}: {message}")
 
 
-class ChainError(KspoutError, ValueError):
+class ChainError(FixSetup, ValueError):
     """A bolt chain passed to `KafkaSpout.run` cannot be built (order, fields, item types)."""
 
 
-class OffsetOutOfRange(KspoutError):
-    """The offset a partition needs is outside Kafka's `[low, high)` for that partition."""
-
-    def __init__(
-        self, topic: str, partition: int, offset: int, low: int, high: int, hint: str = ""
-    ) -> None:
-        self.topic = topic
-        self.partition = partition
-        self.offset = offset
-        self.low = low
-        self.high = high
-        msg = f"{topic}[{partition}]: offset {offset} is out of range; Kafka holds [{low}, {high})"
-        super().__init__(f"{msg}. {hint}" if hint else msg)
-
-
-class PartitionStopped(OffsetOutOfRange):
-    """The `out_of_range = "fail"` policy stopped a partition until an operator moves it."""
-
-    def __init__(self, topic: str, partition: int, offset: int, low: int, high: int) -> None:
-        super().__init__(
-            topic,
-            partition,
-            offset,
-            low,
-            high,
-            hint=(
-                'out_of_range = "fail" stops the partition here; move it with '
-                f"`kspout offsets set --config <file> --partition {partition} --to earliest` "
-                "(or latest, a number, timestamp:<ms>); a running spout resumes it from there"
-            ),
-        )
-
-
-class OffsetStoreError(KspoutError):
-    """A problem with the offsets kept in ZooKeeper."""
-
-
-class OffsetConflict(OffsetStoreError):
-    """A compare-and-set commit lost: someone else wrote the record since we read it."""
-
-    def __init__(self, path: str, expected_version: int) -> None:
-        self.path = path
-        self.expected_version = expected_version
-        super().__init__(
-            f"{path} changed since version {expected_version}: another spout instance or an "
-            "operator moved it; this instance no longer owns the partition and stops committing"
-        )
-
-
-class OwnershipLost(OffsetConflict):
-    """A fenced commit found this instance's claim on the partition gone: its ZooKeeper
-    session expired (a stopped process that woke up) and the partition may have a new owner."""
-
-    def __init__(self, path: str, claim: str) -> None:
-        OffsetStoreError.__init__(
-            self,
-            f"commit to {path} refused: the claim {claim} is gone (this instance's ZooKeeper "
-            "session expired); another instance owns the partition now or will claim it",
-        )
-        self.path = path
-        self.claim = claim
-        self.expected_version = -1
-
-
-class TopicMismatch(OffsetStoreError):
+class TopicMismatch(FixSetup):
     """The stored offset record belongs to another topic (two spouts share one spout id)."""
 
     def __init__(self, path: str, stored_topic: str, topic: str) -> None:
@@ -121,27 +78,7 @@ class TopicMismatch(OffsetStoreError):
         )
 
 
-class ZooKeeperUnavailable(OffsetStoreError):
-    """ZooKeeper did not answer after the configured retries."""
-
-
-class KafkaUnavailable(KspoutError):
-    """Kafka did not answer (metadata, watermarks, fetch) after the configured retries."""
-
-
-class RedisUnavailable(KspoutError):
-    """The dedup bolt's Redis did not answer at start (down, unreachable, or a wrong address)."""
-
-    def __init__(self, url: str, url_origin: str, cause: str) -> None:
-        self.url = url
-        self.cause = cause
-        super().__init__(
-            f"cannot reach Redis at {url} ({cause}); the address is {url_origin}: check that "
-            "the server runs and this host can reach it, or correct the address"
-        )
-
-
-class RedisLoginRefused(KspoutError):
+class RedisLoginRefused(FixSetup):
     """The dedup bolt's Redis refused its login at start: a wrong or missing user or password
     (fix the config, retrying will not help)."""
 
@@ -156,7 +93,7 @@ class RedisLoginRefused(KspoutError):
         )
 
 
-class RedisTlsRefused(KspoutError):
+class RedisTlsRefused(FixSetup):
     """The TLS handshake with the dedup bolt's Redis failed at start: an unknown server
     certificate, or a server that wants a client certificate (fix the config)."""
 
@@ -170,11 +107,11 @@ class RedisTlsRefused(KspoutError):
         )
 
 
-class StackError(KspoutError):
+class StackError(FixSetup):
     """The embedded development stack could not start, or a part of it is missing."""
 
 
-class OffsetRecordInvalid(OffsetStoreError):
+class OffsetRecordInvalid(FixSetup):
     """A stored offset record is not storm-kafka's JSON (or has no integer `offset`)."""
 
     def __init__(self, path: str, reason: str) -> None:
@@ -186,20 +123,7 @@ class OffsetRecordInvalid(OffsetStoreError):
         )
 
 
-class OffsetRecordExists(OffsetConflict):
-    """Creating a first offset record lost: another writer created it since we looked."""
-
-    def __init__(self, path: str) -> None:
-        OffsetStoreError.__init__(
-            self,
-            f"{path} was created by another spout instance or an operator since this instance "
-            "found none; this instance does not own the partition and stops committing",
-        )
-        self.path = path
-        self.expected_version = -1  # -1: we expected no record at all
-
-
-class ZooKeeperAccessDenied(OffsetStoreError):
+class ZooKeeperAccessDenied(FixSetup):
     """ZooKeeper refused an operation because the node's ACL needs other credentials."""
 
     def __init__(self, path: str, hosts: str) -> None:
@@ -211,7 +135,7 @@ class ZooKeeperAccessDenied(OffsetStoreError):
         )
 
 
-class InstanceIdInUse(OffsetStoreError):
+class InstanceIdInUse(FixSetup):
     """Another live ZooKeeper session already registered this spout instance id."""
 
     def __init__(self, path: str) -> None:
@@ -222,7 +146,7 @@ class InstanceIdInUse(OffsetStoreError):
         )
 
 
-class SpoutRunning(KspoutError):
+class SpoutRunning(FixSetup):
     """An operator command that moves offsets found them owned by live spout instances."""
 
     def __init__(self, spout_path: str, instances: list[str], partitions: list[int]) -> None:
@@ -237,7 +161,7 @@ class SpoutRunning(KspoutError):
         )
 
 
-class ReplayPastWindow(KspoutError):
+class ReplayPastWindow(FixSetup):
     """A start or an operator's move would process again messages that may have been finished
     longer ago than the chain's replay window (the dedup bolt's `[dedup] ttl`): their DONE
     records may be gone, so their effects would apply twice."""
@@ -251,6 +175,118 @@ class ReplayPastWindow(KspoutError):
             f"the dedup window ({window:g}s) ago, whose effects would then apply again:\n  "
             + "\n  ".join(details)
             + f"\nCheck the partitions above; to go ahead anyway, {override}"
+        )
+
+
+class ProduceFailed(FixSetup):
+    """Kafka refused, or did not acknowledge, messages written to a topic (`kspout produce`)."""
+
+    def __init__(self, topic: str, written: int, failed: int, error: str) -> None:
+        self.topic = topic
+        self.written = written
+        self.failed = failed
+        self.error = error
+        kept = f"the {written} acknowledged stay in the topic" if written else "none was written"
+        super().__init__(
+            f"{topic}: {failed} message(s) not written ({error}); {kept}. Check the brokers, "
+            "that this client may write to the topic, and the message size (the topic's "
+            "max.message.bytes)"
+        )
+
+
+class TopicNotFound(FixSetup):
+    """The topic does not exist on the brokers the config names (every command refuses it)."""
+
+    def __init__(self, topic: str, brokers: str, path: str, brokers_origin: str) -> None:
+        self.topic = topic
+        self.brokers = brokers
+        super().__init__(
+            f"topic {topic!r} does not exist on {brokers}: check `topic` in {path}, and "
+            f"{brokers_origin}, or create the topic first"
+        )
+
+
+class LetterNotFound(FixSetup):
+    """An operator named a dead letter (`--offset P:O`) that the dead-letter topic lacks."""
+
+    def __init__(self, dlq_topic: str, partition: int, offset: int, why: str) -> None:
+        self.dlq_topic = dlq_topic
+        self.partition = partition
+        self.offset = offset
+        super().__init__(
+            f"{dlq_topic}: no dead letter at {partition}:{offset} ({why}); list the letters "
+            "with `kspout dlq show --config <topic file>` and name them as DLQ_PARTITION:OFFSET"
+        )
+
+
+class NoLiveInstance(FixSetup):
+    """A rebalance found no live instance of the spout: nothing owns partitions to move."""
+
+    def __init__(self, spout_path: str) -> None:
+        self.spout_path = spout_path
+        super().__init__(
+            f"no live instance of spout {spout_path}: nothing owns partitions to move; "
+            "start one with `kspout run`"
+        )
+
+
+class KafkaLoginRefused(FixSetup):
+    """Kafka refused this client's SASL login: a wrong user or password, or a mechanism the
+    broker does not offer."""
+
+    def __init__(self, principal: str, brokers: str, path: str, cause: str) -> None:
+        self.principal = principal
+        self.brokers = brokers
+        self.cause = cause
+        super().__init__(
+            f"Kafka at {brokers} refused the login of {principal} ({cause}): check "
+            f"`kafka.sasl.username` and the password (`kafka.sasl.password`, `sasl.password_file` "
+            f"or `sasl.password_env`) and `kafka.sasl.mechanism` in {path}, and that the user "
+            "exists on the cluster with that mechanism"
+        )
+
+
+class KafkaAccessDenied(FixSetup):
+    """Kafka's authorizer refused this client's principal an operation on a topic: an ACL is
+    missing (grant it, or log in as a principal that has it)."""
+
+    def __init__(
+        self, principal: str, operation: str, topic: str, brokers: str, path: str, why: str
+    ) -> None:
+        self.principal = principal
+        self.operation = operation
+        self.topic = topic
+        self.why = why
+        grant = (
+            f"kafka-acls.sh --bootstrap-server {brokers} --add --allow-principal {principal} "
+            f"--operation {operation} --topic {topic}"
+        )
+        super().__init__(
+            f"Kafka refused {principal} {operation} on topic {topic!r} ({why}): grant it "
+            f"(`{grant}`), or log in as a principal that has it (`kafka.sasl.username` in {path})"
+        )
+
+
+# Retry later: a server did not answer; nothing was lost.
+
+
+class ZooKeeperUnavailable(RetryLater):
+    """ZooKeeper did not answer after the configured retries."""
+
+
+class KafkaUnavailable(RetryLater):
+    """Kafka did not answer (metadata, watermarks, fetch) after the configured retries."""
+
+
+class RedisUnavailable(RetryLater):
+    """The dedup bolt's Redis did not answer at start (down, unreachable, or a wrong address)."""
+
+    def __init__(self, url: str, url_origin: str, cause: str) -> None:
+        self.url = url
+        self.cause = cause
+        super().__init__(
+            f"cannot reach Redis at {url} ({cause}); the address is {url_origin}: check that "
+            "the server runs and this host can reach it, or correct the address"
         )
 
 
@@ -297,34 +333,6 @@ class DeadLetterWriteFailed(KafkaUnavailable):
         )
 
 
-class ProduceFailed(KspoutError):
-    """Kafka refused, or did not acknowledge, messages written to a topic (`kspout produce`)."""
-
-    def __init__(self, topic: str, written: int, failed: int, error: str) -> None:
-        self.topic = topic
-        self.written = written
-        self.failed = failed
-        self.error = error
-        kept = f"the {written} acknowledged stay in the topic" if written else "none was written"
-        super().__init__(
-            f"{topic}: {failed} message(s) not written ({error}); {kept}. Check the brokers, "
-            "that this client may write to the topic, and the message size (the topic's "
-            "max.message.bytes)"
-        )
-
-
-class TopicNotFound(KafkaUnavailable):
-    """The topic does not exist on the brokers the config names (every command refuses it)."""
-
-    def __init__(self, topic: str, brokers: str, path: str, brokers_origin: str) -> None:
-        self.topic = topic
-        self.brokers = brokers
-        super().__init__(
-            f"topic {topic!r} does not exist on {brokers}: check `topic` in {path}, and "
-            f"{brokers_origin}, or create the topic first"
-        )
-
-
 class KafkaUnreachable(KafkaUnavailable):
     """No broker answered a first request: none runs at the address, it is wrong, or the
     network or the `[kafka]` security settings keep this client out."""
@@ -339,41 +347,123 @@ class KafkaUnreachable(KafkaUnavailable):
         )
 
 
-# -- Kafka security: the login or the ACLs need fixing; asking again will not help ----------------
+class PauseNotAcked(RetryLater):
+    """Owners did not ack a pause in time (a batch still running there, or a stuck owner)."""
 
-
-class KafkaLoginRefused(KspoutError):
-    """Kafka refused this client's SASL login: a wrong user or password, or a mechanism the
-    broker does not offer."""
-
-    def __init__(self, principal: str, brokers: str, path: str, cause: str) -> None:
-        self.principal = principal
-        self.brokers = brokers
-        self.cause = cause
+    def __init__(self, waiting: dict[int, str], timeout: float) -> None:
+        self.waiting = waiting
+        shown = ", ".join(f"{p} (owner {owner})" for p, owner in sorted(waiting.items()))
         super().__init__(
-            f"Kafka at {brokers} refused the login of {principal} ({cause}): check "
-            f"`kafka.sasl.username` and the password (`kafka.sasl.password`, `sasl.password_file` "
-            f"or `sasl.password_env`) and `kafka.sasl.mechanism` in {path}, and that the user "
-            "exists on the cluster with that mechanism"
+            f"no ack within {timeout:g}s for the pause of partitions {shown}: their owners "
+            "still run batches there, or are stuck; look at `kspout status`, and try again"
         )
 
 
-class KafkaAccessDenied(KspoutError):
-    """Kafka's authorizer refused this client's principal an operation on a topic: an ACL is
-    missing (grant it, or log in as a principal that has it)."""
+class RebalanceNotDone(RetryLater):
+    """A rebalance lost a race (the assignment changed while it computed the moves) or the new
+    owners did not claim their partitions in time: run it again, or look at `kspout status`."""
+
+
+# Give up: the work belongs to another writer, or its offsets or outputs are gone.
+
+
+class OffsetOutOfRange(GiveUp):
+    """The offset a partition needs is outside Kafka's `[low, high)` for that partition."""
 
     def __init__(
-        self, principal: str, operation: str, topic: str, brokers: str, path: str, why: str
+        self, topic: str, partition: int, offset: int, low: int, high: int, hint: str = ""
     ) -> None:
-        self.principal = principal
-        self.operation = operation
         self.topic = topic
-        self.why = why
-        grant = (
-            f"kafka-acls.sh --bootstrap-server {brokers} --add --allow-principal {principal} "
-            f"--operation {operation} --topic {topic}"
-        )
+        self.partition = partition
+        self.offset = offset
+        self.low = low
+        self.high = high
+        msg = f"{topic}[{partition}]: offset {offset} is out of range; Kafka holds [{low}, {high})"
+        super().__init__(f"{msg}. {hint}" if hint else msg)
+
+
+class PartitionStopped(OffsetOutOfRange):
+    """The `out_of_range = "fail"` policy stopped a partition until an operator moves it."""
+
+    def __init__(self, topic: str, partition: int, offset: int, low: int, high: int) -> None:
         super().__init__(
-            f"Kafka refused {principal} {operation} on topic {topic!r} ({why}): grant it "
-            f"(`{grant}`), or log in as a principal that has it (`kafka.sasl.username` in {path})"
+            topic,
+            partition,
+            offset,
+            low,
+            high,
+            hint=(
+                'out_of_range = "fail" stops the partition here; move it with '
+                f"`kspout offsets set --config <file> --partition {partition} --to earliest` "
+                "(or latest, a number, timestamp:<ms>); a running spout resumes it from there"
+            ),
+        )
+
+
+class OffsetConflict(GiveUp):
+    """A compare-and-set commit lost: someone else wrote the record since we read it."""
+
+    def __init__(self, path: str, expected_version: int) -> None:
+        self.path = path
+        self.expected_version = expected_version
+        super().__init__(
+            f"{path} changed since version {expected_version}: another spout instance or an "
+            "operator moved it; this instance no longer owns the partition and stops committing"
+        )
+
+
+class OwnershipLost(OffsetConflict):
+    """A fenced commit found this instance's claim on the partition gone: its ZooKeeper
+    session expired (a stopped process that woke up) and the partition may have a new owner."""
+
+    def __init__(self, path: str, claim: str) -> None:
+        KspoutError.__init__(
+            self,
+            f"commit to {path} refused: the claim {claim} is gone (this instance's ZooKeeper "
+            "session expired); another instance owns the partition now or will claim it",
+        )
+        self.path = path
+        self.claim = claim
+        self.expected_version = -1
+
+
+class OffsetRecordExists(OffsetConflict):
+    """Creating a first offset record lost: another writer created it since we looked."""
+
+    def __init__(self, path: str) -> None:
+        KspoutError.__init__(
+            self,
+            f"{path} was created by another spout instance or an operator since this instance "
+            "found none; this instance does not own the partition and stops committing",
+        )
+        self.path = path
+        self.expected_version = -1  # -1: we expected no record at all
+
+
+class OutputFailed(GiveUp):
+    """Kafka did not acknowledge some outputs: their source messages must not be acked."""
+
+    def __init__(self, topic: str, failures: list[tuple[str, str]]) -> None:
+        self.topic = topic
+        self.failures = failures  # (output id, Kafka's error) per unacknowledged output
+        output, error = failures[0]
+        super().__init__(
+            f"{count(len(failures), 'output')} to {topic} not acknowledged by Kafka (first: "
+            f"{output}: {error}); the source message fails and is retried, its outputs re-sent "
+            "with the same ids; check that the topic exists and this client may write to it"
+        )
+
+
+class OutputUnavailable(OutputFailed, KafkaUnavailable):
+    """Every unacknowledged output failed for an outage of the output's Kafka (see
+    `kspout.output`): the source message is released, no attempt spent, and sent again later."""
+
+    def __init__(self, topic: str, failures: list[tuple[str, str]]) -> None:
+        super().__init__(topic, failures)
+        output, error = failures[0]
+        self.args = (
+            f"{count(len(failures), 'output')} to {topic} not acknowledged: its Kafka is "
+            f"unreachable or has no leader for them (first: {output}: {error}); the source "
+            "message is released, no attempt spent, and its outputs are sent again once Kafka "
+            "answers",
         )

@@ -25,8 +25,7 @@ from dataclasses import dataclass
 
 from kspout.errors import ChainError
 from kspout.kafka.records import Record
-
-Range = tuple[int, int]
+from kspout.ranges import Range, union
 
 WAITS_FOR_KEY = "waits for an earlier record of its key (ordering = key)"
 
@@ -118,13 +117,7 @@ def blockers_of(unfinished: Sequence[Range], plan: Sequence[Range]) -> tuple[Ran
 
 def fetch_ranges(plan: Sequence[Range], blockers: Sequence[Range]) -> list[Range]:
     """The plan's ranges and the blockers, merged into one sorted list of disjoint ranges."""
-    out: list[Range] = []
-    for lo, hi in sorted([*plan, *blockers]):
-        if out and out[-1][1] >= lo:
-            out[-1] = (out[-1][0], max(out[-1][1], hi))
-        else:
-            out.append((lo, hi))
-    return out
+    return list(union(plan, blockers))
 
 
 def within(ranges: Sequence[Range], missing: Iterable[Range]) -> list[Range]:

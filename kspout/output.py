@@ -44,11 +44,11 @@ from confluent_kafka import KafkaError, Message
 from kspout.bolts import Bolt, Collector, Tuple
 from kspout.channel.beacon import thread_beacon
 from kspout.config import TopicConfig
-from kspout.errors import KafkaUnavailable, KspoutError
+from kspout.errors import OutputFailed, OutputUnavailable
 from kspout.kafka import Record
 from kspout.kafka.deadletter import FLUSH_MARGIN, HEADER_PREFIX, IdempotentProducer
 from kspout.outcomes import describe_error
-from kspout.wording import count
+from kspout.worker_clients import WorkerClients
 
 ID_HEADER = HEADER_PREFIX + "id"
 NO_REPORT = "no delivery report before the timeout"
@@ -81,35 +81,6 @@ def output_id(source: Record, index: int = 0, source_id: str | None = None) -> s
     if not source_id:
         raise ValueError("source_id is empty: pass the source message's id, or None")
     return f"{source.topic}/{source_id}#{index}"
-
-
-class OutputFailed(KspoutError):
-    """Kafka did not acknowledge some outputs: their source messages must not be acked."""
-
-    def __init__(self, topic: str, failures: list[tuple[str, str]]) -> None:
-        self.topic = topic
-        self.failures = failures  # (output id, Kafka's error) per unacknowledged output
-        output, error = failures[0]
-        super().__init__(
-            f"{count(len(failures), 'output')} to {topic} not acknowledged by Kafka (first: "
-            f"{output}: {error}); the source message fails and is retried, its outputs re-sent "
-            "with the same ids; check that the topic exists and this client may write to it"
-        )
-
-
-class OutputUnavailable(OutputFailed, KafkaUnavailable):
-    """Every unacknowledged output failed for an outage of the output's Kafka (see the module
-    docstring): the source message is released, no attempt spent, and sent again later."""
-
-    def __init__(self, topic: str, failures: list[tuple[str, str]]) -> None:
-        super().__init__(topic, failures)
-        output, error = failures[0]
-        self.args = (
-            f"{count(len(failures), 'output')} to {topic} not acknowledged: its Kafka is "
-            f"unreachable or has no leader for them (first: {output}: {error}); the source "
-            "message is released, no attempt spent, and its outputs are sent again once Kafka "
-            "answers",
-        )
 
 
 def raise_unacknowledged(topic: str, deliveries: Sequence[_Delivery]) -> None:
@@ -147,7 +118,7 @@ class _OutputProducer(IdempotentProducer):
 
     def produce(self, topic: str, delivery: _Delivery, **message: Any) -> None:
         """Queue one message; while librdkafka's queue is full, serve deliveries and retry."""
-        assert self._producer is not None, "started by _producer_for"
+        assert self._producer is not None, "started by _started"
         while True:
             try:
                 self._producer.produce(topic, on_delivery=delivery.report, **message)
@@ -158,22 +129,17 @@ class _OutputProducer(IdempotentProducer):
     def wait(self) -> None:
         """Until every queued message has its delivery report (or librdkafka's own timeout,
         `fetch_timeout`, plus a margin passed)."""
-        assert self._producer is not None, "started by _producer_for"
+        assert self._producer is not None, "started by _started"
         self._producer.flush(self._config.fetch_timeout + FLUSH_MARGIN)
 
 
-_producers: dict[str, _OutputProducer] = {}
-
-
-def _producer_for(config: TopicConfig) -> _OutputProducer:
-    """This worker's producer for the config's cluster, started on first use."""
-    key = repr((sorted(config.kafka_config().items()), config.spout_id, config.fetch_timeout))
-    producer = _producers.get(key)
-    if producer is None:
-        producer = _OutputProducer(config, "output")
-        producer.start()
-        _producers[key] = producer
+def _started(config: TopicConfig) -> _OutputProducer:
+    producer = _OutputProducer(config, "output")
+    producer.start()
     return producer
+
+
+_producers = WorkerClients(_started)
 
 
 class KafkaOutput:
@@ -192,6 +158,7 @@ class KafkaOutput:
         self.topic = topic
         self._log: list[_Delivery] = []  # the sends `flush` has yet to check
         self._queued = False  # sent since the last wait
+        self._producer: _OutputProducer | None = None  # this worker's, found on first send
 
     def send(
         self,
@@ -213,9 +180,7 @@ class KafkaOutput:
             raise ValueError(f"the {ID_HEADER} header is the output's own; pass no such header")
         stamped.append((ID_HEADER, id_.encode()))
         delivery = _Delivery(id_)
-        _producer_for(self.config).produce(
-            self.topic, delivery, key=key, value=value, headers=stamped
-        )
+        self._producer_of().produce(self.topic, delivery, key=key, value=value, headers=stamped)
         self._log.append(delivery)
         self._queued = True
         return id_
@@ -231,8 +196,14 @@ class KafkaOutput:
     def _wait(self) -> None:
         """Until every send so far has Kafka's answer (in its `_Delivery`)."""
         if self._queued:
-            _producer_for(self.config).wait()
+            self._producer_of().wait()
             self._queued = False
+
+    def _producer_of(self) -> _OutputProducer:
+        """This worker's producer for the config (looked up once per output, not per send)."""
+        if self._producer is None:
+            self._producer = _producers.get(self.config)
+        return self._producer
 
     def _track(self) -> list[_Delivery]:
         """A new list that the sends from now on go to (`Publish` keeps one per input)."""
@@ -247,6 +218,7 @@ class KafkaOutput:
         self.__dict__.update(state)
         self._log = []
         self._queued = False
+        self._producer = None
 
     def __repr__(self) -> str:
         return f"KafkaOutput({self.config.brokers!r}, {self.topic!r})"

@@ -473,18 +473,3 @@ class Schedule(Generic[V]):
         self._ranges = len(live)
         self._limit = 2 * (len(live) + len(self._map)) + self._slack
         self._next_at = self._earliest()
-
-
-def runs(offsets: Iterable[int]) -> Iterator[tuple[int, int]]:
-    """Coalesce ascending offsets into half-open runs `[lo, hi)`."""
-    it = iter(offsets)
-    try:
-        lo = prev = next(it)
-    except StopIteration:
-        return
-    for o in it:
-        if o != prev + 1:
-            yield lo, prev + 1
-            lo = o
-        prev = o
-    yield lo, prev + 1

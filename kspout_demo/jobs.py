@@ -25,18 +25,19 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import cache
 
 import redis
 from confluent_kafka import Consumer, TopicPartition
 
 from dedup import Effects, IdempotencyBolt
-from kspout.bolts import BasicBolt, BasicCollector, Fields, TaskContext, Tuple
+from kspout.bolts import BasicBolt, BasicCollector, TaskContext, Tuple
 from kspout.config import TopicConfig
 from kspout.executor.topology import ChainItem
+from kspout.groupings import Fields
 from kspout.kafka import Record, client_settings
 from kspout.kafka.topics import ensure_topic
 from kspout.kafka.writer import TopicWriter
+from kspout.worker_clients import WorkerClients
 from kspout.zk.offsets import ZkOffsetStore
 from kspout.zk.session import ZkSession
 
@@ -96,10 +97,8 @@ def _sentences(stream: DemoStream, rng: random.Random) -> Iterator[tuple[bytes |
         yield (None if inject == "noid" else str(n).encode()), value
 
 
-@cache
-def _redis(url: str) -> redis.Redis:
-    """One client per Python worker and URL (clients do not travel from the driver)."""
-    return redis.Redis.from_url(url)
+# One client per Python worker and URL (clients do not travel from the driver).
+_redis = WorkerClients(redis.Redis.from_url)
 
 
 class SplitSentence(BasicBolt):
@@ -113,7 +112,7 @@ class SplitSentence(BasicBolt):
         self.slow_seconds = slow_seconds
 
     def prepare(self, context: TaskContext) -> None:
-        self.redis = _redis(self.redis_url)
+        self.redis = _redis.get(self.redis_url)
 
     def process(self, tuple_: Tuple, collector: BasicCollector) -> None:
         message = json.loads(tuple_.record.value or b"{}")
@@ -150,7 +149,7 @@ class CountWord(BasicBolt):
         self.counts[tuple_["word"]] += 1
 
     def cleanup(self) -> None:
-        with _redis(self.redis_url).pipeline(transaction=True) as pipe:
+        with _redis.get(self.redis_url).pipeline(transaction=True) as pipe:
             for word, n in self.counts.items():
                 pipe.hincrby(self.key, word, n)
             pipe.execute()
@@ -192,13 +191,13 @@ def exactly_once_chain(config: TopicConfig, job: str, slow_seconds: float) -> Id
 
 def read_effects(config: TopicConfig, job: str) -> tuple[int, int]:
     """(effects applied, distinct ids applied) of the exactly-once job."""
-    client = _redis(config.redis.url)
+    client = _redis.get(config.redis.url)
     return int(client.get(f"{job}:effects") or 0), int(client.scard(f"{job}:ids"))
 
 
 def read_counts(config: TopicConfig, key: str) -> Counter[str]:
     """The counts a job left in Redis."""
-    raw = _redis(config.redis.url).hgetall(key)
+    raw = _redis.get(config.redis.url).hgetall(key)
     return Counter({_text(k): int(v) for k, v in raw.items()})
 
 

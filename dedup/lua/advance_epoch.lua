@@ -1,6 +1,6 @@
 -- advance_epoch.lua: move the namespace's fence to a newer epoch, never to an older one.
 --
--- KEYS[1]  the fence hash `{ns}:fence` (fields `epoch`, `seq`; see claim.lua)
+-- KEYS[1]  the fence hash `{ns}:fence` (fields `epoch`, `seq`; see lease.lua)
 -- ARGV[1]  a fresh epoch (decimal) the caller just took from ZooKeeper
 --
 -- If the fence is missing or holds a lower epoch, it becomes {epoch = ARGV[1], seq = 0}: the

@@ -1,11 +1,11 @@
--- settle.lua: mark a batch of claimed ids of one shard DONE or FAILED, each only with its
+-- settle.lua: mark a batch of leased ids of one shard DONE or FAILED, each only with its
 -- current token, and apply each DONE item's side effects with it.
 --
--- KEYS[1..n]   record keys `{tag}:r:<id>` (record layout: see claim.lua)
+-- KEYS[1..n]   record keys `{tag}:r:<id>` (record layout: see lease.lua)
 -- KEYS[n+1..]  the effects' keys (the caller's own keys), in order; on a Redis Cluster they
 --              carry the records' hash tag, so the call touches one slot
 -- ARGV[1]      how long DONE and FAILED records are kept at least, ms
--- ARGV[2]      per item, in KEYS order, `<token hex>:<attempts>` as the caller's claim answered
+-- ARGV[2]      per item, in KEYS order, `<token hex>:<attempts>` as the caller's lease answered
 --              them (attempts 0: unknown), space-separated
 -- ARGV[3]      n characters, one per item: 'D' for DONE, 'F' for FAILED
 -- ARGV[4]      the effects' shapes, '' if no item has any: per item, one letter and an
@@ -17,12 +17,12 @@
 --              (after the key) of a DONE item
 --
 -- An item settles only if its record is IN_FLIGHT with exactly that token (a lease that ran out
--- still settles if nobody claimed the id since: the work is done and no newer token exists).
+-- still settles if nobody leased the id since: the work is done and no newer token exists).
 -- DONE and FAILED keep the attempt count and expire ARGV[1] ms from now. An item costs one
 -- command when the caller's attempt count is right: `SET key <settled> PX ttl GET` writes the
 -- settled record and answers the one it replaced. If that was not the expected IN_FLIGHT
 -- record, the old value goes back: an IN_FLIGHT record with its expiry (its lease deadline +
--- ttl, as the claim set it); a record already settled (a retried or a zombie's settle), or a
+-- ttl, as the lease set it); a record already settled (a retried or a zombie's settle), or a
 -- string that is no record, expiring ttl from now (a settled record's window restarts, never
 -- shorter); no record: the key is deleted. A script runs alone, so nobody sees a write that is
 -- undone.
@@ -181,7 +181,7 @@ local out = {} -- the digit of each item not settled
 local refused = false
 local reasons = {}
 local i = 0
-for claim in string.gmatch(ARGV[2], '%S+') do
+for lease in string.gmatch(ARGV[2], '%S+') do
   i = i + 1
   local key = KEYS[i]
   local done = string.byte(outcomes, i) == 68 -- 'D'
@@ -193,14 +193,14 @@ for claim in string.gmatch(ARGV[2], '%S+') do
   local first_arg, first_key = at, key_at
   local settled
   if done then
-    settled = 'D:' .. claim
+    settled = 'D:' .. lease
     local p, count = from, 0
     while p < to do
       p, count = effect_at(p)
       at, key_at = at + count, key_at + 1
     end
   else
-    settled = 'F:' .. claim .. ':' .. ARGV[at]
+    settled = 'F:' .. lease .. ':' .. ARGV[at]
     at = at + 1
   end
 
@@ -218,14 +218,14 @@ for claim in string.gmatch(ARGV[2], '%S+') do
   elseif not old then
     redis.call('DEL', key) -- the SET made it
     digit = '2'
-  elseif string.find(old, 'I:' .. claim .. ':', 1, true) ~= 1 then
-    local token = string.match(claim, '^%x+')
+  elseif string.find(old, 'I:' .. lease .. ':', 1, true) ~= 1 then
+    local token = string.match(lease, '^%x+')
     local held, attempts, deadline = string.match(old, '^I:(%x+):(%d+):(%d+):')
-    if held == token then -- this claim's record, but not the caller's attempt count: the record's
-      claim = token .. ':' .. attempts
-      settled = done and 'D:' .. claim or 'F:' .. claim .. ':' .. ARGV[first_arg]
+    if held == token then -- this lease's record, but not the caller's attempt count: the record's
+      lease = token .. ':' .. attempts
+      settled = done and 'D:' .. lease or 'F:' .. lease .. ':' .. ARGV[first_arg]
       redis.call('SET', key, settled, 'PX', ttl)
-    else -- another claim's record, or one already settled: put it back
+    else -- another lease's record, or one already settled: put it back
       if deadline then
         redis.call('SET', key, old, 'PXAT', string.format('%d', tonumber(deadline) + ttl))
       else
@@ -248,7 +248,7 @@ for claim in string.gmatch(ARGV[2], '%S+') do
       a, k = a + count, k + 1
     end
     if reason then
-      redis.call('SET', key, 'F:' .. claim .. ':rejected effect: ' .. reason, 'KEEPTTL')
+      redis.call('SET', key, 'F:' .. lease .. ':rejected effect: ' .. reason, 'KEEPTTL')
       digit = '3'
       reasons[#reasons + 1] = reason
     else

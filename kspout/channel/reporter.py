@@ -18,6 +18,7 @@ from types import TracebackType
 from kspout.channel.beacon import thread_beacon
 from kspout.contract import Beat, ChannelAddress, Final, Message, RootKey, TaskId, TaskResult
 from kspout.outcomes import Outcome, OutcomeKind
+from kspout.worker_clients import WorkerClients
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +53,7 @@ class _Link:
                 )
 
 
-_links: dict[ChannelAddress, _Link] = {}
-
-
-def _link(address: ChannelAddress) -> _Link:
-    link = _links.get(address)
-    if link is None or link.broken:
-        link = _links[address] = _Link(address)
-    return link
+_links = WorkerClients(_Link, usable=lambda link: not link.broken)
 
 
 def root_of(current: object) -> RootKey | None:
@@ -87,7 +81,7 @@ class TaskReporter:
         *,
         interval: float = BEAT_INTERVAL,
     ) -> None:
-        self._link = _link(address) if address is not None else None
+        self._link = _links.get(address) if address is not None else None
         self._task = task
         self._partition = partition
         self._interval = interval

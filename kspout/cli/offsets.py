@@ -34,7 +34,7 @@ from kspout.cli.options import (
     partition_options,
 )
 from kspout.cli.pausing import paused_while
-from kspout.cli.views import read_marks
+from kspout.cli.views import read_positions
 from kspout.config import TopicConfig, load_config
 from kspout.errors import (
     OffsetOutOfRange,
@@ -113,11 +113,11 @@ def _view(
 def _collect(config: TopicConfig) -> tuple[list[PartitionView], list[str]]:
     """Every partition Kafka knows, plus any stored record for a partition it does not."""
     with ZkSession(config) as session, KafkaMetadata(config) as kafka:
-        marks = read_marks(config, ZkOffsetStore(session), kafka)
+        positions = read_positions(config, ZkOffsetStore(session), kafka)
         live = live_instances(session)
     views = [
         _view(m.partition, m.record, m.watermarks, config.start, m.start_offset, set(live))
-        for m in marks
+        for m in positions
     ]
     return views, live
 

@@ -28,7 +28,7 @@ from kspout.cli.options import (
 )
 from kspout.cli.pausing import ack_timeout, operator, pause, resume, wait_for_acks
 from kspout.config import load_config
-from kspout.errors import KspoutError
+from kspout.errors import NoLiveInstance, RebalanceNotDone
 from kspout.kafka import KafkaMetadata
 from kspout.ownership.assignment import Assignment, balance, moves
 from kspout.ownership.tree import SpoutTree, read_ownership, write_assignment
@@ -38,10 +38,6 @@ from kspout.zk.registry import live_instances
 from kspout.zk.session import ZkSession
 
 CLAIM_POLL = 0.2  # seconds between reads while waiting for moved partitions' new claims
-
-
-class RebalanceError(KspoutError):
-    """A rebalance that cannot be done as asked (no live instance, unknown target, timeout)."""
 
 
 @main.command(name="pause")
@@ -140,10 +136,7 @@ def rebalance(
             partitions = kafka.require_topic(config.topic)
             live = live_instances(session)
             if not live:
-                raise RebalanceError(
-                    f"no live instance of spout {session.path}: nothing owns partitions to move; "
-                    "start one with `kspout run`"
-                )
+                raise NoLiveInstance(session.path)
             found = session.read_node(SpoutTree(session.path).assignment)
             current = Assignment.decode(found[0]) if found is not None else Assignment()
             if move is None or target is None:
@@ -205,14 +198,14 @@ def _write(session: ZkSession, new: Assignment, version: int | None) -> None:
     try:
         write_assignment(session, new, version)
     except (BadVersionError, NodeExistsError):
-        raise RebalanceError(
+        raise RebalanceNotDone(
             "the assignment changed while computing the moves (an instance joined or left): "
             "run the command again"
         ) from None
 
 
 def _wait_for_claims(session: ZkSession, wanted: dict[int, str], timeout: float) -> None:
-    """Until each moved partition is claimed by its new owner (`RebalanceError` on timeout)."""
+    """Until each moved partition is claimed by its new owner (`RebalanceNotDone` on timeout)."""
     deadline = time.monotonic() + timeout
     with Console(stderr=True).status(f"moving {count(len(wanted), 'partition')}"):
         while True:
@@ -221,7 +214,7 @@ def _wait_for_claims(session: ZkSession, wanted: dict[int, str], timeout: float)
             if not late:
                 return
             if time.monotonic() >= deadline:
-                raise RebalanceError(
+                raise RebalanceNotDone(
                     f"partitions {sorted(late)} not claimed by their new owners within "
                     f"{timeout:g}s (their old owners may still run batches there); see "
                     "`kspout status`"

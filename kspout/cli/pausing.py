@@ -15,24 +15,12 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from kspout.config import TopicConfig
-from kspout.errors import KspoutError
+from kspout.errors import PauseNotAcked
 from kspout.ownership.tree import SpoutTree, encode, read_ownership
 from kspout.zk.record import now_ms
 from kspout.zk.session import ZkSession
 
 ACK_POLL = 0.2  # seconds between reads while waiting for owners' acks
-
-
-class PauseNotAcked(KspoutError):
-    """Owners did not ack a pause in time (a batch still running there, or a stuck owner)."""
-
-    def __init__(self, waiting: dict[int, str], timeout: float) -> None:
-        self.waiting = waiting
-        shown = ", ".join(f"{p} (owner {owner})" for p, owner in sorted(waiting.items()))
-        super().__init__(
-            f"no ack within {timeout:g}s for the pause of partitions {shown}: their owners "
-            "still run batches there, or are stuck; look at `kspout status`, and try again"
-        )
 
 
 def operator() -> str:

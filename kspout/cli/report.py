@@ -104,8 +104,8 @@ def _columns(progress: Progress) -> dict[str, Column]:
     out["high"] = ([str(v.high) for v in views], "")
     out["lag"] = ([str(v.lag) for v in views], str(progress.lag))
     out["in flight"] = ([str(v.stats.in_flight) for v in views], str(progress.total("in_flight")))
-    failed = [str(v.stats.failed + v.stats.dead_letter_pending) for v in views]
-    out["failed"] = (failed, str(progress.total("failed") + progress.total("dead_letter_pending")))
+    failed = [str(v.stats.waiting + v.stats.dead_letter_pending) for v in views]
+    out["failed"] = (failed, str(progress.total("waiting") + progress.total("dead_letter_pending")))
     for name in COUNTERS:
         if name not in OCCASIONAL or progress.total(name):
             cells = [str(getattr(v.stats, name)) for v in views]
@@ -187,7 +187,7 @@ def progress_json(progress: Progress) -> dict[str, Any]:
                 "high": v.high,
                 "lag": v.lag,
                 "in_flight": v.stats.in_flight,
-                "failed": v.stats.failed,
+                "failed": v.stats.waiting,
                 "dead_letter_pending": v.stats.dead_letter_pending,
                 "status": v.status,
                 "stopped": v.stopped,

@@ -29,12 +29,13 @@ from rich.text import Text
 from kspout.cli.answers import echo_json, stdout_console
 from kspout.cli.group import main
 from kspout.cli.options import config_option, dev_option, json_option
-from kspout.cli.views import PartitionMarks, age, iso, read_marks
+from kspout.cli.views import PartitionPositions, age, iso, read_positions
 from kspout.config import TopicConfig, load_config
 from kspout.errors import KspoutError, resume_command
 from kspout.kafka import KafkaMetadata
 from kspout.kafka.transactions import OpenTransaction, TransactionProbe
 from kspout.ownership.tree import Ownership, Pause, read_ownership
+from kspout.ranges import runs
 from kspout.wording import count
 from kspout.zk.offsets import ZkOffsetStore
 from kspout.zk.record import now_ms
@@ -60,7 +61,7 @@ def could_not_tell() -> Iterator[None]:
         raise CouldNotTell(f"could not tell: {exc}") from None
 
 
-def _start(config: TopicConfig, m: PartitionMarks) -> dict[str, Any] | None:
+def _start(config: TopicConfig, m: PartitionPositions) -> dict[str, Any] | None:
     """Where `start` begins (JSON), for a partition in Kafka without a record."""
     if m.start_offset is None:
         return None
@@ -221,7 +222,7 @@ def _state(
 
 def _partition(
     config: TopicConfig,
-    m: PartitionMarks,
+    m: PartitionPositions,
     own: Ownership,
     instances: Mapping[str, InstanceView],
     now: int,
@@ -236,7 +237,7 @@ def _partition(
     if live is not None:
         report = _dict(own.instances[live.id].get("report"))
         reported = _dict(_dict(report.get("partitions")).get(str(m.partition)))
-    failed, pending = _int(reported.get("failed")), _int(reported.get("dead_letter_pending"))
+    failed, pending = _int(reported.get("waiting")), _int(reported.get("dead_letter_pending"))
     record = m.record
     stopped = record.stopped if record is not None else None
     pause = own.paused.get(m.partition)
@@ -279,11 +280,11 @@ def _totals(rows: list[PartitionStatus]) -> dict[str, int]:
     }
 
 
-def _caught_up(marks: list[PartitionMarks]) -> dict[int, int]:
+def _caught_up(positions: list[PartitionPositions]) -> dict[int, int]:
     """Partition -> its high (the last stable offset), for those committed up to it."""
     return {
         m.partition: m.watermarks[1]
-        for m in marks
+        for m in positions
         if m.record is not None and m.watermarks is not None and m.record.offset >= m.watermarks[1]
     }
 
@@ -294,8 +295,8 @@ def collect_status(config: TopicConfig, *, now: int | None = None) -> Status:
     (`kspout.kafka.transactions`)."""
     with ZkSession(config) as session, KafkaMetadata(config) as kafka:
         own = read_ownership(session)
-        marks = read_marks(config, ZkOffsetStore(session), kafka)
-    caught_up = _caught_up(marks)
+        positions = read_positions(config, ZkOffsetStore(session), kafka)
+    caught_up = _caught_up(positions)
     opened = {}
     if caught_up:
         with TransactionProbe(config) as probe:
@@ -307,7 +308,7 @@ def collect_status(config: TopicConfig, *, now: int | None = None) -> Status:
         name: _instance(name, own.instances[name], own, name == names[0], stale_ms, now)
         for name in names
     }
-    rows = [_partition(config, m, own, instances, now, opened.get(m.partition)) for m in marks]
+    rows = [_partition(config, m, own, instances, now, opened.get(m.partition)) for m in positions]
     return Status(config.topic, config.zk_spout_path, list(instances.values()), rows, _totals(rows))
 
 
@@ -324,13 +325,8 @@ def _ago(seconds: float | None) -> str:
 
 def _ranges(partitions: list[int]) -> str:
     """`0-3, 7, 9-10`."""
-    runs: list[list[int]] = []
-    for p in partitions:
-        if runs and p == runs[-1][1] + 1:
-            runs[-1][1] = p
-        else:
-            runs.append([p, p])
-    return ", ".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in runs) or "-"
+    spans = runs(partitions)
+    return ", ".join(str(lo) if hi == lo + 1 else f"{lo}-{hi - 1}" for lo, hi in spans) or "-"
 
 
 def _instances_table(status: Status) -> Table:
@@ -537,7 +533,7 @@ def lag_command(ctx: click.Context, config_path: str, threshold: int | None, as_
     with could_not_tell():
         config = load_config(config_path)
         with ZkSession(config) as session, KafkaMetadata(config) as kafka:
-            marks = read_marks(config, ZkOffsetStore(session), kafka)
+            positions = read_positions(config, ZkOffsetStore(session), kafka)
     rows = [
         {
             "partition": m.partition,
@@ -546,9 +542,9 @@ def lag_command(ctx: click.Context, config_path: str, threshold: int | None, as_
             "high": None if m.watermarks is None else m.watermarks[1],
             "lag": m.lag,
         }
-        for m in marks
+        for m in positions
     ]
-    lags = {m.partition: m.lag for m in marks if m.lag is not None}
+    lags = {m.partition: m.lag for m in positions if m.lag is not None}
     total = sum(lags.values())
     above = threshold is not None and total > threshold
     behind = sorted((p for p, n in lags.items() if n), key=lambda p: (-lags[p], p))

@@ -1,6 +1,6 @@
 """What the operator commands read of a topic's partitions, and how they print times.
 
-`read_marks` puts each partition's stored record beside Kafka's watermarks (asked in one batched
+`read_positions` puts each partition's stored record beside Kafka's watermarks (asked in one batched
 query) and, for a partition without a record, the offset the topic file's `start` gives:
 `offsets show`, `status` and `lag` all start from it.
 """
@@ -17,7 +17,7 @@ from kspout.zk.record import StoredOffset
 
 
 @dataclass(frozen=True, slots=True)
-class PartitionMarks:
+class PartitionPositions:
     """One partition: its record, Kafka's watermarks, and where `start` would begin."""
 
     partition: int
@@ -47,9 +47,9 @@ class PartitionMarks:
         return not low <= self.record.offset <= high
 
 
-def read_marks(
+def read_positions(
     config: TopicConfig, store: ZkOffsetStore, kafka: KafkaMetadata
-) -> list[PartitionMarks]:
+) -> list[PartitionPositions]:
     """Every partition Kafka knows, plus any stored record for a partition it does not;
     `TopicNotFound` when Kafka does not have the topic."""
     stored = store.read_all()
@@ -57,11 +57,11 @@ def read_marks(
     out = []
     for partition in sorted(in_kafka.keys() | stored.keys()):
         record = stored.get(partition)
-        marks = in_kafka.get(partition)
+        bounds = in_kafka.get(partition)
         start_offset = None
-        if record is None and marks is not None:
-            start_offset = kafka.resolve(config.start, config.topic, partition, bounds=marks)
-        out.append(PartitionMarks(partition, record, marks, start_offset))
+        if record is None and bounds is not None:
+            start_offset = kafka.resolve(config.start, config.topic, partition, bounds=bounds)
+        out.append(PartitionPositions(partition, record, bounds, start_offset))
     return out
 
 

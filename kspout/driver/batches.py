@@ -208,7 +208,7 @@ class BatchTracker:
             if a < b:
                 outcomes.append(Outcome(a, OutcomeKind.GONE, count=b - a))
         outcomes.sort(key=lambda o: o.offset)
-        return TaskResult(task.topic, p, task.plan.epoch, outcomes)
+        return TaskResult(task.topic, p, task.plan.generation, outcomes)
 
     def _final(
         self, batch: RunningBatch, results: tuple[TaskResult, ...] | list[TaskResult]
@@ -298,20 +298,20 @@ class BatchTracker:
         except KeyError:
             return
         error = f"still running after {busy:.1f}s (message_timeout={self._timeout}s)"
-        pm.fail(offset, FailReason.TIMEOUT, error, attempt, epoch=task.plan.epoch)
+        pm.fail(offset, FailReason.TIMEOUT, error, attempt, generation=task.plan.generation)
         log.warning("%s[%d] offset %d timed out: %s", task.topic, p, offset, error)
 
     def _hold(self, batch: RunningBatch, pms: Mapping[int, PartitionManager], until: float) -> None:
         for p, task in batch.tasks.items():
             pm = pms.get(p)
-            if pm is None or p in batch.finished or pm.epoch != task.plan.epoch:
+            if pm is None or p in batch.finished or pm.generation != task.plan.generation:
                 continue
             for span in batch.open_spans(p):
                 pm.hold(span.start, span.end, span.attempt, until)
 
     def hold_group(self, group: Suspects, pm: PartitionManager, now: float) -> None:
         """Keep a queued suspect group's offsets from timing out while they wait their turn."""
-        if pm.epoch == group.epoch:
+        if pm.generation == group.generation:
             for span in group.spans:
                 pm.hold(span.start, span.end, span.attempt, now + self._timeout)
 
@@ -331,7 +331,7 @@ def _clip(result: TaskResult, upto: int | None) -> TaskResult:
     return TaskResult(
         result.topic,
         result.partition,
-        result.epoch,
+        result.generation,
         kept,
         result.out_of_range,
         result.infra_error,

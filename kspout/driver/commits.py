@@ -21,11 +21,11 @@ from typing import Any
 from kspout.driver.owned import OwnedPartition
 from kspout.errors import OffsetConflict
 from kspout.partition_manager import PartitionManager
+from kspout.ranges import Range
 from kspout.zk.offsets import OffsetWrite, ZkOffsetStore
 from kspout.zk.record import (
     MAX_DONE_SPANS,
     Checkpoint,
-    Range,
     StoredOffset,
     encode_done,
     history_fields,
@@ -52,7 +52,7 @@ class _Record:
     advanced_at: int  # wall ms the commit point last moved
     history: tuple[Checkpoint, ...]
     written_at: float  # clock time it was last written (a commit, the claim, an operator)
-    seen: tuple[int, int, int] | None = None  # (commit point, epoch, finished) `held` is from
+    seen: tuple[int, int, int] | None = None  # (commit point, generation, finished) `held` is from
 
     @property
     def offset(self) -> int | None:
@@ -165,7 +165,7 @@ class Committer:
             return None  # a stopped record is the operator's to change now
         # Nothing finished and the commit point stood still: the record is as written
         # (saves listing the runs of a thousand quiet partitions every commit).
-        seen = (pm.commit_point, pm.epoch, pm.finished_total)
+        seen = (pm.commit_point, pm.generation, pm.finished_total)
         if mark == record.mark and seen == record.seen:
             return None
         offset = pm.commit_point

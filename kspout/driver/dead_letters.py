@@ -42,7 +42,7 @@ from kspout.kafka.deadletter import FLUSH_MARGIN
 from kspout.lifecycle import Lifecycle
 from kspout.outcomes import describe_error
 from kspout.partition_manager import DeadLetterTicket
-from kspout.spans import runs
+from kspout.ranges import runs
 
 log = logging.getLogger(__name__)
 

@@ -93,10 +93,10 @@ class FailureCosts:
         if p not in self._partitions:
             return  # it moved: its next owner runs what was open
         open_spans = self._open(batch, p)
-        epoch = batch.tasks[p].plan.epoch
+        generation = batch.tasks[p].plan.generation
         group = batch.group
         if group is None or group.partition != p:
-            self._isolation.suspect(p, epoch, open_spans)
+            self._isolation.suspect(p, generation, open_spans)
             return
         culprit = self._isolation.died(group, open_spans, batch.last_seen(p))
         if culprit is not None:
@@ -104,12 +104,12 @@ class FailureCosts:
             reason = f"killed its Python worker when run alone ({error})"
             log.warning("%s[%d] offset %d %s", self._topic, p, culprit, reason)
             pm = self._partitions[p].manager
-            pm.fail(culprit, FailReason.CRASH, reason, attempt, epoch=epoch)
+            pm.fail(culprit, FailReason.CRASH, reason, attempt, generation=generation)
 
     def _open(self, batch: RunningBatch, p: int) -> list[Span]:
         """What `batch` left unsettled in partition `p`, at the attempts it ran them."""
-        part, epoch = self._partitions.get(p), batch.tasks[p].plan.epoch
-        if part is None or part.manager.epoch != epoch:
+        part, generation = self._partitions.get(p), batch.tasks[p].plan.generation
+        if part is None or part.manager.generation != generation:
             return []
         pm = part.manager
         return [

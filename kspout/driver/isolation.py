@@ -27,6 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from kspout.partition_manager import Plan, Span
+from kspout.partition_manager.plans import join
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +35,7 @@ class Suspects:
     """Offsets of one partition to run alone: spans at the attempt they are in flight at."""
 
     partition: int
-    epoch: int
+    generation: int
     spans: tuple[Span, ...]
 
     @property
@@ -43,7 +44,7 @@ class Suspects:
 
     def plan(self) -> Plan:
         """The plan that runs exactly these offsets."""
-        return Plan(self.spans, self.epoch)
+        return Plan(self.spans, self.generation)
 
 
 def split(group: Suspects, last_seen: int | None) -> list[Suspects]:
@@ -56,18 +57,12 @@ def split(group: Suspects, last_seen: int | None) -> list[Suspects]:
         offsets = [(o, a) for o, a in offsets if o != last_seen]
     half = (len(offsets) + 1) // 2
     parts = [*first, offsets[:half], offsets[half:]]
-    return [Suspects(group.partition, group.epoch, _spans(part)) for part in parts if part]
+    return [Suspects(group.partition, group.generation, _spans(part)) for part in parts if part]
 
 
 def _spans(offsets: Sequence[tuple[int, int]]) -> tuple[Span, ...]:
     """Ascending `(offset, attempt)` pairs as spans of consecutive offsets, one attempt each."""
-    out: list[Span] = []
-    for offset, attempt in offsets:
-        if out and out[-1].end == offset and out[-1].attempt == attempt:
-            out[-1] = Span(out[-1].start, offset + 1, attempt)
-        else:
-            out.append(Span(offset, offset + 1, attempt))
-    return tuple(out)
+    return tuple(join([Span(offset, offset + 1, attempt) for offset, attempt in offsets]))
 
 
 class Isolation:
@@ -85,10 +80,10 @@ class Isolation:
         """Groups not handed out yet (the driver holds their deadlines)."""
         return iter(self._queue)
 
-    def suspect(self, partition: int, epoch: int, open_spans: Sequence[Span]) -> None:
+    def suspect(self, partition: int, generation: int, open_spans: Sequence[Span]) -> None:
         """A task died leaving `open_spans` unsettled: queue them as one group."""
         if open_spans:
-            self._queue.append(Suspects(partition, epoch, tuple(open_spans)))
+            self._queue.append(Suspects(partition, generation, tuple(open_spans)))
 
     def next(self) -> Suspects | None:
         """The next group to run alone, or None."""
@@ -105,7 +100,7 @@ class Isolation:
         Returns the culprit's offset when one record alone died (the caller fails it with
         CRASH); otherwise queues the smaller groups and returns None.
         """
-        remaining = Suspects(group.partition, group.epoch, tuple(open_spans))
+        remaining = Suspects(group.partition, group.generation, tuple(open_spans))
         if remaining.size == 0:
             return None
         if remaining.size == 1:
@@ -128,12 +123,12 @@ class Isolation:
                 if start < offset:
                     kept.append(Span(start, offset, span.attempt))
                 alone.append(
-                    Suspects(partition, plan.epoch, (Span(offset, offset + 1, span.attempt),))
+                    Suspects(partition, plan.generation, (Span(offset, offset + 1, span.attempt),))
                 )
                 start = offset + 1
             if start < span.end:
                 kept.append(Span(start, span.end, span.attempt))
-        return Plan(tuple(kept), plan.epoch), alone
+        return Plan(tuple(kept), plan.generation), alone
 
     def forget_below(self, partition: int, commit_point: int) -> None:
         """Crashers below the commit point are finished (dead-lettered or acked)."""

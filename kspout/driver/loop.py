@@ -458,7 +458,7 @@ class Driver(Lifecycle):
         if result.attempt_died:  # Spark ran the task again after its worker died
             self._costs.crashed(batch, p, "an earlier attempt of the task died")
             return
-        part.manager.apply(result.outcomes, epoch=result.epoch)
+        part.manager.apply(result.outcomes, generation=result.generation)
         self._failures.record(p, result.outcomes)
         breaker = part.breaker
         if result.infra_error is not None:
@@ -467,7 +467,7 @@ class Driver(Lifecycle):
             breaker.success()
         if result.out_of_range is not None:
             try:
-                self._out_of_range.hint(part, result.epoch)
+                self._out_of_range.hint(part, result.generation)
             except KafkaUnavailable as exc:  # asked again when the partition is planned
                 breaker.failure(describe_error(exc))
 

@@ -112,7 +112,7 @@ GAUGES: tuple[tuple[str, str, Callable[[PartitionView], float]], ...] = (
     (
         "kspout_messages_waiting_retry",
         "Failed or deferred offsets waiting for their next attempt",
-        lambda v: v.stats.failed,
+        lambda v: v.stats.waiting,
     ),
     (
         "kspout_dead_letters_pending",

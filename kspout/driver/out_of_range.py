@@ -3,7 +3,7 @@
 Two things trigger it: planning sees the partition's offsets outside the watermarks, or a task
 comes back with an out-of-range hint from its fetch. A hint can be stale (planned before a
 reset the driver has done since, or before the watermarks moved back into range), so hints of
-an older epoch are dropped and the watermarks are asked again before anything is reset.
+an older generation are dropped and the watermarks are asked again before anything is reset.
 
 Under `out_of_range = "fail"` only that partition stops (`OwnedPartition.stop`, with the
 reason) until an operator moves its offset; the other partitions keep running and committing.
@@ -40,9 +40,9 @@ class OutOfRangeHandler:
         if part.manager.out_of_range(low, high):
             self._reset(part, low, high)
 
-    def hint(self, part: OwnedPartition, epoch: int) -> None:
+    def hint(self, part: OwnedPartition, generation: int) -> None:
         """A task's fetch found offsets out of range: act on fresh watermarks, if still so."""
-        if epoch != part.manager.epoch or part.stopped is not None:
+        if generation != part.manager.generation or part.stopped is not None:
             return  # planned before a reset since: the hint says nothing about now
         low, high = self._watermarks.fresh(part.number)
         self.check(part, low, high)

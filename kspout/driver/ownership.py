@@ -43,9 +43,9 @@ from kspout.zk.record import StoredOffset
 
 log = logging.getLogger(__name__)
 
-# A partition taken again starts this many epochs above the last one, so results of batches
-# planned before it left are ignored (a partition's own resets add a few epochs at most).
-EPOCH_STRIDE = 1 << 20
+# A partition taken again starts this many generations above the last one, so results of batches
+# planned before it left are ignored (a partition's own resets add a few generations at most).
+GENERATION_STRIDE = 1 << 20
 OTHERS_EVERY = 1.0  # seconds between checks of the partitions other instances own (caught_up)
 
 
@@ -90,7 +90,7 @@ class Ownership:
         self._window = replay_window
         self._past_window = replay_past_window
         self.partitions: dict[int, OwnedPartition] = {}
-        self._next_epoch = 0
+        self._next_generation = 0
         self._others_asked_at = float("-inf")
         self.refused = 0  # commits refused: the claim was gone or the record changed
         self.dropped = 0  # partitions dropped because this instance lost them
@@ -142,7 +142,7 @@ class Ownership:
             stored.offset,
             count(sum(hi - lo for lo, hi in stored.done), "offset"),
         )
-        self._next_epoch += EPOCH_STRIDE
+        self._next_generation += GENERATION_STRIDE
         manager = PartitionManager(
             self._config.partition_policy(),
             stored.offset,
@@ -150,7 +150,7 @@ class Ownership:
             topic=topic,
             partition=p,
             finished=stored.done,
-            epoch=self._next_epoch,
+            generation=self._next_generation,
         )
         breaker = CircuitBreaker.waiting_as(
             f"{topic}[{p}]", self._config.infra_backoff, self._clock

@@ -59,7 +59,7 @@ class Planner:
     def _isolated(self, group: Suspects) -> PartitionTask | None:
         """The task that runs `group` alone, limited to what is still open in it."""
         part = self._partitions.get(group.partition)
-        if part is None or part.manager.epoch != group.epoch:
+        if part is None or part.manager.generation != group.generation:
             return None
         pm = part.manager
         spans = tuple(
@@ -69,7 +69,7 @@ class Planner:
         )
         if not spans:
             return None
-        return self._task(group.partition, Plan(spans, group.epoch), pm)
+        return self._task(group.partition, Plan(spans, group.generation), pm)
 
     def _task(self, p: int, plan: Plan, pm: PartitionManager) -> PartitionTask:
         """The task for `plan`; with `ordering = key`, with the offsets that can hold back

@@ -144,7 +144,7 @@ def warn_if_every_record_failed(progress: Progress, dlq_topic: str) -> None:
 # What an instance publishes of each partition in its ZooKeeper node, for `kspout status`.
 REPORTED = (
     "in_flight",
-    "failed",
+    "waiting",
     "dead_letter_pending",
     "acked",
     "retried",

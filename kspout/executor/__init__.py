@@ -5,7 +5,7 @@
 * `outcome_log` — one task's outcomes, acks folded into counted runs.
 * `slices` — a key-ordered partition split into slices by key hash, their results joined.
 * `topology` — a bolt chain split into stages, and a stage's run inside one task.
-* `fetchers` — this process's cached fetchers, one per Kafka cluster.
+* `fetchers` — this process's cached fetchers, one per topic config.
 * `local` — the in-process executor of `kspout run`.
 
 It implements `kspout.contract` and reports over `kspout.channel`; the driver imports neither

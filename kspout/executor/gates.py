@@ -16,8 +16,7 @@ from typing import Protocol
 from kspout.contract import PartitionTask
 from kspout.kafka import FetchResult, Record
 from kspout.ordering import KeyGate, KeyOrder, within
-
-Range = tuple[int, int]
+from kspout.ranges import Range
 
 
 class Verdict(enum.Enum):

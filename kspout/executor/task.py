@@ -55,7 +55,7 @@ def released(task: PartitionTask, error: str) -> TaskResult:
         Outcome(span.start, _RELEASED, span.attempt, error=error, count=span.end - span.start)
         for span in task.plan.spans
     ]
-    return TaskResult(task.topic, task.partition, task.plan.epoch, outcomes, infra_error=error)
+    return TaskResult(task.topic, task.partition, task.plan.generation, outcomes, infra_error=error)
 
 
 def settle(
@@ -139,7 +139,9 @@ def _result(
     elif out_of_range is not None:
         log.outcomes.extend(cut_short(task, fetched.reached(task.plan.spans[0].start)))
     outcomes = log.finish(missing)
-    return TaskResult(task.topic, task.partition, task.plan.epoch, outcomes, out_of_range, outage)
+    return TaskResult(
+        task.topic, task.partition, task.plan.generation, outcomes, out_of_range, outage
+    )
 
 
 def run_task(

@@ -26,9 +26,7 @@ from kspout.bolts import (
     Bolt,
     Chunk,
     Collector,
-    Fields,
     FunctionBolt,
-    Grouping,
     RootKey,
     TaskContext,
     Tuple,
@@ -39,9 +37,10 @@ from kspout.errors import ChainError
 from kspout.executor.outcome_log import OutcomeLog
 from kspout.executor.task import Handler, cut_short, released
 from kspout.gc_pause import cyclic_gc_paused
+from kspout.groupings import Fields, Grouping
 from kspout.kafka import FetchResult
 from kspout.outcomes import FailReason, OutcomeKind, describe_error
-from kspout.spans import runs
+from kspout.ranges import runs
 
 ChainItem = Bolt | Grouping | Callable[[Any], object]
 
@@ -365,7 +364,7 @@ def partition_results(
     for task in tasks:
         if task.partition in died:
             results.append(
-                TaskResult(task.topic, task.partition, task.plan.epoch, [], attempt_died=True)
+                TaskResult(task.topic, task.partition, task.plan.generation, [], attempt_died=True)
             )
             continue
         if task.partition in failed:
@@ -380,7 +379,7 @@ def partition_results(
             TaskResult(
                 task.topic,
                 task.partition,
-                task.plan.epoch,
+                task.plan.generation,
                 log.finish(missing.get(task.partition, [])),
                 out_of_range.get(task.partition),
                 infra_error,

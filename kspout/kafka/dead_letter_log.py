@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from kspout.config import TopicConfig
-from kspout.errors import KafkaRequestFailed, KafkaUnavailable, KspoutError
+from kspout.errors import KafkaRequestFailed, KafkaUnavailable, LetterNotFound
 from kspout.kafka.deadletter import (
     ATTEMPTS,
     ERROR,
@@ -42,6 +42,7 @@ from kspout.kafka.fetcher import PartitionFetcher
 from kspout.kafka.metadata import KafkaMetadata
 from kspout.kafka.records import Headers, Record
 from kspout.lifecycle import Lifecycle
+from kspout.ranges import Range, runs
 from kspout.wording import count
 
 _OURS = frozenset((*LETTER_HEADERS, TRACEBACK))  # headers a letter does not replay
@@ -53,21 +54,6 @@ REPLAY_MARKS = (REPLAYED_FROM, REPLAYED_AT)
 READ_STEP = 10_000
 # librdkafka's RD_KAFKA_PARTITION_UA: the producer's partitioner chooses (by key).
 ANY_PARTITION = -1
-
-Spans = list[tuple[int, int]]
-
-
-class LetterNotFound(KspoutError):
-    """An operator named a dead letter (`--offset P:O`) that the dead-letter topic lacks."""
-
-    def __init__(self, dlq_topic: str, partition: int, offset: int, why: str) -> None:
-        self.dlq_topic = dlq_topic
-        self.partition = partition
-        self.offset = offset
-        super().__init__(
-            f"{dlq_topic}: no dead letter at {partition}:{offset} ({why}); list the letters "
-            "with `kspout dlq show --config <topic file>` and name them as DLQ_PARTITION:OFFSET"
-        )
 
 
 class ReplayFailed(KafkaUnavailable):
@@ -201,20 +187,9 @@ class _Tally:
             self._on_progress(min(self.read, self.total), self.total)
 
 
-def _spans_of(offsets: list[int]) -> Spans:
-    """Sorted distinct offsets as half-open runs: [3, 4, 9] -> [(3, 5), (9, 10)]."""
-    spans: Spans = []
-    for offset in offsets:
-        if spans and spans[-1][1] == offset:
-            spans[-1] = (spans[-1][0], offset + 1)
-        else:
-            spans.append((offset, offset + 1))
-    return spans
-
-
-def _take(spans: Spans, count: int) -> tuple[Spans, Spans]:
+def _take(spans: list[Range], count: int) -> tuple[list[Range], list[Range]]:
     """The first `count` offsets of `spans`, and the rest."""
-    taken: Spans = []
+    taken: list[Range] = []
     rest = list(spans)
     while rest and count > 0:
         start, end = rest.pop(0)
@@ -226,7 +201,7 @@ def _take(spans: Spans, count: int) -> tuple[Spans, Spans]:
     return taken, rest
 
 
-def _clip(spans: Spans, low: int, high: int) -> Spans:
+def _clip(spans: list[Range], low: int, high: int) -> list[Range]:
     """The parts of `spans` inside `[low, high)`."""
     clipped = [(max(start, low), min(end, high)) for start, end in spans]
     return [(start, end) for start, end in clipped if start < end]
@@ -279,7 +254,7 @@ class DeadLetterLog(Lifecycle):
         letters.sort(key=lambda letter: (letter.timestamp, letter.dlq_partition, letter.dlq_offset))
         return LetterScan(self._topic, bool(partitions), tally.read, tally.foreign, letters[:limit])
 
-    def _plan(self, partitions: list[int], chosen: LetterFilter) -> dict[int, Spans]:
+    def _plan(self, partitions: list[int], chosen: LetterFilter) -> dict[int, list[Range]]:
         """The spans to read per dead-letter partition; every named letter must be in one."""
         plan = {partition: self._spans(partition, chosen) for partition in partitions}
         for partition, offset in sorted(chosen.offsets):
@@ -289,7 +264,12 @@ class DeadLetterLog(Lifecycle):
         return plan
 
     def _choose(
-        self, partition: int, spans: Spans, chosen: LetterFilter, limit: int | None, tally: _Tally
+        self,
+        partition: int,
+        spans: list[Range],
+        chosen: LetterFilter,
+        limit: int | None,
+        tally: _Tally,
     ) -> tuple[list[StoredLetter], set[int]]:
         """The letters `chosen` picks in one partition, and the offsets of the named letters
         found there (whether or not they match the other criteria)."""
@@ -305,7 +285,7 @@ class DeadLetterLog(Lifecycle):
                     break
         return matches, seen
 
-    def _spans(self, partition: int, chosen: LetterFilter) -> Spans:
+    def _spans(self, partition: int, chosen: LetterFilter) -> list[Range]:
         """The offsets of a dead-letter partition to read: the named ones, or all from the
         first at or after `since` (Kafka's time index) to high."""
         low, high = self._metadata.watermarks(self._topic, partition)
@@ -315,14 +295,14 @@ class DeadLetterLog(Lifecycle):
                 if not low <= offset < high:
                     why = f"the partition holds offsets {low} to {high - 1}"
                     raise LetterNotFound(self._topic, partition, offset, why)
-            return _spans_of(named)
+            return list(runs(named))
         start = low
         if chosen.since_ms is not None:
             found = self._metadata.offset_for_timestamp(self._topic, partition, chosen.since_ms)
             start = high if found is None else max(low, found)
         return [(start, high)] if start < high else []
 
-    def _letters(self, partition: int, spans: Spans, tally: _Tally) -> Iterator[StoredLetter]:
+    def _letters(self, partition: int, spans: list[Range], tally: _Tally) -> Iterator[StoredLetter]:
         """The letters of this topic in `spans`, in offset order, read `READ_STEP` at a time.
 
         When retention deletes offsets meanwhile, the read goes on from the new low.

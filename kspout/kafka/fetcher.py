@@ -29,6 +29,7 @@ from kspout.kafka._client import consumer_settings, watermarks
 from kspout.kafka.access import access_denied
 from kspout.kafka.records import FetchResult, Record, RecordBuilder, make_record
 from kspout.lifecycle import Lifecycle
+from kspout.ranges import append
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ log = logging.getLogger(__name__)
 SEEK_GAP = 1000
 # Messages per consume() call: large enough that the per-call cost vanishes, small enough
 # that one call does not hold tens of MB of messages at once.
-CHUNK = 5000
+PER_CONSUME = 5000
 # How long one consume() call may wait when fewer messages than asked for arrive (holes,
 # transaction markers at the end of a span): the price of detecting a hole, paid at most
 # once per consume call that comes up short.
@@ -91,14 +92,11 @@ class _Progress:
             end = span_end
         return end
 
-    def settle_below(self, offset: int) -> None:
+    def miss_below(self, offset: int) -> None:
         """Kafka holds nothing at `[cursor, offset)`: mark those requested offsets missing."""
         while self.index < len(self.spans) and self.cursor < offset:
             stop = min(offset, self.end)
-            if self.missing and self.missing[-1][1] == self.cursor:
-                self.missing[-1] = (self.missing[-1][0], stop)
-            else:
-                self.missing.append((self.cursor, stop))
+            append(self.missing, self.cursor, stop)
             self.cursor = stop
             if stop == self.end:
                 self._next_span()
@@ -107,7 +105,7 @@ class _Progress:
         """A record at `offset` arrived: True when it was requested and not yet returned."""
         if offset < self.cursor:
             return False  # below what we asked for: an earlier batch member, or a repeat
-        self.settle_below(offset)
+        self.miss_below(offset)
         if self.index == len(self.spans) or offset != self.cursor:
             return False  # between two spans, or past the last one
         self.cursor = offset + 1
@@ -178,7 +176,8 @@ class PartitionFetcher(Lifecycle):
     def _read(
         self, consumer: Consumer, topic: str, partition: int, spans: list[tuple[int, int]]
     ) -> FetchResult:
-        """Consume in chunks until every offset in `spans` is returned or known missing."""
+        """Consume `PER_CONSUME` messages at a time until every offset in `spans` is returned or
+        known missing."""
         timeout = self._config.fetch_timeout
         deadline = self._clock() + timeout
         progress = _Progress(spans)
@@ -193,7 +192,7 @@ class PartitionFetcher(Lifecycle):
                 stream = progress.cursor
             if stream >= read_end:
                 read_end = progress.read_end(SEEK_GAP)
-            wanted = max(1, min(CHUNK, read_end - stream))
+            wanted = max(1, min(PER_CONSUME, read_end - stream))
             msgs = consumer.consume(wanted, IDLE_SLICE)
             cursor, last = progress.cursor, progress.end - 1
             for msg in msgs:
@@ -228,7 +227,7 @@ class PartitionFetcher(Lifecycle):
                     return FetchResult(records, progress.missing, bounds)
                 elif error.code() == KafkaError._PARTITION_EOF:
                     if offset is not None:  # high: everything below it was delivered
-                        progress.settle_below(offset)
+                        progress.miss_below(offset)
                         stream = offset
                         if not progress.done:  # the rest is at or above high
                             bounds = watermarks(consumer, topic, partition)
@@ -270,5 +269,5 @@ class PartitionFetcher(Lifecycle):
         """
         position = consumer.position([TopicPartition(topic, partition)])[0].offset
         if position > progress.cursor:
-            progress.settle_below(position)
+            progress.miss_below(position)
         return position

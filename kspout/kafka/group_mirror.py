@@ -132,10 +132,10 @@ class GroupMirror(Lifecycle):
         if consumer is None:
             return
         deadline = time.monotonic() + CLOSE_WAIT
-        self._settle(consumer, deadline)  # the commit in flight
+        self._await_commit(consumer, deadline)  # the commit in flight
         if self._error is None:  # the coordinator answers: send the last offsets
             self._send(consumer)
-            self._settle(consumer, deadline)
+            self._await_commit(consumer, deadline)
         if self._sending:
             log.warning(
                 "consumer group %s did not confirm the last commit points before close",
@@ -143,7 +143,7 @@ class GroupMirror(Lifecycle):
             )
         consumer.close()
 
-    def _settle(self, consumer: Consumer, deadline: float) -> None:
+    def _await_commit(self, consumer: Consumer, deadline: float) -> None:
         """Poll until the commit in flight is answered or `deadline` passes."""
         while self._sending and time.monotonic() < deadline:
             consumer.poll(POLL_STEP)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from kspout.outcomes import FailReason
 from kspout.partition_manager.ledger import SpanLedger
 from kspout.partition_manager.states import DONE, NOW, DeadLetterPending
-from kspout.spans import runs
+from kspout.ranges import runs
 
 
 @dataclass(frozen=True, slots=True)

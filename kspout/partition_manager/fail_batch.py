@@ -2,7 +2,7 @@
 
 Single calls come in floods (one per message of a failed batch). Logging them costs a few list
 appends; applying them by span turns the alike failures inside one in-flight span into one
-splice of the map. The ledger is reachable only through `settled()`, which applies the log
+splice of the map. The ledger is reachable only through `ledger()`, which applies the log
 first, so nothing reads or changes the ledger while a logged failure is pending.
 """
 
@@ -78,7 +78,7 @@ def _take(column: list[_T], calls: Sequence[int]) -> list[_T]:
 
 class FailBatcher:
     """A ledger behind a log of pending failures: `log` takes calls (append to its columns),
-    `settled()` applies them, each at its own clock reading, and returns the ledger."""
+    `ledger()` applies them, each at its own clock reading, and returns the ledger."""
 
     __slots__ = ("_ledger", "log")
 
@@ -86,7 +86,7 @@ class FailBatcher:
         self._ledger = ledger
         self.log = FailLog()  # the same object for the batcher's life (`FailLog.take`)
 
-    def settled(self) -> SpanLedger:
+    def ledger(self) -> SpanLedger:
         """The ledger, with every logged failure applied: the only way to reach it."""
         if self.log.offsets:
             self._apply(self.log.take())

@@ -4,7 +4,7 @@ what comes due, the totals, and the transitions that keep them in step.
 Whatever assigns a scheduled state registers it in its schedule here, and every transition
 counts what it did, so the driver's questions never walk the spans: the map counts offsets per
 state, `deadlines` finds expired attempts, `ready` due retries and unplanned gaps, `letters`
-dead letters not handed out yet. The ledger holds no clock and no epoch: callers pass `now`.
+dead letters not handed out yet. The ledger holds no clock and no generation: callers pass `now`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from kspout.partition_manager.states import (
 )
 from kspout.partition_manager.stats import Stats
 from kspout.policy import BehindPolicy, ExhaustedPolicy, PartitionPolicy
-from kspout.spans import Due, Schedule, SpanMap, runs
+from kspout.ranges import Range, append, runs
+from kspout.spans import Due, Schedule, SpanMap
 
 # The package's one logger name, as before it was split: operators filter on it.
 log = logging.getLogger("kspout.partition_manager")
@@ -99,16 +100,12 @@ class SpanLedger:
         for lo, hi, _, at in pieces:
             schedule.add(at, lo, hi)
 
-    def unfinished(self, lo: int, hi: int) -> list[tuple[int, int]]:
+    def unfinished(self, lo: int, hi: int) -> list[Range]:
         """The runs of `[lo, hi)` not finished, joined where they touch."""
-        out: list[tuple[int, int]] = []
+        out: list[Range] = []
         for a, b, value in self.map.spans(lo, hi):
-            if value is DONE:
-                continue
-            if out and out[-1][1] == a:
-                out[-1] = (out[-1][0], b)
-            else:
-                out.append((a, b))
+            if value is not DONE:
+                append(out, a, b)
         return out
 
     def ack_range(self, lo: int, hi: int, *, duplicate: bool) -> None:

@@ -48,7 +48,7 @@ offset either has a deadline, a due time, or a dead-letter write pending.
 The manager is the rules over named collaborators: the span ledger (`ledger`: the states, their
 schedules and the totals), the fail batcher (`fail_batch`: single `fail` calls logged and
 applied in one go), dead letters (`dead_letters`) and out of range (`out_of_range`). It holds
-the ledger only through the batcher, whose `settled()` applies pending failures first: no
+the ledger only through the batcher, whose `ledger()` applies pending failures first: no
 method can read or change the ledger while a logged failure is pending.
 """
 
@@ -75,6 +75,7 @@ from kspout.partition_manager.states import (
 )
 from kspout.partition_manager.stats import Stats
 from kspout.policy import PartitionPolicy
+from kspout.ranges import Range, append
 
 
 class PartitionManager:
@@ -83,8 +84,8 @@ class PartitionManager:
     `start_offset` is where the partition resumes (the stored commit point, or the position
     chosen by the `start` policy). `finished` are half-open ranges above it that the stored
     record says were finished before a restart: they start DONE (counted as `restored`) and
-    are not replayed; the gaps between them are. `epoch` is the first epoch: a driver that
-    takes a partition again starts above every epoch it planned before, so outcomes of those
+    are not replayed; the gaps between them are. `generation` is the first generation: a driver that
+    takes a partition again starts above every generation it planned before, so outcomes of those
     plans are ignored. `clock` returns seconds (monotonic); tests pass a fake.
 
     The driver asks every partition what to do at every step, so those questions must not
@@ -101,7 +102,7 @@ class PartitionManager:
         topic: str = "",
         partition: int = -1,
         finished: Iterable[tuple[int, int]] = (),
-        epoch: int = 0,
+        generation: int = 0,
     ) -> None:
         if start_offset < 0:
             raise ValueError(f"start_offset must be >= 0, got {start_offset}")
@@ -109,41 +110,41 @@ class PartitionManager:
         self.topic = topic
         self.partition = partition
         self._clock = clock
-        # The ledger lives inside the batcher: `_settled()`, which applies the logged `fail`
+        # The ledger lives inside the batcher: `_ledger()`, which applies the logged `fail`
         # calls first, is the only way to it; `fail` appends to `_log`. Both are bound once
         # here, as the hot paths of single calls and of the driver's questions go through them.
         batch = FailBatcher(SpanLedger(policy, start_offset, finished, topic, partition))
-        self._settled: Callable[[], SpanLedger] = batch.settled
+        self._ledger: Callable[[], SpanLedger] = batch.ledger
         self._log = batch.log
-        self._epoch = epoch
-        self._nothing = Plan((), epoch)  # what `plan` returns when nothing is due (shared)
+        self._generation = generation
+        self._nothing = Plan((), generation)  # what `plan` returns when nothing is due (shared)
 
     def _restart(self, offset: int) -> None:
-        """Forget every offset: the partition starts over, empty, at `offset` (a new epoch)."""
-        self._settled().reset(offset)
-        self._epoch += 1
-        self._nothing = Plan((), self._epoch)
+        """Forget every offset: the partition starts over, empty, at `offset` (a new generation)."""
+        self._ledger().reset(offset)
+        self._generation += 1
+        self._nothing = Plan((), self._generation)
 
     # -- reading -----------------------------------------------------------------------------
 
     @property
     def commit_point(self) -> int:
         """The smallest unfinished offset, or `emitted_to`: everything below it is finished."""
-        return self._settled().map.first
+        return self._ledger().map.first
 
     @property
     def emitted_to(self) -> int:
         """Every offset below this was handed out at least once."""
-        return self._settled().map.end
+        return self._ledger().map.end
 
     @property
-    def epoch(self) -> int:
+    def generation(self) -> int:
         """Bumped by an out-of-range reset; outcomes of older plans are ignored."""
-        return self._epoch
+        return self._generation
 
     def state_of(self, offset: int) -> State | None:
         """The state of an unfinished offset; DONE below the commit point; None if not emitted."""
-        m = self._settled().map
+        m = self._ledger().map
         if offset < m.first:
             return DONE
         return m.get(offset)
@@ -153,7 +154,7 @@ class PartitionManager:
         where the first run left out starts (None: none is). What the stored record keeps, so
         a restart need not replay them; costs O(limit), not O(spans).
         """
-        m = self._settled().map
+        m = self._ledger().map
         out: list[tuple[int, int]] = []
         i = 0
         while True:
@@ -170,23 +171,23 @@ class PartitionManager:
     def finished_total(self) -> int:
         """Offsets finished since the start, however: it changes whenever the finished runs
         above the commit point may have (a cheap test before `finished_spans`)."""
-        return self._settled().counts.finished
+        return self._ledger().counts.finished
 
     def spans(self) -> Iterator[tuple[int, int, State]]:
         """Every span from the commit point to `emitted_to`, ascending, with its state: a walk
         over all of them (for tools and tests; the driver's questions never need one)."""
-        return self._settled().map.spans()
+        return self._ledger().map.spans()
 
     def stats(self) -> Stats:
         """Current state counts and totals, in O(1) (the map keeps the counts)."""
-        ledger = self._settled()
+        ledger = self._ledger()
         m = ledger.map
         return replace(
             ledger.counts,
             commit_point=m.first,
             emitted_to=m.end,
             in_flight=m.count(InFlight),
-            failed=m.count(Waiting),
+            waiting=m.count(Waiting),
             dead_letter_pending=m.count(DeadLetterPending),
             unplanned=m.count(Unplanned),
             spans=len(m),
@@ -195,7 +196,7 @@ class PartitionManager:
     def unfinished_below(self, hi: int) -> list[tuple[int, int]]:
         """The runs not finished between the commit point and `hi` (what holds back a key
         under `ordering = key`)."""
-        ledger = self._settled()
+        ledger = self._ledger()
         return ledger.unfinished(ledger.map.first, hi)
 
     # -- planning ----------------------------------------------------------------------------
@@ -207,7 +208,7 @@ class PartitionManager:
         most `max_new` of them, lowest first) beside new work, and plans no new offsets while
         more than `max_uncommitted` are uncommitted (backpressure; retries still go out).
         """
-        ledger = self._settled()
+        ledger = self._ledger()
         now = self._clock()
         if ledger.deadlines.due(now):
             self._expire(ledger, now)
@@ -225,7 +226,7 @@ class PartitionManager:
             ledger.deadlines.add(deadline, start, start + new)
             spans.append(Span(start, start + new, 1))
             ledger.enforce_behind()
-        return Plan(tuple(join(spans)), self._epoch)
+        return Plan(tuple(join(spans)), self._generation)
 
     @staticmethod
     def _plan_ready(ledger: SpanLedger, now: float, deadline: float, budget: int) -> list[Span]:
@@ -257,7 +258,7 @@ class PartitionManager:
 
     def expire(self, now: float | None = None) -> int:
         """Fail every in-flight attempt past its deadline with TIMEOUT; returns how many."""
-        return self._expire(self._settled(), self._clock() if now is None else now)
+        return self._expire(self._ledger(), self._clock() if now is None else now)
 
     def _expire(self, ledger: SpanLedger, now: float) -> int:
         due = ledger.deadlines.pop_due(now)
@@ -278,7 +279,7 @@ class PartitionManager:
         other records, or waiting for a later stage): a message times out for its own
         slowness, not for the records before it. Offsets at another attempt are left alone.
         """
-        ledger = self._settled()
+        ledger = self._ledger()
         for a, b, value in ledger.map.spans(lo, hi):
             if isinstance(value, InFlight) and value.attempt == attempt and value.deadline < until:
                 ledger.map.assign(a, b, InFlight(value.attempt, value.deferrals, until))
@@ -291,24 +292,21 @@ class PartitionManager:
         once (the partition's circuit breaker decides when it is planned again). Returns how
         many were released.
         """
-        ledger = self._settled()
+        ledger = self._ledger()
         return ledger.wait_range(lo, hi, attempt, self._clock(), error, deferred=False)
 
-    def unsettled(self, lo: int, hi: int, attempt: int) -> list[tuple[int, int]]:
+    def unsettled(self, lo: int, hi: int, attempt: int) -> list[Range]:
         """The runs of `[lo, hi)` still in flight at `attempt` (what a lost task left open)."""
-        out: list[tuple[int, int]] = []
-        for a, b, value in self._settled().map.spans(lo, hi):
+        out: list[Range] = []
+        for a, b, value in self._ledger().map.spans(lo, hi):
             if isinstance(value, InFlight) and value.attempt == attempt:
-                if out and out[-1][1] == a:
-                    out[-1] = (out[-1][0], b)
-                else:
-                    out.append((a, b))
+                append(out, a, b)
         return out
 
     def restart_at(self, offset: int) -> list[tuple[int, int]]:
         """Start over at `offset` (an operator moved the partition); returns the unfinished
-        ranges given up. Outcomes of earlier plans no longer apply (a new epoch)."""
-        ledger = self._settled()
+        ranges given up. Outcomes of earlier plans no longer apply (a new generation)."""
+        ledger = self._ledger()
         if offset < 0:
             raise ValueError(f"offset must be >= 0, got {offset}")
         abandoned = ledger.unfinished(ledger.map.first, ledger.map.end)
@@ -324,7 +322,7 @@ class PartitionManager:
         error: str | None = None,
         attempt: int | None = None,
         *,
-        epoch: int | None = None,
+        generation: int | None = None,
     ) -> None:
         """The attempt failed. Ignored unless the offset is in flight at that attempt.
 
@@ -332,8 +330,8 @@ class PartitionManager:
         order and at this call's clock reading (`FailBatcher`): single calls come in floods
         (one per message of a failed batch), which are then applied in one go.
         """
-        if epoch is not None and epoch != self._epoch:
-            self._settled().counts.stale += 1
+        if generation is not None and generation != self._generation:
+            self._ledger().counts.stale += 1
         else:
             log = self._log
             log.offsets.append(offset)
@@ -342,17 +340,17 @@ class PartitionManager:
             log.attempts.append(attempt)
             log.times.append(self._clock())
 
-    def apply(self, outcomes: Sequence[Outcome], *, epoch: int) -> None:
+    def apply(self, outcomes: Sequence[Outcome], *, generation: int) -> None:
         """Apply one batch's outcomes; contiguous alike outcomes are applied as one range.
 
-        `epoch` is the epoch of the plan the outcomes answer (required, so no caller can
+        `generation` is the generation of the plan the outcomes answer (required, so no caller can
         forget it): outcomes planned before an out-of-range reset are ignored. The batch is
         applied at one clock reading, so its failures share their retry state. A late ACK
         from an attempt that timed out still means the work is done (a retry in flight will
         find it DUPLICATE in the dedup bolt), so ACKs count whichever attempt they name.
         """
-        ledger = self._settled()
-        if epoch != self._epoch:
+        ledger = self._ledger()
+        if generation != self._generation:
             ledger.counts.stale += sum(o.count for o in outcomes)
             return
         now = self._clock()
@@ -381,21 +379,21 @@ class PartitionManager:
     def take_dead_letters(self, limit: int | None = None) -> list[DeadLetterTicket]:
         """Offsets to write to the dead-letter topic now, lowest first; confirm with
         `dead_lettered`. O(1) when there are none."""
-        return dead_letters.take(self._settled(), limit)
+        return dead_letters.take(self._ledger(), limit)
 
     def dead_lettered(self, offsets: Iterable[int]) -> None:
         """The dead-letter records for these offsets are durable: they are finished."""
-        dead_letters.written(self._settled(), offsets)
+        dead_letters.written(self._ledger(), offsets)
 
     def dead_letter_failed(self, offsets: Iterable[int]) -> None:
         """Writing these dead letters failed: hand them out again later."""
-        dead_letters.unwritten(self._settled(), offsets)
+        dead_letters.unwritten(self._ledger(), offsets)
 
     # -- out of range ------------------------------------------------------------------------
 
     def out_of_range(self, low: int, high: int) -> bool:
         """True when the partition's next offsets are outside Kafka's `[low, high)`."""
-        return out_of_range.is_out_of_range(self._settled(), low, high)
+        return out_of_range.is_out_of_range(self._ledger(), low, high)
 
     def on_out_of_range(
         self, low: int, high: int, *, timestamp_offset: int | None = None
@@ -408,7 +406,7 @@ class PartitionManager:
         `latest`). Every unfinished offset below the new start is counted and logged as lost
         with its exact range; `fail` raises `PartitionStopped` and changes nothing.
         """
-        return out_of_range.reset(self._settled(), low, high, timestamp_offset, self._restart)
+        return out_of_range.reset(self._ledger(), low, high, timestamp_offset, self._restart)
 
 
 def _apply_run(ledger: SpanLedger, o: Outcome, hi: int, now: float) -> None:

@@ -46,7 +46,7 @@ def reset(
     restart: Callable[[int], None],
 ) -> OutOfRangeReset | None:
     """Apply the ledger's `out_of_range` policy (see `PartitionManager.on_out_of_range`);
-    `restart(offset)` starts the partition over at `offset`, in a new epoch."""
+    `restart(offset)` starts the partition over at `offset`, in a new generation."""
     if not is_out_of_range(ledger, low, high):
         return None
     m = ledger.map

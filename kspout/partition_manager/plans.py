@@ -1,10 +1,12 @@
-"""What `plan` hands out: spans of offsets to fetch, each at its attempt, under one epoch."""
+"""What `plan` hands out: spans of offsets to fetch, each at its attempt, under one generation."""
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+from kspout.ranges import Range, append
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +23,7 @@ class Plan:
     """Offsets to fetch next: due retries and a new range, ascending, each offset once."""
 
     spans: tuple[Span, ...]
-    epoch: int  # outcomes from another epoch (before an out-of-range reset) are ignored
+    generation: int  # outcomes from another generation (before an out-of-range reset) are ignored
 
     def __iter__(self) -> Iterator[int]:
         for span in self.spans:
@@ -33,14 +35,11 @@ class Plan:
     def __bool__(self) -> bool:
         return bool(self.spans)
 
-    def ranges(self) -> list[tuple[int, int]]:
+    def ranges(self) -> list[Range]:
         """Half-open ranges to fetch; adjacent spans of different attempts are joined."""
-        out: list[tuple[int, int]] = []
+        out: list[Range] = []
         for span in self.spans:
-            if out and out[-1][1] == span.start:
-                out[-1] = (out[-1][0], span.end)
-            else:
-                out.append((span.start, span.end))
+            append(out, span.start, span.end)
         return out
 
     def attempt_of(self, offset: int) -> int:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 @dataclass(slots=True)
 class Stats:
-    """Counts for one partition: states now (in_flight, failed, ...) and totals since start.
+    """Counts for one partition: states now (in_flight, waiting, ...) and totals since start.
 
     The ledger adds to the totals of its own instance as offsets change state (its state
     fields stay 0: the map counts states); what `PartitionManager.stats` returns is a copy to
@@ -19,7 +19,7 @@ class Stats:
     commit_point: int = 0
     emitted_to: int = 0
     in_flight: int = 0
-    failed: int = 0  # waiting for a retry (or deferred)
+    waiting: int = 0  # failed or deferred, waiting for the next attempt
     dead_letter_pending: int = 0
     unplanned: int = 0  # unfinished gaps between restored spans, not handed out yet
     acked: int = 0

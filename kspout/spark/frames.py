@@ -36,13 +36,11 @@ from kspout.executor.fetchers import fetcher_for
 from kspout.executor.task import CUT_SHORT
 from kspout.kafka import FetchResult, KafkaMetadata
 from kspout.outcomes import FailReason, Failure, FailureCatalog, Outcome, OutcomeKind
-from kspout.spans import runs
+from kspout.ranges import Range, intersect, runs, subtract, union
 from kspout.spark.jobs import SparkJobs
 from kspout.streaming.columns import SCHEMA, to_row
 
 BatchFunction = Callable[[DataFrame, int], object]
-
-Ranges = tuple[tuple[int, int], ...]  # sorted, disjoint, non-empty half-open ranges
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,18 +57,18 @@ class Unfetched:
     Spark task, an evaluation repeated) changes nothing.
     """
 
-    cut: Ranges = ()
-    missing: Ranges = ()
+    cut: tuple[Range, ...] = ()
+    missing: tuple[Range, ...] = ()
     bounds: tuple[int, int] | None = None
 
     @classmethod
     def of(cls, spans: Sequence[tuple[int, int]], fetched: FetchResult) -> Unfetched:
         """What one fetch of `spans` (sorted, disjoint ranges) did not return."""
-        missing = _union(fetched.missing)
+        missing = union(fetched.missing)
         if fetched.out_of_range is None:  # every requested offset was returned or is missing
             return cls((), missing, None)
-        got = _union(runs(record.offset for record in fetched.records), missing)
-        cut = tuple((lo, hi) for lo, hi, _ in _subtract(spans, got))
+        got = union(runs(record.offset for record in fetched.records), missing)
+        cut = tuple((lo, hi) for lo, hi, _ in subtract(spans, got))
         return cls(cut, missing, fetched.out_of_range)
 
     def merge(self, other: Unfetched) -> Unfetched:
@@ -79,7 +77,7 @@ class Unfetched:
             bounds = self.bounds or other.bounds
         else:
             bounds = (max(self.bounds[0], other.bounds[0]), max(self.bounds[1], other.bounds[1]))
-        return Unfetched(_union(self.cut, other.cut), _union(self.missing, other.missing), bounds)
+        return Unfetched(union(self.cut, other.cut), union(self.missing, other.missing), bounds)
 
 
 # Keyed by (batch, partition): one accumulator serves every batch of a FrameExecutor.
@@ -201,18 +199,18 @@ def settle_fetched(task: PartitionTask, unfetched: Unfetched) -> TaskResult:
     spans = task.plan.spans
     ranges = [(span.start, span.end) for span in spans]
     outcomes: list[Outcome] = []
-    skipped = _union(unfetched.cut, unfetched.missing)
-    for lo, hi, i in _subtract(ranges, skipped):
+    skipped = union(unfetched.cut, unfetched.missing)
+    for lo, hi, i in subtract(ranges, skipped):
         outcomes.append(Outcome(lo, OutcomeKind.ACK, spans[i].attempt, count=hi - lo))
-    for lo, hi, i in _intersect(ranges, unfetched.missing):
+    for lo, hi, i in intersect(ranges, unfetched.missing):
         outcomes.append(Outcome(lo, OutcomeKind.GONE, spans[i].attempt, count=hi - lo))
-    cut = [(lo, hi) for lo, hi, _ in _subtract(unfetched.cut, unfetched.missing)]
-    for lo, hi, i in _intersect(ranges, cut):
+    cut = [(lo, hi) for lo, hi, _ in subtract(unfetched.cut, unfetched.missing)]
+    for lo, hi, i in intersect(ranges, cut):
         outcomes.append(
             Outcome(lo, OutcomeKind.RELEASED, spans[i].attempt, error=CUT_SHORT, count=hi - lo)
         )
     outcomes.sort(key=lambda outcome: outcome.offset)
-    return TaskResult(task.topic, task.partition, task.plan.epoch, outcomes, unfetched.bounds)
+    return TaskResult(task.topic, task.partition, task.plan.generation, outcomes, unfetched.bounds)
 
 
 def _settled(
@@ -241,57 +239,7 @@ def _settled(
         if start < end:
             outcomes.append(Outcome(start, OutcomeKind.ACK, span.attempt, count=end - start))
     out_of_range = (low, high) if lost else None
-    return TaskResult(task.topic, task.partition, task.plan.epoch, outcomes, out_of_range)
+    return TaskResult(task.topic, task.partition, task.plan.generation, outcomes, out_of_range)
 
 
 # -- ranges: sorted, disjoint, half-open ---------------------------------------------------------
-
-
-def _union(*parts: Iterable[tuple[int, int]]) -> Ranges:
-    """The union of any ranges, as sorted, disjoint, non-empty ranges."""
-    out: list[tuple[int, int]] = []
-    for lo, hi in sorted(r for part in parts for r in part):
-        if hi <= lo:
-            continue
-        if out and lo <= out[-1][1]:
-            if hi > out[-1][1]:
-                out[-1] = (out[-1][0], hi)
-        else:
-            out.append((lo, hi))
-    return tuple(out)
-
-
-def _subtract(
-    ranges: Sequence[tuple[int, int]], removed: Sequence[tuple[int, int]]
-) -> Iterator[tuple[int, int, int]]:
-    """The pieces of `ranges` outside `removed`, as `(lo, hi, index in ranges)`; both sorted
-    and disjoint."""
-    j = 0
-    for i, (lo, hi) in enumerate(ranges):
-        while j < len(removed) and removed[j][1] <= lo:
-            j += 1
-        k = j
-        while lo < hi and k < len(removed) and removed[k][0] < hi:
-            if removed[k][0] > lo:
-                yield lo, removed[k][0], i
-            lo = max(lo, removed[k][1])
-            k += 1
-        if lo < hi:
-            yield lo, hi, i
-
-
-def _intersect(
-    ranges: Sequence[tuple[int, int]], kept: Sequence[tuple[int, int]]
-) -> Iterator[tuple[int, int, int]]:
-    """The pieces of `ranges` inside `kept`, as `(lo, hi, index in ranges)`; both sorted and
-    disjoint."""
-    j = 0
-    for i, (lo, hi) in enumerate(ranges):
-        while j < len(kept) and kept[j][1] <= lo:
-            j += 1
-        k = j
-        while k < len(kept) and kept[k][0] < hi:
-            a, b = max(lo, kept[k][0]), min(hi, kept[k][1])
-            if a < b:
-                yield a, b, i
-            k += 1

@@ -112,7 +112,7 @@ def _retried() -> bool:
 
 
 def _died(task: PartitionTask) -> TaskResult:
-    return TaskResult(task.topic, task.partition, task.plan.epoch, [], attempt_died=True)
+    return TaskResult(task.topic, task.partition, task.plan.generation, [], attempt_died=True)
 
 
 def handler_tasks(

@@ -1,11 +1,11 @@
-"""Errors of the streaming source, under kspout's root `KspoutError`."""
+"""Errors of the streaming source, under kspout's root `KspoutError` and its groups."""
 
 from __future__ import annotations
 
-from kspout.errors import KspoutError, OffsetOutOfRange, PartitionStopped, resume_command
+from kspout.errors import FixSetup, OffsetOutOfRange, PartitionStopped, resume_command
 
 
-class CheckpointTopicMismatch(KspoutError):
+class CheckpointTopicMismatch(FixSetup):
     """The query's checkpoint holds offsets of another topic than its topic file names."""
 
     def __init__(self, stored: list[str], topic: str) -> None:

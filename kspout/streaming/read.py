@@ -2,7 +2,7 @@
 
 PySpark runs `read()` in executors' Python workers, so the Kafka consumer is made there: the
 worker's cached fetcher (`kspout.executor.fetchers`), shared with `KafkaSpout`'s tasks.
-The range is fetched in chunks, so one task holds a chunk of records at a time, not its range.
+The range is fetched `PER_FETCH` offsets at a time, so a task never holds its whole range.
 
 The driver planned the range from watermarks a moment old; retention can delete its start
 before the fetch gets there. Then the partition's `out_of_range` policy applies here, as the
@@ -27,9 +27,9 @@ from kspout.executor.fetchers import fetcher_for
 from kspout.partition_manager import PartitionManager
 from kspout.streaming.schema import Batch, to_batch
 
-# Offsets per fetch: bounds a task's memory (one chunk of records and its Arrow batch) while
+# Offsets per fetch: bounds a task's memory (one fetch's records and their Arrow batch) while
 # keeping the per-fetch cost (one consumer re-assignment, ~2.5 ms on loopback) negligible.
-CHUNK = 10_000
+PER_FETCH = 10_000
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def read_range(config: TopicConfig, part: KafkaRange, stopped: Stopped) -> Itera
     fetcher = fetcher_for(config)
     at = part.start
     while at < part.end:
-        upto = min(part.end, at + CHUNK)
+        upto = min(part.end, at + PER_FETCH)
         fetched = fetcher.fetch(config.topic, part.partition, [(at, upto)])
         if fetched.records:
             yield to_batch(fetched.records)

@@ -7,18 +7,18 @@ stopped, and Storm could resume from kspout's records.
 Writes are fenced: a commit names the znode version it read, so a driver that lost ownership of
 a partition gets `OffsetConflict` instead of overwriting a newer commit. Transient ZooKeeper
 errors are retried by the session (`ZkSession.call`); fencing errors never are. Many records
-are written at once by `commit_all`: chunks of partitions (at most `CHUNK_WRITES` records and
-`CHUNK_BYTES` bytes each) go in one transaction each, every write after the check of its own
-claim (`kspout.zk.claims`), and all chunks are sent before any answer is awaited, so a commit
-round costs one round trip and few requests. A chunk that is refused (a claim gone, a version
+are written at once by `commit_all`: bundles of partitions (at most `BUNDLE_WRITES` records and
+`BUNDLE_BYTES` bytes each) go in one transaction each, every write after the check of its own
+claim (`kspout.zk.claims`), and all bundles are sent before any answer is awaited, so a commit
+round costs one round trip and few requests. A bundle that is refused (a claim gone, a version
 stale) is sent again one partition per transaction, so only the partitions that lost their
 fence are refused. Many records are read at once the same way (`read_many`, `read_all`):
 every read sent, then awaited.
 
-A commit round (`_CommitRound`), per chunk::
+A commit round (`_CommitRound`), per bundle::
 
     UNSENT --sent--> SENT --answered--> WRITTEN (each write's new version)
-    SENT --refused (several writes)--> split: UNSENT, one write per chunk
+    SENT --refused (several writes)--> split: UNSENT, one write per bundle
     SENT --refused (one write)--> CONFLICT (OffsetConflict, never retried)
     SENT --no answer (transient)--> UNSENT (the session's retry sends it again)
 """
@@ -59,11 +59,11 @@ from kspout.zk.session import FENCING_ERRORS, Race, ZkSession, is_transient, unt
 
 log = logging.getLogger(__name__)
 
-# A commit round's chunks (`commit_all`): records in one transaction at most, and their bytes at
+# A commit round's bundles (`commit_all`): records in one transaction at most, and their bytes at
 # most, half of ZooKeeper's default request limit (jute.maxbuffer, 1 MB), which also has to hold
 # the paths, the claim checks and the headers. A larger record goes alone.
-CHUNK_WRITES = 100
-CHUNK_BYTES = 512 * 1024
+BUNDLE_WRITES = 100
+BUNDLE_BYTES = 512 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,20 +192,20 @@ class ZkOffsetStore:
         self,
         writes: Sequence[OffsetWrite],
         *,
-        chunk_writes: int = CHUNK_WRITES,
-        chunk_bytes: int = CHUNK_BYTES,
+        bundle_writes: int = BUNDLE_WRITES,
+        bundle_bytes: int = BUNDLE_BYTES,
     ) -> dict[int, int | OffsetConflict]:
         """`commit` of many partitions at once: per partition, its record's new version, or
         the `OffsetConflict` that refused it.
 
-        The writes go in chunks of at most `chunk_writes` records and `chunk_bytes` bytes of
+        The writes go in bundles of at most `bundle_writes` records and `bundle_bytes` bytes of
         records, one ZooKeeper transaction each (every write after the check of its own claim):
         a request costs kazoo far more than an operation, and ZooKeeper refuses a request over
-        1 MB. All chunks are sent before any answer is awaited; kazoo pipelines them on the
+        1 MB. All bundles are sent before any answer is awaited; kazoo pipelines them on the
         session's one connection, so the round costs one round trip. A transaction is
-        all-or-nothing, so a refused chunk is sent again one partition per transaction: each
+        all-or-nothing, so a refused bundle is sent again one partition per transaction: each
         partition gets its own fence outcome, and only those that lost it are refused.
-        `chunk_writes=1` sends every partition in its own transaction from the start. After a
+        `bundle_writes=1` sends every partition in its own transaction from the start. After a
         lost connection, the writes that got no answer are sent again (`ZkSession.call`).
         """
         payloads = {w.partition: self._payload(w) for w in writes}
@@ -214,8 +214,8 @@ class ZkOffsetStore:
         if not writes:
             return {}
         paths = {w.partition: self.partition_path(w.partition) for w in writes}
-        chunks = _chunks(writes, payloads, chunk_writes, chunk_bytes)
-        commit = _CommitRound(self.session, paths, payloads, chunks)
+        bundles = _bundles(writes, payloads, bundle_writes, bundle_bytes)
+        commit = _CommitRound(self.session, paths, payloads, bundles)
         where = paths[writes[0].partition] if len(writes) == 1 else self.path
         action = f"commit {count(len(writes), 'record')} under {where}"
         self.session.call(action, where, commit.send_unanswered)
@@ -323,30 +323,30 @@ def written(answer: Any, path: str, version: int | None, fence: str | None = Non
     return 0 if version is None else int(answer.version)
 
 
-Chunk = tuple[OffsetWrite, ...]  # the writes `commit_all` sends in one request
+Bundle = tuple[OffsetWrite, ...]  # the writes `commit_all` sends in one request
 
 
-def _chunks(
+def _bundles(
     writes: Sequence[OffsetWrite], payloads: Mapping[int, bytes], most: int, most_bytes: int
-) -> list[Chunk]:
-    """`writes` in order, cut into chunks of at most `most` writes and `most_bytes` bytes of
+) -> list[Bundle]:
+    """`writes` in order, cut into bundles of at most `most` writes and `most_bytes` bytes of
     records (a larger record goes alone)."""
-    chunks: list[Chunk] = []
-    chunk: list[OffsetWrite] = []
+    bundles: list[Bundle] = []
+    bundle: list[OffsetWrite] = []
     size = 0
     for write in writes:
         length = len(payloads[write.partition])
-        if chunk and (len(chunk) >= most or size + length > most_bytes):
-            chunks.append(tuple(chunk))
-            chunk, size = [], 0
-        chunk.append(write)
+        if bundle and (len(bundle) >= most or size + length > most_bytes):
+            bundles.append(tuple(bundle))
+            bundle, size = [], 0
+        bundle.append(write)
         size += length
-    chunks.append(tuple(chunk))
-    return chunks
+    bundles.append(tuple(bundle))
+    return bundles
 
 
 class _CommitRound:
-    """One `commit_all` call: its chunks still to send, the answers so far, and how often each
+    """One `commit_all` call: its bundles still to send, the answers so far, and how often each
     partition's write went out (after a lost answer, it may have been applied)."""
 
     def __init__(
@@ -354,37 +354,37 @@ class _CommitRound:
         session: ZkSession,
         paths: Mapping[int, str],
         payloads: Mapping[int, bytes],
-        chunks: list[Chunk],
+        bundles: list[Bundle],
     ) -> None:
         self.session = session
         self.paths = paths
         self.payloads = payloads
-        self.chunks = chunks  # a refused chunk is replaced by chunks of one write each
+        self.bundles = bundles  # a refused bundle is replaced by bundles of one write each
         self.answers: dict[int, int | Exception] = {}
         self.sends: Counter[int] = Counter()
         self.refusals: Counter[int] = Counter()  # sends refused whole: certainly not applied
 
     def send_unanswered(self, zk: KazooClient) -> None:
-        """Send every chunk without an answer, all before awaiting any, and read the answers;
-        a refused chunk's writes are sent again, one per transaction. Raises the transient
-        error of a chunk that got no answer once all are read (`call` sends it again)."""
+        """Send every bundle without an answer, all before awaiting any, and read the answers;
+        a refused bundle's writes are sent again, one per transaction. Raises the transient
+        error of a bundle that got no answer once all are read (`call` sends it again)."""
         sent = deque(
-            (chunk, self._send(zk, chunk))
-            for chunk in self.chunks
-            if chunk[0].partition not in self.answers
+            (bundle, self._send(zk, bundle))
+            for bundle in self.bundles
+            if bundle[0].partition not in self.answers
         )
         lost: Exception | None = None
         while sent:
-            chunk, request = sent.popleft()
+            bundle, request = sent.popleft()
             try:
-                refused = self._settle(chunk, request)
+                refused = self._await_answer(bundle, request)
             except Exception as exc:
                 if not is_transient(exc):
                     raise
                 lost = exc  # sent again, with the others that got no answer
                 continue
             if refused:
-                sent.extend((alone, self._send(zk, alone)) for alone in self._split(chunk))
+                sent.extend((alone, self._send(zk, alone)) for alone in self._split(bundle))
         if lost is not None:
             raise lost
 
@@ -405,26 +405,26 @@ class _CommitRound:
             return OffsetRecordExists(path)
         return OffsetConflict(path, write.version)
 
-    def _send(self, zk: KazooClient, chunk: Chunk) -> Any:
-        """Send the chunk without awaiting its answer (kazoo's async result); one write without
+    def _send(self, zk: KazooClient, bundle: Bundle) -> Any:
+        """Send the bundle without awaiting its answer (kazoo's async result); one write without
         a fence goes alone, any other in a transaction (with the check of its claim)."""
-        self.sends.update(w.partition for w in chunk)
-        first = chunk[0]
-        if len(chunk) == 1 and first.fence is None:
+        self.sends.update(w.partition for w in bundle)
+        first = bundle[0]
+        if len(bundle) == 1 and first.fence is None:
             path = self.paths[first.partition]
             return send_write(zk, path, self.payloads[first.partition], first.version)
-        if len(chunk) > 1 and any(w.version is None for w in chunk):
+        if len(bundle) > 1 and any(w.version is None for w in bundle):
             # a create in a transaction: no makepath
             self.session.ensure_parent(zk, self.paths[first.partition])
         return send_transaction(
-            zk, [(self.paths[w.partition], w, self.payloads[w.partition]) for w in chunk]
+            zk, [(self.paths[w.partition], w, self.payloads[w.partition]) for w in bundle]
         )
 
-    def _settle(self, chunk: Chunk, request: Any) -> bool:
-        """Await a sent chunk's answer and record it; True when a chunk of several was refused
+    def _await_answer(self, bundle: Bundle, request: Any) -> bool:
+        """Await a sent bundle's answer and record it; True when a bundle of several was refused
         (its writes then need an answer each). Raises a transient error (no answer)."""
-        if len(chunk) == 1:
-            write = chunk[0]
+        if len(bundle) == 1:
+            write = bundle[0]
             path = self.paths[write.partition]
             try:
                 self.answers[write.partition] = written(
@@ -435,35 +435,35 @@ class _CommitRound:
             return False
         answer = self.session.wait(request)
         if any(isinstance(result, Exception) for result in answer):
-            log.debug("%s; sending its writes one per transaction", _refusal(chunk, answer))
+            log.debug("%s; sending its writes one per transaction", _refusal(bundle, answer))
             return True
         results = iter(answer)
-        for write in chunk:
+        for write in bundle:
             if write.fence is not None:
                 next(results)  # the claim check's answer
             stat = next(results)
             self.answers[write.partition] = 0 if write.version is None else int(stat.version)
         return False
 
-    def _split(self, chunk: Chunk) -> list[Chunk]:
-        """Replace a refused chunk by one chunk per write; none of its writes was applied."""
-        alone: list[Chunk] = [(write,) for write in chunk]
-        at = self.chunks.index(chunk)
-        self.chunks[at : at + 1] = alone
-        self.refusals.update(w.partition for w in chunk)
+    def _split(self, bundle: Bundle) -> list[Bundle]:
+        """Replace a refused bundle by one bundle per write; none of its writes was applied."""
+        alone: list[Bundle] = [(write,) for write in bundle]
+        at = self.bundles.index(bundle)
+        self.bundles[at : at + 1] = alone
+        self.refusals.update(w.partition for w in bundle)
         return alone
 
 
-def _refusal(chunk: Chunk, results: Sequence[Any]) -> str:
-    """Which operation refused a chunk's transaction: ZooKeeper answers the failed one with
+def _refusal(bundle: Bundle, results: Sequence[Any]) -> str:
+    """Which operation refused a bundle's transaction: ZooKeeper answers the failed one with
     its error, those before it with RolledBackError and those after with RuntimeInconsistency."""
-    partitions = [w.partition for w in chunk for _ in range(1 if w.fence is None else 2)]
+    partitions = [w.partition for w in bundle for _ in range(1 if w.fence is None else 2)]
     for partition, result in zip(partitions, results, strict=True):
         if isinstance(result, Exception) and not isinstance(
             result, RolledBackError | RuntimeInconsistency
         ):
             return (
-                f"a commit of {count(len(chunk), 'partition')} refused at partition {partition} "
+                f"a commit of {count(len(bundle), 'partition')} refused at partition {partition} "
                 f"({type(result).__name__})"
             )
-    return f"a commit of {count(len(chunk), 'partition')} refused"
+    return f"a commit of {count(len(bundle), 'partition')} refused"

@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kspout.errors import OffsetRecordInvalid, TopicMismatch
+from kspout.ranges import Range, union
 from kspout.wording import count
 
 log = logging.getLogger(__name__)
@@ -93,9 +94,6 @@ class Checkpoint:
     at_ms: int
     offset: int
     emitted: int
-
-
-Range = tuple[int, int]  # half-open [lo, hi)
 
 
 def encode_done(offset: int, spans: Sequence[Range], cut: int | None) -> dict[str, Any]:
@@ -205,15 +203,7 @@ class StoredOffset:
             finished += self.done
         if self.done_cut is not None:
             finished.append((self.done_cut, bound))
-        out: list[Range] = []
-        for lo, hi in sorted((max(lo, start), min(hi, bound)) for lo, hi in finished):
-            if lo >= hi:
-                continue
-            if out and lo <= out[-1][1]:
-                out[-1] = (out[-1][0], max(hi, out[-1][1]))
-            else:
-                out.append((lo, hi))
-        return out
+        return list(union((max(lo, start), min(hi, bound)) for lo, hi in finished))
 
     @property
     def writer_name(self) -> str | None:

@@ -10,15 +10,15 @@ counts the id once, so at the end every id must hold exactly 1. It goes to one o
   answers other than APPLIED are counted in `<topic>:sink` (a plain write), to show that zombies
   and replays after a commit really met the fence.
 
-Faults strike on a message's first claim only (`effects.attempt == 1`), so every message can
+Faults strike on a message's first lease only (`effects.attempt == 1`), so every message can
 finish:
 
 * `raise`: the handler raises (a plain EXCEPTION failure, retried).
 * `slow`: sleeps past `message_timeout`, then succeeds: replays meet its live lease (DEFERRED)
   and, once it is done, find DONE (DUPLICATE).
-* `slow_raise`: sleeps past `message_timeout`, then raises: the replay after it claims again.
-* `kill`: kills its own Python worker mid-batch (SIGKILL): the task's claims are never settled
-  and must be claimed again once their leases end.
+* `slow_raise`: sleeps past `message_timeout`, then raises: the replay after it leases again.
+* `kill`: kills its own Python worker mid-batch (SIGKILL): the task's leases are never settled
+  and must be leased again once they end.
 """
 
 from __future__ import annotations

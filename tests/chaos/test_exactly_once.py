@@ -250,7 +250,7 @@ def test_every_effect_applied_exactly_once_through_faults_kills_and_restarts(
     assert not twice, f"applied more than once: {dict(list(twice.items())[:10])}"
     assert stored(config) == highs(config)
     assert spool_strikes(spool) >= 1, "no batch ran into the Redis outage"
-    # The faults really happened (each at least once; a message whose first claim died with
+    # The faults really happened (each at least once; a message whose first lease died with
     # its worker or its driver never runs its first attempt, so some planned ones never strike).
     for fault, planned in faults.items():
         if fault != "none":

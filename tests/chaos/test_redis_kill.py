@@ -1,9 +1,9 @@
 """The dedup bolt while its Redis is SIGKILLed: no effect applied twice, none lost.
 
 A `redis-server` of the test's own (append-only file, `appendfsync everysec`) keeps the dedup
-records; the bolt runs in process (`kspout run`'s executor: one batch at a time, each a claim,
-the handler on every claimed message, a settlement). Once a third of the messages are handled,
-the test snapshots every dedup record, SIGKILLs the server while a batch holds claims, keeps it
+records; the bolt runs in process (`kspout run`'s executor: one batch at a time, each a lease,
+the handler on every leased message, a settlement). Once a third of the messages are handled,
+the test snapshots every dedup record, SIGKILLs the server while a batch holds leases, keeps it
 down for `OUTAGE` seconds and starts it again on the same files. Two kinds of kill:
 
 * `process`: the server process dies. What `write()` had handed the kernel survives (the OS
@@ -59,7 +59,7 @@ from tests.chaos.jobs import applied_table, count_applied, create_tables, postgr
 from tests.integration.helpers import PARTITIONS, highs, produce, stored
 
 PER_PARTITION = 400
-PAUSE = 0.002  # seconds of work per message: a batch of 4 x 50 holds its claims ~0.4 s
+PAUSE = 0.002  # seconds of work per message: a batch of 4 x 50 holds its leases ~0.4 s
 OUTAGE = 1.5  # seconds Redis stays down
 FSYNC_LAG = 2.0  # seconds of writes `everysec` may not have fsynced when the machine dies
 
@@ -194,7 +194,7 @@ class Kill:
     """The kill, from a thread. Once a third is handled, it waits for a batch in the bolt
     whose predecessor's offsets are committed, snapshots the dedup records and SIGKILLs the
     server; for a `machine` kill, it cuts the append-only file back to its size when that
-    predecessor entered the bolt (its claims and DONE records and the batch's are lost; that
+    predecessor entered the bolt (its leases and DONE records and the batch's are lost; that
     must be less than `FSYNC_LAG` seconds before the kill). Then it reads what survived and starts
     the server again after `OUTAGE`."""
 
@@ -346,7 +346,7 @@ def test_redis_sigkilled_under_the_dedup_bolt_applies_every_effect_exactly_once(
     assert not twice, f"applied more than once: {dict(list(twice.items())[:10])}"
     assert counts.keys() == ids
     assert stored(config) == highs(config)
-    # The fault struck: a batch held claims when Redis died, and met the outage.
+    # The fault struck: a batch held leases when Redis died, and met the outage.
     assert watch.in_flight_at_kill >= 1
     assert watch.met_outage
     assert progress.total("dead_lettered") == 0, "none given up for a fault not its own"

@@ -1,5 +1,5 @@
 """The driver's per-partition costs, batched: watermarks of many partitions in one query, a
-commit round's records in chunked transactions, pipelined (each partition fenced on its own),
+commit round's records in bundled transactions, pipelined (each partition fenced on its own),
 records read pipelined, and the instance report written only when it changed or as a
 heartbeat. Real processes: Apache Kafka (the stack's broker, or this module's own cluster of
 three KRaft nodes for a topic whose partitions are placed on chosen nodes, one of which is then
@@ -27,7 +27,7 @@ from kspout.kafka import KafkaMetadata, Record
 from kspout.kafka.metadata import Bounds
 from kspout.ownership.tree import SpoutTree
 from kspout.zk.claims import claim_partition
-from kspout.zk.offsets import CHUNK_BYTES, OffsetWrite, ZkOffsetStore
+from kspout.zk.offsets import BUNDLE_BYTES, OffsetWrite, ZkOffsetStore
 from tests.chaos.faults import wait_led
 from tests.integration.helpers import PARTITIONS, highs, open_store, produce, register, stored
 
@@ -249,7 +249,7 @@ def spy_transactions(monkeypatch: pytest.MonkeyPatch, store: ZkOffsetStore) -> l
     return made
 
 
-def test_a_chunked_commit_refuses_only_the_partition_whose_claim_was_taken(
+def test_a_bundled_commit_refuses_only_the_partition_whose_claim_was_taken(
     make_config: Callable[..., TopicConfig], zk: KazooClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = make_config()
@@ -264,19 +264,19 @@ def test_a_chunked_commit_refuses_only_the_partition_whose_claim_was_taken(
         assert claim_partition(another, 3, fences[3], theirs, lambda: 0) is not None
         made = spy_transactions(monkeypatch, store)
         writes = [OffsetWrite(p, 100 + p, versions[p], fence=fences[p]) for p in range(10)]
-        outcomes = store.commit_all(writes, chunk_writes=5)
+        outcomes = store.commit_all(writes, bundle_writes=5)
         records = store.read_all()
     assert isinstance(outcomes.pop(3), OffsetConflict)
     assert outcomes == {p: versions[p] + 1 for p in range(10) if p != 3}
     assert {p: r.offset for p, r in records.items()} == {
         p: 0 if p == 3 else 100 + p for p in range(10)
     }
-    # Two chunks of five (a claim check and a write each); the refused one, which held
+    # Two bundles of five (a claim check and a write each); the refused one, which held
     # partition 3, sent again one partition per transaction.
     assert [len(t.operations) for t in made] == [10, 10] + [2] * 5
 
 
-def test_a_commit_larger_than_a_chunks_bytes_is_split_and_every_record_lands(
+def test_a_commit_larger_than_a_bundles_bytes_is_split_and_every_record_lands(
     make_config: Callable[..., TopicConfig], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # 60 records of 20 KB: 1.2 MB, over ZooKeeper's 1 MB request limit (in one transaction,
@@ -291,7 +291,7 @@ def test_a_commit_larger_than_a_chunks_bytes_is_split_and_every_record_lands(
     assert outcomes == {p: versions[p] + 1 for p in range(60)}
     assert {p: r.offset for p, r in records.items()} == dict.fromkeys(range(60), 7)
     sizes = [sum(len(getattr(op, "data", b"")) for op in t.operations) for t in made]
-    assert len(made) == 3 and all(size <= CHUNK_BYTES for size in sizes), sizes
+    assert len(made) == 3 and all(size <= BUNDLE_BYTES for size in sizes), sizes
 
 
 def test_read_all_sends_every_read_first_and_equals_each_records_own_read(

@@ -19,7 +19,7 @@ from confluent_kafka import Producer
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
-from dedup import ClaimStatus, Effects, IdempotencyBolt, Settlement, SettleStatus
+from dedup import Effects, IdempotencyBolt, LeaseStatus, Settlement, SettleStatus
 from dedup.bolt import worker_store
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack, RedisServer
@@ -141,7 +141,7 @@ def test_ids_come_from_a_json_field_or_a_header(
     progress = run(config, IdempotencyBolt(Apply(effect), config))
 
     assert applied(redis_client, effect) == {"A-17": 1}
-    # The second copy in the same claim is deferred, then found DONE like the third.
+    # The second copy in the same lease call is deferred, then found DONE like the third.
     assert progress.total("acked") == 1 and progress.total("duplicates") == 2
 
 
@@ -155,8 +155,8 @@ def test_a_live_lease_elsewhere_defers_without_spending_attempts_until_it_settle
     effect = f"{config.topic}:applied"
     bolt = IdempotencyBolt(Apply(effect), config)
     store = worker_store(config, bolt.namespace)
-    [other] = store.claim(["id-3-2"], owner="another task")
-    assert other.status is ClaimStatus.CLAIMED
+    [other] = store.lease(["id-3-2"], owner="another task")
+    assert other.status is LeaseStatus.LEASED
 
     with Driver(config, LocalExecutor(config, bolt)) as driver:
         deadline = time.monotonic() + 10
@@ -213,13 +213,13 @@ def test_what_redis_would_refuse_fails_that_message_alone_with_redis_reason(
         h["kspout.source.offset"]: h["kspout.error"]
         for h in dead_letter_headers(config, stack.info.brokers)
     }
-    assert "Redis rejected the claim of 'id-2-1'" in errors["1"] and "WRONGTYPE" in errors["1"]
+    assert "Redis rejected the lease of 'id-2-1'" in errors["1"] and "WRONGTYPE" in errors["1"]
     assert "Redis rejected the settlement of 'id-2-4'" in errors["4"]
     assert "increment or decrement would overflow" in errors["4"]
     assert stored(config)[2] == 6
 
 
-def test_one_claim_and_one_settle_per_batch_in_process(
+def test_one_lease_and_one_settle_per_batch_in_process(
     dedup_config: Callable[..., TopicConfig],
     producer: Producer,
     redis_client: redis.Redis,
@@ -237,7 +237,7 @@ def test_one_claim_and_one_settle_per_batch_in_process(
         after = evalsha_calls(redis_client)
         assert driver.progress().total("acked") == 2 * 300 * len(PARTITIONS)
 
-    # In process a batch is one task over every partition: one claim and one settle in all.
+    # In process a batch is one task over every partition: one lease and one settle in all.
     assert after - before == 2
 
 

@@ -20,12 +20,12 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from dedup import (
-    ClaimStatus,
     EffectNotAllowed,
     Effects,
     IdempotencyBolt,
     IdempotencyStore,
-    RecordState,
+    IdRecordState,
+    LeaseStatus,
     Settlement,
     SettleStatus,
     ZkEpoch,
@@ -39,7 +39,7 @@ from tests.integration.test_dedup_bolt import keyed, run
 
 pytestmark = pytest.mark.integration
 
-CLAIMED, DUPLICATE, DEFERRED = ClaimStatus.CLAIMED, ClaimStatus.DUPLICATE, ClaimStatus.DEFERRED
+LEASED, DUPLICATE, DEFERRED = LeaseStatus.LEASED, LeaseStatus.DUPLICATE, LeaseStatus.DEFERRED
 SETTLED, STALE = SettleStatus.SETTLED, SettleStatus.STALE
 SHORT_LEASE_MS = 150
 LEASE_EXPIRED = (SHORT_LEASE_MS + 60) / 1000
@@ -123,48 +123,48 @@ def node_of(client: RedisCluster, key: str) -> int:
 # -- the record lifecycle, per partition -------------------------------------------------------
 
 
-def test_claim_settle_duplicate_deferred_and_stale_settles_hold_per_partition(
+def test_lease_settle_duplicate_deferred_and_stale_settles_hold_per_partition(
     store: IdempotencyStore,
 ) -> None:
     ids = [f"m{i}" for i in range(12)]
     partitions = [i % 6 for i in range(12)]
 
-    claims = store.claim(ids, "w1", partitions)
-    assert [c.status for c in claims] == [CLAIMED] * 12
-    assert [c.status for c in store.claim(ids, "w2", partitions)] == [DEFERRED] * 12
+    leases = store.lease(ids, "w1", partitions)
+    assert [c.status for c in leases] == [LEASED] * 12
+    assert [c.status for c in store.lease(ids, "w2", partitions)] == [DEFERRED] * 12
 
     done = [
-        Settlement(i, c.token, True, None, (), c.attempts) for i, c in zip(ids, claims, strict=True)
+        Settlement(i, c.token, True, None, (), c.attempts) for i, c in zip(ids, leases, strict=True)
     ]
     assert [r.status for r in store.settle(done[:6], partitions[:6])] == [SETTLED] * 6
     assert [r.status for r in store.settle(done[:6], partitions[:6])] == [STALE] * 6
 
-    replay = store.claim(ids, "w3", partitions)
+    replay = store.lease(ids, "w3", partitions)
     assert [c.status for c in replay] == [DUPLICATE] * 6 + [DEFERRED] * 6
     record = store.record("m0", 0)
     assert record is not None and (record.state, record.token) == (
-        RecordState.DONE,
-        claims[0].token,
+        IdRecordState.DONE,
+        leases[0].token,
     )
     assert store.record("m0", 1) is None  # another partition: another record
 
 
 def test_an_id_in_two_partitions_is_two_records(store: IdempotencyStore) -> None:
-    a, b = store.claim(["same", "same"], "w1", [0, 1])
+    a, b = store.lease(["same", "same"], "w1", [0, 1])
 
-    assert (a.status, b.status) == (CLAIMED, CLAIMED)  # not DEFERRED: two shards
+    assert (a.status, b.status) == (LEASED, LEASED)  # not DEFERRED: two shards
 
 
-def test_an_expired_lease_is_claimed_again_with_a_higher_token_and_the_zombie_is_refused(
+def test_an_expired_lease_is_leased_again_with_a_higher_token_and_the_zombie_is_refused(
     store_factory: StoreFactory, client: RedisCluster
 ) -> None:
     store = store_factory(client, lease_ms=SHORT_LEASE_MS)
     counter = store.effect_key("n", 3)
-    [zombie] = store.claim(["m"], "w1", 3)
+    [zombie] = store.lease(["m"], "w1", 3)
     time.sleep(LEASE_EXPIRED)
-    [current] = store.claim(["m"], "w2", 3)
+    [current] = store.lease(["m"], "w2", 3)
 
-    assert (current.status, current.attempts) == (CLAIMED, 2) and current.token > zombie.token
+    assert (current.status, current.attempts) == (LEASED, 2) and current.token > zombie.token
     late = Settlement("m", zombie.token, True, None, [("INCRBY", counter, 1)], zombie.attempts)
     assert [r.status for r in store.settle([late], 3)] == [STALE]
     assert client.get(counter) is None
@@ -181,8 +181,8 @@ def test_tokens_strictly_increase_per_shard_across_stores(
     for round in range(4):
         for store in (first, second):
             ids = [f"{round}-{id(store)}-{p}" for p in range(4)]
-            for p, claim in enumerate(store.claim(ids, "w", list(range(4)))):
-                tokens[p].append(claim.token)
+            for p, lease in enumerate(store.lease(ids, "w", list(range(4)))):
+                tokens[p].append(lease.token)
 
     for shard in tokens.values():
         assert shard == sorted(set(shard))
@@ -196,8 +196,8 @@ def test_partitions_spread_over_the_masters_each_with_its_own_fence(
 ) -> None:
     client, store = three_client, store_factory(three_client)
     partitions = list(range(12))
-    store.claim([f"m{p}" for p in partitions], "w1", partitions)
-    store.claim([f"n{p}" for p in partitions[:4]], "w1", partitions[:4])
+    store.lease([f"m{p}" for p in partitions], "w1", partitions)
+    store.lease([f"n{p}" for p in partitions[:4]], "w1", partitions[:4])
 
     masters = {node_of(client, store.key("m", p)) for p in partitions}
     assert masters == {node.port for node in three_masters.nodes}
@@ -205,7 +205,7 @@ def test_partitions_spread_over_the_masters_each_with_its_own_fence(
         fence = f"{{{store.tag(p)}}}:fence"
         assert key_slot(fence.encode()) == key_slot(store.key(f"m{p}", p).encode())
         epoch, seq = (int(v or 0) for v in client.hmget(fence, "epoch", "seq"))
-        assert seq == (2 if p < 4 else 1)  # this shard's claims only: no shared counter
+        assert seq == (2 if p < 4 else 1)  # this shard's leases only: no shared counter
         record = store.record(f"m{p}", p)
         assert record is not None and record.token == (epoch << COUNTER_BITS) + 1
 
@@ -215,7 +215,7 @@ def test_a_batch_spanning_partitions_is_one_round_trip_per_master(
 ) -> None:
     store = store_factory(three_client)
     partitions = list(range(12))
-    store.claim([f"m{p}" for p in partitions], "w0", partitions)  # fences made, scripts loaded
+    store.lease([f"m{p}" for p in partitions], "w0", partitions)  # fences made, scripts loaded
     masters = {node_of(three_client, store.key("m", p)) for p in partitions}
     sent: list[int] = []
     send = redis.connection.Connection.send_packed_command
@@ -225,14 +225,14 @@ def test_a_batch_spanning_partitions_is_one_round_trip_per_master(
         send(connection, *args, **kwargs)  # type: ignore[no-untyped-call]
 
     monkeypatch.setattr(redis.connection.Connection, "send_packed_command", counted)
-    claims = store.claim([f"x{p}" for p in partitions], "w1", partitions)
+    leases = store.lease([f"x{p}" for p in partitions], "w1", partitions)
     settled = store.settle(
-        [Settlement(f"x{p}", c.token, True, None, (), 1) for p, c in enumerate(claims)],
+        [Settlement(f"x{p}", c.token, True, None, (), 1) for p, c in enumerate(leases)],
         partitions,
     )
 
     assert [r.status for r in settled] == [SETTLED] * 12
-    assert sorted(sent) == sorted([*masters, *masters])  # claim, settle: one write per master
+    assert sorted(sent) == sorted([*masters, *masters])  # lease, settle: one write per master
 
 
 # -- effects -----------------------------------------------------------------------------------
@@ -242,28 +242,28 @@ def test_effects_with_the_records_tag_apply_atomically_with_done(
     store: IdempotencyStore, client: RedisCluster
 ) -> None:
     ids = [f"m{p}" for p in range(4)]
-    claims = store.claim(ids, "w1", [0, 1, 2, 3])
+    leases = store.lease(ids, "w1", [0, 1, 2, 3])
     items = [
         Settlement(id_, c.token, True, None, [("HINCRBY", store.effect_key("h", p), id_, 1)], 1)
-        for p, (id_, c) in enumerate(zip(ids, claims, strict=True))
+        for p, (id_, c) in enumerate(zip(ids, leases, strict=True))
     ]
 
     assert [r.status for r in store.settle(items, [0, 1, 2, 3])] == [SETTLED] * 4
     for p, id_ in enumerate(ids):
         assert client.hgetall(store.effect_key("h", p)) == {id_.encode(): b"1"}
-    assert [c.status for c in store.claim(ids, "w2", [0, 1, 2, 3])] == [DUPLICATE] * 4
+    assert [c.status for c in store.lease(ids, "w2", [0, 1, 2, 3])] == [DUPLICATE] * 4
 
 
 @pytest.mark.parametrize("key", ["h", "{other}:h", "{%s:p1}:h"])
 def test_an_effect_key_without_its_records_tag_is_refused_naming_the_rule(
     store: IdempotencyStore, client: RedisCluster, key: str
 ) -> None:
-    [claim] = store.claim(["m"], "w1", 0)
+    [lease] = store.lease(["m"], "w1", 0)
     before = store.record("m", 0)
     wrong = key % store.namespace if "%s" in key else key
 
     with pytest.raises(EffectNotAllowed) as raised:
-        store.settle([Settlement("m", claim.token, True, None, [("INCRBY", wrong, 1)], 1)], 0)
+        store.settle([Settlement("m", lease.token, True, None, [("INCRBY", wrong, 1)], 1)], 0)
 
     assert "must carry its record's hash tag" in str(raised.value)
     assert f"{{{store.tag(0)}}}" in str(raised.value)
@@ -274,8 +274,8 @@ def test_an_effect_key_without_its_records_tag_is_refused_naming_the_rule(
 def test_the_handlers_effects_object_names_keys_in_its_records_slot(
     store: IdempotencyStore,
 ) -> None:
-    [claim] = store.claim(["m"], "w1", 5)
-    effects = Effects(store, "m", claim.token, claim.attempts, 5)
+    [lease] = store.lease(["m"], "w1", 5)
+    effects = Effects(store, "m", lease.token, lease.attempts, 5)
 
     effects.incrby(effects.key("n"))
     with pytest.raises(EffectNotAllowed, match="hash tag"):
@@ -326,25 +326,25 @@ def test_a_killed_master_refuses_its_partitions_until_back_and_loses_nothing(
         store = store_factory(client)
         partitions = list(range(6))
 
-        def items(ids: list[str], claims: list[Any]) -> list[Settlement]:
+        def items(ids: list[str], leases: list[Any]) -> list[Settlement]:
             return [
                 Settlement(i, c.token, True, None, [("INCRBY", store.effect_key(i, p), 1)], 1)
-                for p, (i, c) in enumerate(zip(ids, claims, strict=True))
+                for p, (i, c) in enumerate(zip(ids, leases, strict=True))
             ]
 
         done = [f"done{p}" for p in partitions]
-        store.settle(items(done, store.claim(done, "w1", partitions)), partitions)
+        store.settle(items(done, store.lease(done, "w1", partitions)), partitions)
         open_ids = [f"open{p}" for p in partitions]
-        open_claims = store.claim(open_ids, "w1", partitions)  # in flight when the master dies
+        open_leases = store.lease(open_ids, "w1", partitions)  # in flight when the master dies
         victim = next(n for n in servers.nodes if n.port == node_of(client, store.key("x", 0)))
 
         victim.kill()
         with pytest.raises(redis.RedisError):
-            store.claim(["late"], "w2", 0)  # an error, never a guess
+            store.lease(["late"], "w2", 0)  # an error, never a guess
         servers.start()  # back from its append-only file
 
-        assert [c.status for c in store.claim(done, "w2", partitions)] == [DUPLICATE] * 6
-        settled = store.settle(items(open_ids, open_claims), partitions)
+        assert [c.status for c in store.lease(done, "w2", partitions)] == [DUPLICATE] * 6
+        settled = store.settle(items(open_ids, open_leases), partitions)
         assert [r.status for r in settled] == [SETTLED] * 6  # the leases survived too
         for p, i in enumerate(done + open_ids):
             assert client.get(store.effect_key(i, p % 6)) == b"1"

@@ -19,11 +19,11 @@ from confluent_kafka import Producer
 from kazoo.client import KazooClient
 
 from dedup import (
-    ClaimStatus,
     IdempotencyBolt,
     IdempotencyStore,
+    IdRecordState,
+    LeaseStatus,
     NotDurable,
-    RecordState,
     Settlement,
     SettleStatus,
     WaitAofUnsupported,
@@ -131,13 +131,13 @@ def test_settlements_wait_until_the_replica_has_them(
     store = make_store(wait_replicas=1, wait_timeout_ms=10_000)
     counter = f"user-{uuid.uuid4().hex}:n"
     ids = [f"m{i}" for i in range(20)]
-    claims = store.claim(ids, "w1")
+    leases = store.lease(ids, "w1")
     on_primary.script_flush()  # the settle script is loaded again, still in one pipeline
 
     results = store.settle(
         [
-            Settlement(id_, claim.token, True, effects=[("INCRBY", counter, 1)])
-            for id_, claim in zip(ids, claims, strict=True)
+            Settlement(id_, lease.token, True, effects=[("INCRBY", counter, 1)])
+            for id_, lease in zip(ids, leases, strict=True)
         ]
     )
 
@@ -146,7 +146,7 @@ def test_settlements_wait_until_the_replica_has_them(
     assert on_replica.get(counter) == b"20"
     records = on_replica.mget([store.key(id_) for id_ in ids])
     assert all(raw is not None and raw.startswith(b"D:") for raw in records)
-    assert [c.status for c in store.claim(ids, "w2")] == [ClaimStatus.DUPLICATE] * len(ids)
+    assert [c.status for c in store.lease(ids, "w2")] == [LeaseStatus.DUPLICATE] * len(ids)
 
 
 def test_a_settlement_the_replica_did_not_acknowledge_is_not_durable_and_replays_wait(
@@ -157,39 +157,39 @@ def test_a_settlement_the_replica_did_not_acknowledge_is_not_durable_and_replays
     on_primary, on_replica = clients
     store = make_store(wait_replicas=1, wait_timeout_ms=WAIT_MS)
     ids = ["a", "b"]
-    claims = store.claim(ids, "w1")
-    items = [Settlement(id_, c.token, True) for id_, c in zip(ids, claims, strict=True)]
+    leases = store.lease(ids, "w1")
+    items = [Settlement(id_, c.token, True) for id_, c in zip(ids, leases, strict=True)]
 
     with frozen(replica):
         with pytest.raises(NotDurable) as raised:
             store.settle(items)
-        replays = store.claim(ids, "w2")
+        replays = store.lease(ids, "w2")
 
     assert (raised.value.command, raised.value.wanted, raised.value.acked) == ("WAIT", (1,), (0,))
     assert [r.status for r in raised.value.results] == [SettleStatus.SETTLED] * 2
     record = store.record("a")
-    assert record is not None and record.state is RecordState.DONE  # on the primary
+    assert record is not None and record.state is IdRecordState.DONE  # on the primary
     # DONE on the primary alone: replays wait instead of being acked as duplicates
-    assert [(c.status, c.retry_after_ms) for c in replays] == [(ClaimStatus.DEFERRED, WAIT_MS)] * 2
-    assert [c.status for c in store.claim(ids, "w3")] == [ClaimStatus.DUPLICATE] * 2
+    assert [(c.status, c.retry_after_ms) for c in replays] == [(LeaseStatus.DEFERRED, WAIT_MS)] * 2
+    assert [c.status for c in store.lease(ids, "w3")] == [LeaseStatus.DUPLICATE] * 2
     assert on_replica.get(store.key("b")) == on_primary.get(store.key("b"))
 
 
-def test_at_maxmemory_a_claim_that_wrote_nothing_proves_nothing_so_replays_wait(
+def test_at_maxmemory_a_lease_that_wrote_nothing_proves_nothing_so_replays_wait(
     make_store: Callable[..., IdempotencyStore], clients: tuple[redis.Redis, redis.Redis]
 ) -> None:
     on_primary, _ = clients
     store = make_store(wait_replicas=1, wait_timeout_ms=10_000)
-    [claim] = store.claim(["m"], "w1")
-    store.settle([Settlement("m", claim.token, True)])
+    [lease] = store.lease(["m"], "w1")
+    store.settle([Settlement("m", lease.token, True)])
     try:
         on_primary.config_set("maxmemory", 1)  # every write is refused (noeviction)
-        [replay] = store.claim(["m"], "w2")  # answered from reads: no write for WAIT to cover
+        [replay] = store.lease(["m"], "w2")  # answered from reads: no write for WAIT to cover
     finally:
         on_primary.config_set("maxmemory", 0)
 
-    assert replay.status is ClaimStatus.DEFERRED
-    assert store.claim(["m"], "w2")[0].status is ClaimStatus.DUPLICATE
+    assert replay.status is LeaseStatus.DEFERRED
+    assert store.lease(["m"], "w2")[0].status is LeaseStatus.DUPLICATE
 
 
 def test_wait_aof_runs_where_the_server_has_waitaof_and_is_refused_where_not(
@@ -199,11 +199,11 @@ def test_wait_aof_runs_where_the_server_has_waitaof_and_is_refused_where_not(
     store = make_store(wait_replicas=1, wait_timeout_ms=10_000, wait_aof=True)
 
     if version >= (7, 2):
-        [claim] = store.claim(["m"], "w1")
-        assert store.settle([Settlement("m", claim.token, True)])[0].status is SettleStatus.SETTLED
+        [lease] = store.lease(["m"], "w1")
+        assert store.settle([Settlement("m", lease.token, True)])[0].status is SettleStatus.SETTLED
     else:
         with pytest.raises(WaitAofUnsupported, match="unknown command"):
-            store.claim(["m"], "w1")
+            store.lease(["m"], "w1")
         assert clients[0].keys(store.key("*")) == []  # refused before anything was written
 
 

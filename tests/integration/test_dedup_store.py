@@ -20,27 +20,27 @@ import redis
 from kazoo.client import KazooClient
 
 from dedup import (
-    Claim,
-    ClaimStatus,
     EffectNotAllowed,
     EpochConflict,
     IdempotencyStore,
-    Record,
-    RecordState,
+    IdRecord,
+    IdRecordState,
+    Lease,
+    LeaseStatus,
     Settlement,
     SettleResult,
     SettleStatus,
     ZkEpoch,
     server_durability_warnings,
 )
-from dedup.batch import _claim
+from dedup.batch import _lease
 from dedup.scripts import ADVANCE_EPOCH, SETTLE
 from dedup.store import COUNTER_BITS
 from kspout.devstack import DevStack, RedisServer
 
 pytestmark = pytest.mark.integration
 
-CLAIMED, DUPLICATE, DEFERRED = ClaimStatus.CLAIMED, ClaimStatus.DUPLICATE, ClaimStatus.DEFERRED
+LEASED, DUPLICATE, DEFERRED = LeaseStatus.LEASED, LeaseStatus.DUPLICATE, LeaseStatus.DEFERRED
 SETTLED, STALE, LOST = (SettleResult(s) for s in SettleStatus if s is not SettleStatus.REJECTED)
 REJECTED = SettleStatus.REJECTED
 WRONGTYPE = "WRONGTYPE Operation against a key holding the wrong kind of value"
@@ -107,19 +107,19 @@ def redis_now_ms(client: redis.Redis) -> int:
 # -- transitions -------------------------------------------------------------------------------
 
 
-def test_absent_ids_are_claimed_at_attempt_one_with_increasing_tokens(
+def test_absent_ids_are_leased_at_attempt_one_with_increasing_tokens(
     store: IdempotencyStore, redis_client: redis.Redis
 ) -> None:
     before = redis_now_ms(redis_client)
-    claims = store.claim(["a", "b", "c"], "w1")
+    leases = store.lease(["a", "b", "c"], "w1")
 
-    assert [c.status for c in claims] == [CLAIMED] * 3
-    assert [c.attempts for c in claims] == [1, 1, 1]
-    tokens = [c.token for c in claims]
+    assert [c.status for c in leases] == [LEASED] * 3
+    assert [c.attempts for c in leases] == [1, 1, 1]
+    tokens = [c.token for c in leases]
     assert tokens == sorted(set(tokens))
     assert store.epoch is not None and tokens[0] >> COUNTER_BITS == store.epoch >= 1
     record = store.record("a")
-    assert record is not None and record.state is RecordState.IN_FLIGHT
+    assert record is not None and record.state is IdRecordState.IN_FLIGHT
     assert (record.owner, record.token, record.attempts) == ("w1", tokens[0], 1)
     assert record.lease_deadline_ms is not None
     assert before + 10_000 <= record.lease_deadline_ms <= redis_now_ms(redis_client) + 10_000
@@ -129,29 +129,29 @@ def test_absent_ids_are_claimed_at_attempt_one_with_increasing_tokens(
 
 def test_done_id_is_duplicate_until_its_record_expires(store_factory: StoreFactory) -> None:
     store = store_factory(done_ttl_ms=300)
-    [claim] = store.claim(["m"], "w1")
+    [lease] = store.lease(["m"], "w1")
 
-    assert store.settle([Settlement("m", claim.token, True, attempts=1)]) == [SETTLED]
+    assert store.settle([Settlement("m", lease.token, True, attempts=1)]) == [SETTLED]
     record = store.record("m")
-    assert record is not None and record.state is RecordState.DONE
+    assert record is not None and record.state is IdRecordState.DONE
     assert 0 < store._client.pttl(store.key("m")) <= 300
-    assert store.claim(["m"], "w2")[0].status is DUPLICATE
-    assert store.claim(["m"], "w1")[0].status is DUPLICATE
+    assert store.lease(["m"], "w2")[0].status is DUPLICATE
+    assert store.lease(["m"], "w1")[0].status is DUPLICATE
 
     time.sleep(0.35)
     assert store.record("m") is None
-    again = store.claim(["m"], "w2")[0]
-    assert (again.status, again.attempts) == (CLAIMED, 1)
-    assert again.token > claim.token
+    again = store.lease(["m"], "w2")[0]
+    assert (again.status, again.attempts) == (LEASED, 1)
+    assert again.token > lease.token
 
 
 def test_live_lease_of_another_owner_is_deferred_without_change(
     store: IdempotencyStore,
 ) -> None:
-    store.claim(["m"], "w1")
+    store.lease(["m"], "w1")
     before = store.record("m")
 
-    [deferred] = store.claim(["m"], "w2")
+    [deferred] = store.lease(["m"], "w2")
 
     assert deferred.status is DEFERRED
     assert 0 < deferred.retry_after_ms <= 10_000
@@ -159,77 +159,77 @@ def test_live_lease_of_another_owner_is_deferred_without_change(
     assert store.record("m") == before
 
 
-def test_expired_lease_is_claimed_again_with_a_higher_token_and_the_next_attempt(
+def test_expired_lease_is_leased_again_with_a_higher_token_and_the_next_attempt(
     store_factory: StoreFactory,
 ) -> None:
     store = store_factory(lease_ms=SHORT_LEASE_MS)
-    [first] = store.claim(["m"], "w1")
-    assert store.claim(["m"], "w2")[0].status is DEFERRED
+    [first] = store.lease(["m"], "w1")
+    assert store.lease(["m"], "w2")[0].status is DEFERRED
 
     time.sleep(LEASE_EXPIRED)
-    [second] = store.claim(["m"], "w2")
+    [second] = store.lease(["m"], "w2")
 
-    assert (second.status, second.attempts) == (CLAIMED, 2)
+    assert (second.status, second.attempts) == (LEASED, 2)
     assert second.token > first.token
     record = store.record("m")
     assert record is not None and (record.owner, record.token) == ("w2", second.token)
 
 
-def test_failed_id_is_claimed_again_with_the_next_attempt(
+def test_failed_id_is_leased_again_with_the_next_attempt(
     store: IdempotencyStore, redis_client: redis.Redis
 ) -> None:
-    [first] = store.claim(["m"], "w1")
+    [first] = store.lease(["m"], "w1")
     assert store.settle([Settlement("m", first.token, False, "ValueError: boom")]) == [SETTLED]
     record = store.record("m")
     assert record is not None
     assert (record.state, record.attempts, record.error) == (
-        RecordState.FAILED,
+        IdRecordState.FAILED,
         1,
         "ValueError: boom",
     )
     assert 0 < redis_client.pttl(store.key("m")) <= 60_000
 
-    [second] = store.claim(["m"], "w2")
-    assert (second.status, second.attempts) == (CLAIMED, 2)
+    [second] = store.lease(["m"], "w2")
+    assert (second.status, second.attempts) == (LEASED, 2)
     assert second.token > first.token
     [third_failed] = store.settle([Settlement("m", second.token, False, None)])
     assert third_failed == SETTLED
-    assert store.claim(["m"], "w1")[0].attempts == 3
+    assert store.lease(["m"], "w1")[0].attempts == 3
 
 
 def test_own_live_lease_is_renewed_with_a_fresh_token_at_the_same_attempt(
     store: IdempotencyStore,
 ) -> None:
-    [first] = store.claim(["m"], "w1")
-    [renewed] = store.claim(["m"], "w1")
+    [first] = store.lease(["m"], "w1")
+    [renewed] = store.lease(["m"], "w1")
 
-    assert (renewed.status, renewed.attempts) == (CLAIMED, 1)
+    assert (renewed.status, renewed.attempts) == (LEASED, 1)
     assert renewed.token > first.token
     assert store.settle([Settlement("m", first.token, True)]) == [STALE]
     assert store.settle([Settlement("m", renewed.token, True)]) == [SETTLED]
 
 
-def test_an_id_twice_in_one_claim_is_deferred_the_second_time(store: IdempotencyStore) -> None:
-    first, second, other = store.claim(["m", "m", "n"], "w1")
+def test_an_id_twice_in_one_lease_is_deferred_the_second_time(store: IdempotencyStore) -> None:
+    first, second, other = store.lease(["m", "m", "n"], "w1")
 
-    assert first.status is CLAIMED and other.status is CLAIMED
+    assert first.status is LEASED and other.status is LEASED
     assert second.status is DEFERRED
     assert store.settle([Settlement("m", first.token, True)]) == [SETTLED]
-    assert store.claim(["m"], "w1")[0].status is DUPLICATE
+    assert store.lease(["m"], "w1")[0].status is DUPLICATE
 
 
 def test_at_maxmemory_done_ids_still_answer_duplicate_and_new_ids_fail_unchanged(
     store_factory: StoreFactory, own_client: redis.Redis
 ) -> None:
     store = store_factory(client=own_client)
-    [done] = store.claim(["done"], "w1")
+    [done] = store.lease(["done"], "w1")
     assert store.settle([Settlement("done", done.token, True)]) == [SETTLED]
     fence = own_client.hgetall(f"{{{store.namespace}}}:fence")
     try:
         own_client.config_set("maxmemory", 1)  # every write is refused (noeviction)
-        assert store.claim(["done", "done"], "w2") == [Claim(DUPLICATE, 0, 0, 0)] * 2
+        assert store.lease(["done", "done"], "w2") == [Lease(DUPLICATE, 0, 0, 0)] * 2
         with pytest.raises(redis.ResponseError, match="maxmemory"):
-            store.claim(["done", "new"], "w2")
+            store.lease(["done", "new"], "w2")
     finally:
         own_client.config_set("maxmemory", 0)
 
@@ -243,29 +243,29 @@ def test_a_server_refusing_writes_fails_the_settle_call_not_each_message(
     """NOREPLICAS (like READONLY or MISCONF) is the infrastructure's refusal: the call fails,
     nothing changes, and no message is REJECTED (which would spend its attempt)."""
     store = store_factory(client=own_client)
-    a, b = store.claim(["a", "b"], "w1")
+    a, b = store.lease(["a", "b"], "w1")
     try:
         own_client.config_set("min-replicas-to-write", 1)  # no replica: every write refused
         with pytest.raises(redis.ResponseError, match="NOREPLICAS"):
             store.settle([Settlement("a", a.token, True), Settlement("b", b.token, True)])
     finally:
         own_client.config_set("min-replicas-to-write", 0)
-    assert [store.record(i).state for i in ("a", "b")] == [RecordState.IN_FLIGHT] * 2  # type: ignore[union-attr]
+    assert [store.record(i).state for i in ("a", "b")] == [IdRecordState.IN_FLIGHT] * 2  # type: ignore[union-attr]
     settled = [Settlement("a", a.token, True), Settlement("b", b.token, True)]
     assert store.settle(settled) == [SETTLED, SETTLED]
 
 
-def test_one_id_in_two_partitions_of_one_server_is_claimed_once(store: IdempotencyStore) -> None:
+def test_one_id_in_two_partitions_of_one_server_is_leased_once(store: IdempotencyStore) -> None:
     """On one server the record key does not depend on the partition: the repeat is the same
-    record, a duplicate in the batch, not a second claim that would defer itself."""
-    claimed = _claim(store, ["x", "x"], [0, 1], "w1", 1.0, time.sleep, time.monotonic)
-    assert [id_ for id_, _ in claimed] == ["x", "x"]
-    first, repeat = (claim for _, claim in claimed)
-    assert first is not None and first.status is CLAIMED and repeat is None
+    record, a duplicate in the batch, not a second lease that would defer itself."""
+    leased = _lease(store, ["x", "x"], [0, 1], "w1", 1.0, time.sleep, time.monotonic)
+    assert [id_ for id_, _ in leased] == ["x", "x"]
+    first, repeat = (lease for _, lease in leased)
+    assert first is not None and first.status is LEASED and repeat is None
 
 
 def test_refused_settlements_change_nothing(store: IdempotencyStore) -> None:
-    a, b = store.claim(["a", "b"], "w1")
+    a, b = store.lease(["a", "b"], "w1")
     assert store.settle([Settlement("a", a.token, True)]) == [SETTLED]
     done = store.record("a")
     in_flight = store.record("b")
@@ -276,7 +276,7 @@ def test_refused_settlements_change_nothing(store: IdempotencyStore) -> None:
             Settlement("a", a.token, False, "late failure"),  # already DONE
             Settlement("b", b.token + 1, True, None, (), b.attempts),  # a token it never had
             Settlement("b", b.token - 1, False, "zombie"),
-            Settlement("never-claimed", a.token, True),
+            Settlement("never-leased", a.token, True),
         ]
     )
 
@@ -285,11 +285,11 @@ def test_refused_settlements_change_nothing(store: IdempotencyStore) -> None:
     assert store.record("b") == in_flight
     # the settle wrote and undid: the lease's record keeps its expiry (a settled one's restarts)
     assert in_flight_ttl - 1000 < store._client.pttl(store.key("b")) <= in_flight_ttl
-    assert store.record("never-claimed") is None
+    assert store.record("never-leased") is None
 
 
 def test_a_failed_item_between_refused_ones_keeps_its_own_error(store: IdempotencyStore) -> None:
-    a, b, c = store.claim(["a", "b", "c"], "w1")
+    a, b, c = store.lease(["a", "b", "c"], "w1")
     statuses = store.settle(
         [
             Settlement("a", a.token + 1, False, "error of a"),  # STALE: its error is skipped
@@ -302,17 +302,17 @@ def test_a_failed_item_between_refused_ones_keeps_its_own_error(store: Idempoten
     assert record is not None and record.error == "error of b"
 
 
-def test_late_settle_after_the_lease_ran_out_succeeds_if_nobody_claimed_since(
+def test_late_settle_after_the_lease_ran_out_succeeds_if_nobody_leased_since(
     store_factory: StoreFactory,
 ) -> None:
     store = store_factory(lease_ms=SHORT_LEASE_MS, done_ttl_ms=300)
-    [claim] = store.claim(["m"], "w1")
+    [lease] = store.lease(["m"], "w1")
     time.sleep(LEASE_EXPIRED)
-    assert store.settle([Settlement("m", claim.token, True)]) == [SETTLED]
-    assert store.claim(["m"], "w2")[0].status is DUPLICATE
-    # a whole dedup window from the late settle, not what was left of the claim's expiry
-    left_of_the_claim = SHORT_LEASE_MS + 300 - LEASE_EXPIRED * 1000
-    assert 300 >= store._client.pttl(store.key("m")) > 300 - 50 > left_of_the_claim
+    assert store.settle([Settlement("m", lease.token, True)]) == [SETTLED]
+    assert store.lease(["m"], "w2")[0].status is DUPLICATE
+    # a whole dedup window from the late settle, not what was left of the lease's expiry
+    left_of_the_lease = SHORT_LEASE_MS + 300 - LEASE_EXPIRED * 1000
+    assert 300 >= store._client.pttl(store.key("m")) > 300 - 50 > left_of_the_lease
 
 
 def test_a_client_decoding_responses_works_too(
@@ -321,15 +321,15 @@ def test_a_client_decoding_responses_works_too(
     client = redis.Redis.from_url(stack.info.redis_url, decode_responses=True)
     try:
         store = store_factory(client=client)
-        a, b = store.claim(["a", "b"], "w1")
+        a, b = store.lease(["a", "b"], "w1")
         assert store.settle([Settlement("a", a.token, True), Settlement("b", 1, True)]) == [
             SETTLED,
             STALE,
         ]
-        assert store.claim(["a"], "w2")[0].status is DUPLICATE
+        assert store.lease(["a"], "w2")[0].status is DUPLICATE
         record = store.record("b")
         assert record is not None and record.token == b.token
-        assert store.fence_ok("b", b.token)
+        assert store.still_holds("b", b.token)
     finally:
         client.close()
 
@@ -341,7 +341,7 @@ def test_effects_apply_with_done_in_the_same_call(
     store: IdempotencyStore, redis_client: redis.Redis
 ) -> None:
     user = f"user-{uuid.uuid4().hex}"
-    a, b = store.claim(["a", "b"], "w1")
+    a, b = store.lease(["a", "b"], "w1")
 
     statuses = store.settle(
         [
@@ -366,29 +366,29 @@ def test_effects_apply_with_done_in_the_same_call(
     assert redis_client.get(f"{user}:n") == b"5"
     assert redis_client.smembers(f"{user}:s") == {b"a", b"x"}
     assert redis_client.get(f"{user}:v") == b"payload"
-    assert store.claim(["a", "b"], "w2")[0].status is DUPLICATE
+    assert store.lease(["a", "b"], "w2")[0].status is DUPLICATE
 
 
-def test_a_zombie_done_with_effects_after_a_reclaim_applies_nothing(
+def test_a_zombie_done_with_effects_after_a_new_lease_applies_nothing(
     store_factory: StoreFactory, redis_client: redis.Redis
 ) -> None:
     store = store_factory(lease_ms=SHORT_LEASE_MS)
     counter = f"user-{uuid.uuid4().hex}:count"
-    [zombie] = store.claim(["m"], "w1")
+    [zombie] = store.lease(["m"], "w1")
     time.sleep(LEASE_EXPIRED)  # w1 hangs past its lease ...
-    [current] = store.claim(["m"], "w2")  # ... and w2 takes the message over
+    [current] = store.lease(["m"], "w2")  # ... and w2 takes the message over
 
     late = store.settle([Settlement("m", zombie.token, True, effects=[("INCRBY", counter, 1)])])
 
     assert late == [STALE]
     assert redis_client.get(counter) is None
-    assert not store.fence_ok("m", zombie.token)
-    assert store.fence_ok("m", current.token)
+    assert not store.still_holds("m", zombie.token)
+    assert store.still_holds("m", current.token)
     assert store.settle(
         [Settlement("m", current.token, True, effects=[("INCRBY", counter, 1)])]
     ) == [SETTLED]
     assert redis_client.get(counter) == b"1"
-    assert not store.fence_ok("m", current.token)  # settled: no token holds a lease any more
+    assert not store.still_holds("m", current.token)  # settled: no token holds a lease any more
 
 
 def test_an_effect_redis_would_reject_settles_the_item_failed_and_applies_none(
@@ -398,7 +398,7 @@ def test_an_effect_redis_would_reject_settles_the_item_failed_and_applies_none(
     redis_client.hset(f"{user}:hash", "f", "1")
     redis_client.set(f"{user}:text", "abc")
     redis_client.hset(f"{user}:padded", "f", "007")  # Redis's HINCRBY refuses leading zeros
-    a, b, c, d = store.claim(["a", "b", "c", "d"], "w1")
+    a, b, c, d = store.lease(["a", "b", "c", "d"], "w1")
 
     results = store.settle(
         [
@@ -419,9 +419,9 @@ def test_an_effect_redis_would_reject_settles_the_item_failed_and_applies_none(
     assert redis_client.get(f"{user}:text") == b"abc"
     assert redis_client.get(f"{user}:ok") == b"1"
     record = store.record("a")
-    assert record is not None and record.state is RecordState.FAILED
+    assert record is not None and record.state is IdRecordState.FAILED
     assert record.error is not None and "WRONGTYPE" in record.error
-    assert store.claim(["a"], "w1")[0].attempts == 2  # a failed attempt: it runs again
+    assert store.lease(["a"], "w1")[0].attempts == 2  # a failed attempt: it runs again
 
 
 @pytest.mark.parametrize(
@@ -442,11 +442,11 @@ def test_an_effect_redis_would_reject_settles_the_item_failed_and_applies_none(
 def test_effects_outside_the_allowlist_raise_before_anything_is_sent(
     store: IdempotencyStore, effect: Any
 ) -> None:
-    [claim] = store.claim(["m"], "w1")
+    [lease] = store.lease(["m"], "w1")
     before = store.record("m")
 
     with pytest.raises(EffectNotAllowed) as raised:
-        store.settle([Settlement("m", claim.token, True, effects=[effect])])
+        store.settle([Settlement("m", lease.token, True, effects=[effect])])
 
     assert raised.value.id == "m"
     assert store.record("m") == before
@@ -455,7 +455,7 @@ def test_effects_outside_the_allowlist_raise_before_anything_is_sent(
 def test_the_effects_script_refuses_an_unknown_command_before_writing(
     store: IdempotencyStore, redis_client: redis.Redis
 ) -> None:
-    a, b = store.claim(["a", "b"], "w1")
+    a, b = store.lease(["a", "b"], "w1")
     before = [store.record("a"), store.record("b")]
     script = redis_client.register_script(SETTLE.text)
     user = f"user-{uuid.uuid4().hex}"
@@ -471,9 +471,9 @@ def test_the_effects_script_refuses_an_unknown_command_before_writing(
 
 
 def test_effects_on_a_failed_item_are_refused(store: IdempotencyStore) -> None:
-    [claim] = store.claim(["m"], "w1")
+    [lease] = store.lease(["m"], "w1")
     with pytest.raises(EffectNotAllowed, match="only to DONE"):
-        store.settle([Settlement("m", claim.token, False, "boom", [("INCRBY", "k", 1)])])
+        store.settle([Settlement("m", lease.token, False, "boom", [("INCRBY", "k", 1)])])
 
 
 # -- all or nothing: a per-id failure rejects that id alone -------------------------------------
@@ -495,25 +495,25 @@ def test_a_record_key_holding_something_else_rejects_that_id_alone_and_tokens_ne
     store: IdempotencyStore, redis_client: redis.Redis, kind: str, before: str
 ) -> None:
     if before == "done":
-        [done] = store.claim(["first"], "w0")
+        [done] = store.lease(["first"], "w0")
         store.settle([Settlement("first", done.token, True)])
     put_foreign(redis_client, store.key("bad"), kind)
     foreign = redis_client.dump(store.key("bad"))
 
-    first, bad, after = store.claim(["first", "bad", "after"], "w1")
-    later = store.claim(["x", "y"], "w2")
+    first, bad, after = store.lease(["first", "bad", "after"], "w1")
+    later = store.lease(["x", "y"], "w2")
 
-    assert first.status is (CLAIMED if before == "new" else DUPLICATE)
-    assert (bad.status, bad.token) == (ClaimStatus.REJECTED, 0)
+    assert first.status is (LEASED if before == "new" else DUPLICATE)
+    assert (bad.status, bad.token) == (LeaseStatus.REJECTED, 0)
     assert bad.error is not None and bad.error.startswith(store.key("bad") + ": ")
     assert ("WRONGTYPE" if kind != "text" else "not an idempotency record") in bad.error
     assert redis_client.dump(store.key("bad")) == foreign  # untouched
-    assert after.status is CLAIMED and [c.status for c in later] == [CLAIMED] * 2
-    tokens = [c.token for c in (first, after, *later) if c.status is CLAIMED]
+    assert after.status is LEASED and [c.status for c in later] == [LEASED] * 2
+    tokens = [c.token for c in (first, after, *later) if c.status is LEASED]
     assert tokens == sorted(set(tokens))  # none handed out twice, even by the next call
-    for id_, claim in [("after", after), ("x", later[0])]:
+    for id_, lease in [("after", after), ("x", later[0])]:
         record = store.record(id_)
-        assert record is not None and record.token == claim.token
+        assert record is not None and record.token == lease.token
 
 
 @pytest.mark.parametrize("with_effects", [False, True])
@@ -522,14 +522,14 @@ def test_a_record_key_overwritten_with_another_type_rejects_that_item_alone(
 ) -> None:
     counter = f"user-{uuid.uuid4().hex}:n"
     effects = [("INCRBY", counter, 1)] if with_effects else []
-    a, b, c = store.claim(["a", "b", "c"], "w1")
+    a, b, c = store.lease(["a", "b", "c"], "w1")
     redis_client.delete(store.key("b"))
     redis_client.sadd(store.key("b"), "someone else's")
 
     results = store.settle(
         [
-            Settlement(id_, claim.token, True, None, effects)
-            for id_, claim in zip("abc", (a, b, c), strict=True)
+            Settlement(id_, lease.token, True, None, effects)
+            for id_, lease in zip("abc", (a, b, c), strict=True)
         ]
     )
 
@@ -537,7 +537,7 @@ def test_a_record_key_overwritten_with_another_type_rejects_that_item_alone(
     assert results[1].error == f"{store.key('b')}: {WRONGTYPE}"
     assert redis_client.smembers(store.key("b")) == {b"someone else's"}
     assert redis_client.get(counter) == (b"2" if with_effects else None)
-    assert store.claim(["a", "c"], "w2") == [Claim(DUPLICATE, 0, 0, 0)] * 2
+    assert store.lease(["a", "c"], "w2") == [Lease(DUPLICATE, 0, 0, 0)] * 2
 
 
 MAX = 2**63 - 1
@@ -573,7 +573,7 @@ def test_an_effect_that_would_fail_only_when_applied_rejects_its_item_before_any
     before = {name: redis_client.dump(key) for name, key in keys.items()}
     ok = ("INCRBY", keys["ok"], 1)
     bad = [(command, keys[str(key)], *args) for command, key, *args in effects]
-    a, b, c = store.claim(["a", "b", "c"], "w1")
+    a, b, c = store.lease(["a", "b", "c"], "w1")
 
     results = store.settle(
         [
@@ -590,9 +590,9 @@ def test_an_effect_that_would_fail_only_when_applied_rejects_its_item_before_any
         name: dump for name, dump in before.items() if name != "ok"
     }  # none of b's effects applied
     record = store.record("b")
-    assert record is not None and record.state is RecordState.FAILED
+    assert record is not None and record.state is IdRecordState.FAILED
     assert record.error == f"rejected effect: {results[1].error}"
-    assert store.claim(["b"], "w2")[0].attempts == 2  # the message runs again
+    assert store.lease(["b"], "w2")[0].attempts == 2  # the message runs again
 
 
 @pytest.mark.parametrize(
@@ -610,7 +610,7 @@ def test_increments_up_to_the_64_bit_limits_apply_as_redis_computes_them(
     for increment in increments:
         redis_client.incrby(mirror, increment)  # what Redis itself makes of them
     redis_client.set(full, MAX)
-    exact, over = store.claim(["exact", "over"], "w1")
+    exact, over = store.lease(["exact", "over"], "w1")
     effects = [e for n in increments for e in (("INCRBY", key, n), ("HINCRBY", field, "f", n))]
 
     results = store.settle(
@@ -637,17 +637,17 @@ def eventually(check: Callable[[], bool], timeout: float = 15.0) -> bool:
     return True
 
 
-def test_every_record_state_expires_so_unsettled_claims_go_away(
+def test_every_record_state_expires_so_unsettled_leases_go_away(
     store_factory: StoreFactory, redis_client: redis.Redis
 ) -> None:
     # Long enough that a loaded machine still sees every key before the first expires.
     store = store_factory(lease_ms=3000, done_ttl_ms=4000)
     ids = [f"m{i}" for i in range(50)]
-    claims = store.claim(ids, "w1")
+    leases = store.lease(ids, "w1")
     store.settle(
-        [Settlement("m0", claims[0].token, True), Settlement("m1", claims[1].token, False)]
+        [Settlement("m0", leases[0].token, True), Settlement("m1", leases[1].token, False)]
     )
-    store.claim(["m1", "m2"], "w1")  # FAILED claimed again; a lease renewed
+    store.lease(["m1", "m2"], "w1")  # FAILED leased again; a lease renewed
 
     keys = list(redis_client.scan_iter(match=store.key("*")))
     assert len(keys) == len(ids)
@@ -655,17 +655,17 @@ def test_every_record_state_expires_so_unsettled_claims_go_away(
     assert eventually(lambda: next(redis_client.scan_iter(match=store.key("*")), None) is None)
 
 
-def test_an_expired_claim_is_claimed_anew_and_its_old_holder_can_no_longer_settle(
+def test_an_expired_lease_is_leased_anew_and_its_old_holder_can_no_longer_settle(
     store_factory: StoreFactory, redis_client: redis.Redis
 ) -> None:
     store = store_factory(lease_ms=SHORT_LEASE_MS, done_ttl_ms=SHORT_LEASE_MS)
     counter = f"user-{uuid.uuid4().hex}:n"
-    [old] = store.claim(["m"], "w1")
+    [old] = store.lease(["m"], "w1")
     assert eventually(lambda: store.record("m") is None)
 
-    [new] = store.claim(["m"], "w2")
+    [new] = store.lease(["m"], "w2")
 
-    assert (new.status, new.attempts) == (CLAIMED, 1) and new.token > old.token
+    assert (new.status, new.attempts) == (LEASED, 1) and new.token > old.token
     late = Settlement("m", old.token, True, effects=[("INCRBY", counter, 1)])
     assert store.settle([late]) == [STALE]
     assert redis_client.get(counter) is None
@@ -692,23 +692,23 @@ def commands_sent(url: str, client: redis.Redis, work: Callable[[], None]) -> li
             seen.append(entry["command"].split()[0].upper())
 
 
-def test_claim_and_settle_are_one_round_trip_per_batch(
+def test_lease_and_settle_are_one_round_trip_per_batch(
     stack: DevStack, store: IdempotencyStore, redis_client: redis.Redis
 ) -> None:
     ids = [f"m{i}" for i in range(200)]
-    store.settle([Settlement("w", store.claim(["w"], "w1")[0].token, True)])  # loads scripts
-    claims: list[Any] = []
+    store.settle([Settlement("w", store.lease(["w"], "w1")[0].token, True)])  # loads scripts
+    leases: list[Any] = []
     settled: list[Any] = []
 
     def work() -> None:
-        claims.extend(store.claim(ids, "w1"))
+        leases.extend(store.lease(ids, "w1"))
         settled.extend(
             store.settle(
                 [
                     Settlement(id, c.token, True, effects=[("INCRBY", f"{store.namespace}:n", 1)])
                     if i % 2
                     else Settlement(id, c.token, i % 3 == 0, "boom")
-                    for i, (id, c) in enumerate(zip(ids, claims, strict=True))
+                    for i, (id, c) in enumerate(zip(ids, leases, strict=True))
                 ]
             )
         )
@@ -716,7 +716,7 @@ def test_claim_and_settle_are_one_round_trip_per_batch(
     sent = commands_sent(stack.info.redis_url, redis_client, work)
 
     assert sent == ["EVALSHA", "EVALSHA"]
-    assert [c.status for c in claims] == [CLAIMED] * len(ids)
+    assert [c.status for c in leases] == [LEASED] * len(ids)
     assert settled == [SETTLED] * len(ids)
     assert redis_client.get(f"{store.namespace}:n") == b"100"
 
@@ -729,28 +729,30 @@ def redis_commands(client: redis.Redis, work: Callable[[], object]) -> dict[str,
     return {name.removeprefix("cmdstat_"): stat["calls"] for name, stat in stats.items()}
 
 
-def test_claiming_new_ids_and_settling_them_costs_one_redis_command_per_id_each(
+def test_leasing_new_ids_and_settling_them_costs_one_redis_command_per_id_each(
     store_factory: StoreFactory, own_client: redis.Redis
 ) -> None:
     store = store_factory(client=own_client)
     ids = [f"m{i}" for i in range(50)]
-    store.claim(["warm"], "w1")  # fence made, scripts loaded
-    claims: list[Claim] = []
+    store.lease(["warm"], "w1")  # fence made, scripts loaded
+    leases: list[Lease] = []
 
-    claimed = redis_commands(own_client, lambda: claims.extend(store.claim(ids, "w1")))
+    leased = redis_commands(own_client, lambda: leases.extend(store.lease(ids, "w1")))
     items = [
-        Settlement(i, c.token, True, None, (), c.attempts) for i, c in zip(ids, claims, strict=True)
+        Settlement(i, c.token, True, None, (), c.attempts) for i, c in zip(ids, leases, strict=True)
     ]
     settled = redis_commands(own_client, lambda: store.settle(items))
 
-    assert claimed["set"] == 50 and "get" not in claimed
+    assert leased["set"] == 50 and "get" not in leased
     assert settled["set"] == 50 and "get" not in settled and "pexpire" not in settled
-    assert {store.record(i) for i in ids} == {Record(RecordState.DONE, c.token, 1) for c in claims}
-    # without the claims' attempts (0: unknown) an item costs a second SET, and settles alike
-    more = store.claim(["x", "y"], "w1")
+    assert {store.record(i) for i in ids} == {
+        IdRecord(IdRecordState.DONE, c.token, 1) for c in leases
+    }
+    # without the leases' attempts (0: unknown) an item costs a second SET, and settles alike
+    more = store.lease(["x", "y"], "w1")
     unknown = [Settlement(i, c.token, True) for i, c in zip(["x", "y"], more, strict=True)]
     assert redis_commands(own_client, lambda: store.settle(unknown))["set"] == 4
-    assert store.record("y") == Record(RecordState.DONE, more[1].token, 1)
+    assert store.record("y") == IdRecord(IdRecordState.DONE, more[1].token, 1)
 
 
 # -- fencing tokens across stores, threads and data loss ---------------------------------------
@@ -763,14 +765,14 @@ def test_tokens_strictly_increase_across_stores_of_one_namespace(
     tokens: list[int] = []
     for round in range(5):
         for store in (first, second, first):
-            claims = store.claim([f"{round}-{id(store)}-{i}" for i in range(3)], "w")
-            tokens.extend(c.token for c in claims)
+            leases = store.lease([f"{round}-{id(store)}-{i}" for i in range(3)], "w")
+            tokens.extend(c.token for c in leases)
 
     assert tokens == sorted(tokens)
     assert len(set(tokens)) == len(tokens)
 
 
-def test_concurrent_claimers_get_exactly_one_claim_per_id(
+def test_concurrent_claimers_get_exactly_one_lease_per_id(
     stack: DevStack, store_factory: StoreFactory
 ) -> None:
     workers = 4
@@ -784,9 +786,9 @@ def test_concurrent_claimers_get_exactly_one_claim_per_id(
         start.wait()
         try:
             results[worker] = [
-                claim
+                lease
                 for lo in range(0, len(ids), 50)
-                for claim in store.claim(ids[lo : lo + 50], f"w{worker}")
+                for lease in store.lease(ids[lo : lo + 50], f"w{worker}")
             ]
         finally:
             client.close()
@@ -801,13 +803,13 @@ def test_concurrent_claimers_get_exactly_one_claim_per_id(
     tokens = []
     for i in range(len(ids)):
         answers = [results[w][i] for w in range(workers)]
-        claimed = [a for a in answers if a.status is CLAIMED]
-        assert len(claimed) == 1, (ids[i], answers)
-        assert all(a.status is DEFERRED for a in answers if a.status is not CLAIMED)
-        tokens.append(claimed[0].token)
+        leased = [a for a in answers if a.status is LEASED]
+        assert len(leased) == 1, (ids[i], answers)
+        assert all(a.status is DEFERRED for a in answers if a.status is not LEASED)
+        tokens.append(leased[0].token)
     assert len(set(tokens)) == len(tokens)
     for worker in range(workers):
-        own = [c.token for c in results[worker] if c.status is CLAIMED]
+        own = [c.token for c in results[worker] if c.status is LEASED]
         assert own == sorted(own)
 
 
@@ -815,14 +817,14 @@ def test_flushall_moves_the_epoch_on_and_tokens_stay_above_all_earlier_ones(
     own_client: redis.Redis, store_factory: StoreFactory, zk: KazooClient, epoch_path: str
 ) -> None:
     store = store_factory(client=own_client)
-    before = store.claim([f"m{i}" for i in range(10)], "w1")
+    before = store.lease([f"m{i}" for i in range(10)], "w1")
     epoch = store.epoch
     assert epoch is not None and ZkEpoch(zk, epoch_path).current() == epoch
 
     own_client.flushall()
-    after = store.claim([f"m{i}" for i in range(10)], "w1")
+    after = store.lease([f"m{i}" for i in range(10)], "w1")
 
-    assert [c.status for c in after] == [CLAIMED] * 10  # the records are gone
+    assert [c.status for c in after] == [LEASED] * 10  # the records are gone
     assert store.epoch is not None and store.epoch > epoch
     assert ZkEpoch(zk, epoch_path).current() == store.epoch
     assert min(c.token for c in after) > max(c.token for c in before)
@@ -832,22 +834,22 @@ def test_a_restart_without_the_append_only_file_moves_the_epoch_on(
     own_redis: RedisServer, own_client: redis.Redis, store_factory: StoreFactory
 ) -> None:
     store = store_factory(client=own_client)
-    [claim] = store.claim(["m"], "w1")
-    store.settle([Settlement("m", claim.token, True)])
+    [lease] = store.lease(["m"], "w1")
+    store.settle([Settlement("m", lease.token, True)])
     epoch = store.epoch
 
     own_redis.stop()
     own_redis.start()  # AOF kept: records and fence survive
-    assert store.claim(["m"], "w1")[0].status is DUPLICATE
-    [kept] = store.claim(["n"], "w1")
-    assert store.epoch == epoch and kept.token > claim.token
+    assert store.lease(["m"], "w1")[0].status is DUPLICATE
+    [kept] = store.lease(["n"], "w1")
+    assert store.epoch == epoch and kept.token > lease.token
 
     own_redis.kill()
     shutil.rmtree(Path(own_redis.home) / "appendonlydir")
     own_redis.start()
-    [lost] = store.claim(["m"], "w1")
+    [lost] = store.lease(["m"], "w1")
 
-    assert lost.status is CLAIMED  # the DONE record was lost: the message runs again
+    assert lost.status is LEASED  # the DONE record was lost: the message runs again
     assert store.epoch is not None and epoch is not None and store.epoch > epoch
     assert lost.token > kept.token
 
@@ -856,12 +858,12 @@ def test_a_store_behind_the_fence_adopts_its_epoch_without_a_bump(
     own_client: redis.Redis, store_factory: StoreFactory, zk: KazooClient, epoch_path: str
 ) -> None:
     stale, fresh = store_factory(client=own_client), store_factory(client=own_client)
-    [old] = stale.claim(["a"], "w1")
+    [old] = stale.lease(["a"], "w1")
     own_client.flushall()
-    [new] = fresh.claim(["b"], "w2")  # detects the loss: epoch 2
+    [new] = fresh.lease(["b"], "w2")  # detects the loss: epoch 2
     assert fresh.epoch == 2 and new.token > old.token
 
-    [adopted] = stale.claim(["c"], "w1")  # still at epoch 1: adopts 2
+    [adopted] = stale.lease(["c"], "w1")  # still at epoch 1: adopts 2
 
     assert stale.epoch == 2 and ZkEpoch(zk, epoch_path).current() == 2
     assert adopted.token > new.token
@@ -871,14 +873,14 @@ def test_a_fence_at_a_lower_epoch_is_moved_to_a_fresh_one(
     own_client: redis.Redis, store_factory: StoreFactory, zk: KazooClient, epoch_path: str
 ) -> None:
     store = store_factory(client=own_client)
-    [first] = store.claim(["a"], "w1")
+    [first] = store.lease(["a"], "w1")
     ZkEpoch(zk, epoch_path).bump(0)  # epoch 2 taken by a client that has not installed it yet
     advance = own_client.register_script(ADVANCE_EPOCH.text)
     fence = f"{{{store.namespace}}}:fence"
     assert advance(keys=[fence], args=[1]) == 1  # never moves down
     own_client.hset(fence, mapping={"epoch": 0, "seq": 0})  # a fence older than this store
 
-    [second] = store.claim(["b"], "w1")
+    [second] = store.lease(["b"], "w1")
 
     assert store.epoch == 3  # a fresh epoch, not the 2 someone else may still install
     assert second.token > first.token
@@ -889,12 +891,12 @@ def test_a_used_up_counter_moves_to_a_new_epoch(
     own_client: redis.Redis, store_factory: StoreFactory
 ) -> None:
     store = store_factory(client=own_client)
-    store.claim(["a"], "w1")
+    store.lease(["a"], "w1")
     own_client.hset(f"{{{store.namespace}}}:fence", "seq", 2**COUNTER_BITS - 2)
-    [last] = store.claim(["b"], "w1")
+    [last] = store.lease(["b"], "w1")
     assert last.token == (1 << COUNTER_BITS) + 2**COUNTER_BITS - 1
 
-    [next_] = store.claim(["c"], "w1")
+    [next_] = store.lease(["c"], "w1")
 
     assert store.epoch == 2 and next_.token == (2 << COUNTER_BITS) + 1
 
@@ -903,11 +905,11 @@ def test_a_fence_ahead_of_zookeeper_is_an_epoch_conflict(
     own_client: redis.Redis, store_factory: StoreFactory
 ) -> None:
     store = store_factory(client=own_client)
-    store.claim(["a"], "w1")
+    store.lease(["a"], "w1")
     own_client.hset(f"{{{store.namespace}}}:fence", "epoch", 99)  # as if ZooKeeper lost data
 
     with pytest.raises(EpochConflict) as raised:
-        store_factory(client=own_client).claim(["b"], "w1")
+        store_factory(client=own_client).lease(["b"], "w1")
 
     assert (raised.value.fence_epoch, raised.value.source_epoch) == (99, 1)
 

@@ -69,7 +69,7 @@ def test_a_task_acks_exactly_the_offsets_whose_rows_f_saw(
     produce_transactions(stack.info.brokers, topic, 2)
     plans = {0: (100, 1000), 1: (100, 1000), 2: (0, 12), 3: (0, 50)}
     tasks = [
-        PartitionTask(topic, p, Plan((Span(a, b, 1),), epoch=0)) for p, (a, b) in plans.items()
+        PartitionTask(topic, p, Plan((Span(a, b, 1),), generation=0)) for p, (a, b) in plans.items()
     ]
     seen: dict[int, list[int]] = defaultdict(list)
     low_before_evaluation: list[int] = []

@@ -89,7 +89,7 @@ FIGURES: dict[str, Callable[[PartitionView], int | None]] = {
     "kspout_messages_dead_lettered_total": lambda v: v.stats.dead_lettered,
     "kspout_dead_letters_pending": lambda v: v.stats.dead_letter_pending,
     "kspout_messages_in_flight": lambda v: v.stats.in_flight,
-    "kspout_messages_waiting_retry": lambda v: v.stats.failed,
+    "kspout_messages_waiting_retry": lambda v: v.stats.waiting,
 }
 
 

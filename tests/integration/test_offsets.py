@@ -212,10 +212,10 @@ def test_commit_whose_reply_was_lost_recognises_its_own_write(
         assert stored is not None and (stored.offset, stored.version) == (20, new_version)
 
 
-def test_a_chunked_commit_whose_reply_was_lost_recognises_its_own_writes(
+def test_a_bundled_commit_whose_reply_was_lost_recognises_its_own_writes(
     make_config: Callable[..., TopicConfig], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """ZooKeeper applied a chunk's transaction but the reply was lost: sent again, the chunk
+    """ZooKeeper applied a bundle's transaction but the reply was lost: sent again, the bundle
     is refused whole (its versions are stale), then each write alone; every one of them finds
     its own bytes, so none is a conflict (an instance would drop a partition it still owns)."""
     with open_store(make_config()) as store:
@@ -233,7 +233,7 @@ def test_a_chunked_commit_whose_reply_was_lost_recognises_its_own_writes(
 
         monkeypatch.setattr(store.session, "wait", wait_then_lose_the_first_reply)
         writes = [OffsetWrite(p, 20, versions[p]) for p in range(10)]
-        outcomes = store.commit_all(writes, chunk_writes=5)
+        outcomes = store.commit_all(writes, bundle_writes=5)
         assert lost == 1
         assert outcomes == {p: versions[p] + 1 for p in range(10)}
         for p in range(10):

@@ -1,9 +1,9 @@
-"""The fenced SQL sink against a real PostgreSQL server, with tokens from real claims in Redis.
+"""The fenced SQL sink against a real PostgreSQL server, with tokens from real leases in Redis.
 
 Each test has its own fence table and effects table. The effect of a message is an upsert that
-counts how often it was applied (`n`) and keeps the token of the claim that applied it last, so
-the tests see exactly what committed. A zombie here is a claim whose lease ran out and was taken
-over by a newer claim of the same id (real tokens: the newer one is higher).
+counts how often it was applied (`n`) and keeps the token of the lease that applied it last, so
+the tests see exactly what committed. A zombie here is a lease whose lease ran out and was taken
+over by a newer lease of the same id (real tokens: the newer one is higher).
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from confluent_kafka import Producer
 from kazoo.client import KazooClient
 
 from dedup import (
-    Claim,
-    ClaimStatus,
     Effects,
     IdempotencyBolt,
     IdempotencyStore,
-    RecordState,
+    IdRecordState,
+    Lease,
+    LeaseStatus,
     Settlement,
     SettleStatus,
     ZkEpoch,
@@ -45,7 +45,7 @@ from tests.integration.helpers import produce
 pytestmark = pytest.mark.integration
 
 APPLIED, ALREADY_APPLIED = SinkOutcome.APPLIED, SinkOutcome.ALREADY_APPLIED
-SHORT_LEASE_MS = 200  # leases the tests wait out (by polling the claim, never by a fixed sleep)
+SHORT_LEASE_MS = 200  # leases the tests wait out (by polling the lease, never by a fixed sleep)
 WAIT = 20.0  # seconds a condition may take before the test fails with what it waited for
 
 
@@ -61,7 +61,7 @@ class Tables:
             conn.execute(f"CREATE TABLE {self.effects} (id text PRIMARY KEY, token bigint, n int)")
 
     def effect(self, id: str, token: int) -> Callable[[psycopg.Cursor[Any]], None]:
-        """The message's effect: count one application of `id` by the claim with `token`."""
+        """The message's effect: count one application of `id` by the lease with `token`."""
 
         def apply(cur: psycopg.Cursor[Any]) -> None:
             cur.execute(
@@ -73,7 +73,7 @@ class Tables:
         return apply
 
     def applied(self) -> dict[str, tuple[int, int]]:
-        """`{id: (token of the claim that applied it, times applied)}`."""
+        """`{id: (token of the lease that applied it, times applied)}`."""
         with psycopg.connect(self.url) as conn:
             rows = conn.execute(f"SELECT id, token, n FROM {self.effects}").fetchall()
         return {id: (token, n) for id, token, n in rows}
@@ -115,7 +115,7 @@ def sink(postgres: PostgresServer, tables: Tables, namespace: str) -> Iterator[P
 
 @pytest.fixture
 def store(redis_client: redis.Redis, zk: KazooClient, namespace: str) -> IdempotencyStore:
-    """Claims in the stack's Redis, with leases short enough to run out within a test."""
+    """Leases in the stack's Redis, with leases short enough to run out within a test."""
     epoch = ZkEpoch(zk, f"/kspout-test/dedup/{namespace}/epoch")
     return IdempotencyStore(
         redis_client,
@@ -133,23 +133,23 @@ def wait_for(condition: Callable[[], bool], what: str) -> None:
         time.sleep(0.01)
 
 
-def claim_once_lease_ends(store: IdempotencyStore, id: str, owner: str) -> Claim:
-    """Claim `id` for `owner` as soon as the current holder's lease has run out."""
-    claims: list[Claim] = []
+def lease_once_lease_ends(store: IdempotencyStore, id: str, owner: str) -> Lease:
+    """Lease `id` for `owner` as soon as the current holder's lease has run out."""
+    leases: list[Lease] = []
 
-    def claimed() -> bool:
-        claims[:] = store.claim([id], owner)
-        return claims[0].status is ClaimStatus.CLAIMED
+    def leased() -> bool:
+        leases[:] = store.lease([id], owner)
+        return leases[0].status is LeaseStatus.LEASED
 
-    wait_for(claimed, f"the lease on {id!r} to run out")
-    return claims[0]
+    wait_for(leased, f"the lease on {id!r} to run out")
+    return leases[0]
 
 
-def zombie_and_newer(store: IdempotencyStore, id: str) -> tuple[Claim, Claim]:
-    """Two claims of `id`: the first one's lease ran out and the second took the message over."""
-    [zombie] = store.claim([id], "zombie")
-    assert zombie.status is ClaimStatus.CLAIMED
-    newer = claim_once_lease_ends(store, id, "newer")
+def zombie_and_newer(store: IdempotencyStore, id: str) -> tuple[Lease, Lease]:
+    """Two leases of `id`: the first one's lease ran out and the second took the message over."""
+    [zombie] = store.lease([id], "zombie")
+    assert zombie.status is LeaseStatus.LEASED
+    newer = lease_once_lease_ends(store, id, "newer")
     assert newer.token > zombie.token
     return zombie, newer
 
@@ -159,8 +159,8 @@ def settle(store: IdempotencyStore, item: Settlement) -> SettleStatus:
     return result.status
 
 
-def effects(store: IdempotencyStore, id: str, claim: Claim) -> Effects:
-    return Effects(store, id, claim.token, claim.attempts)
+def effects(store: IdempotencyStore, id: str, lease: Lease) -> Effects:
+    return Effects(store, id, lease.token, lease.attempts)
 
 
 def test_a_zombie_that_writes_after_the_newer_owner_is_refused_by_the_database(
@@ -234,14 +234,14 @@ def test_concurrent_writers_of_one_id_wait_for_each_other_and_apply_once(
 
 
 def write_in_thread(
-    sink: PostgresSink, claim: Effects, apply: Callable[[psycopg.Cursor[Any]], None]
+    sink: PostgresSink, lease: Effects, apply: Callable[[psycopg.Cursor[Any]], None]
 ) -> Future[SinkOutcome]:
     """`sink.write` in a thread of its own (so on a connection of its own)."""
     future: Future[SinkOutcome] = Future()
 
     def run() -> None:
         try:
-            future.set_result(sink.write(claim, apply))
+            future.set_result(sink.write(lease, apply))
         except BaseException as exc:
             future.set_exception(exc)
         finally:
@@ -260,19 +260,19 @@ def outcome(future: Future[SinkOutcome]) -> SinkOutcome | type[BaseException]:
 def test_effects_that_raise_roll_back_the_fence_row_too(
     sink: PostgresSink, tables: Tables, store: IdempotencyStore
 ) -> None:
-    [claim] = store.claim(["m1"], "w1")
+    [lease] = store.lease(["m1"], "w1")
 
     def half_then_fail(cur: psycopg.Cursor[Any]) -> None:
-        tables.effect("m1", claim.token)(cur)
+        tables.effect("m1", lease.token)(cur)
         raise RuntimeError("the second half of the effects fails")
 
     with pytest.raises(RuntimeError, match="second half"):
-        sink.write(effects(store, "m1", claim), half_then_fail)
+        sink.write(effects(store, "m1", lease), half_then_fail)
     assert tables.fence_rows() == {} and tables.applied() == {}
 
     # The message fails and runs again: its effects apply then, once.
-    assert settle(store, Settlement("m1", claim.token, False, "failed")) is SettleStatus.SETTLED
-    [retry] = store.claim(["m1"], "w2")
+    assert settle(store, Settlement("m1", lease.token, False, "failed")) is SettleStatus.SETTLED
+    [retry] = store.lease(["m1"], "w2")
     assert sink.write(effects(store, "m1", retry), tables.effect("m1", retry.token)) is APPLIED
     assert tables.applied() == {"m1": (retry.token, 1)}
 
@@ -280,28 +280,28 @@ def test_effects_that_raise_roll_back_the_fence_row_too(
 def test_a_crash_between_the_commit_and_the_redis_settlement_applies_once(
     sink: PostgresSink, tables: Tables, store: IdempotencyStore
 ) -> None:
-    [first] = store.claim(["m1"], "w1")
+    [first] = store.lease(["m1"], "w1")
     assert sink.write(effects(store, "m1", first), tables.effect("m1", first.token)) is APPLIED
-    # w1 dies here: its claim is never settled. Once its lease ends, the replay claims again.
-    again = claim_once_lease_ends(store, "m1", "w2")
+    # w1 dies here: its lease is never settled. Once its lease ends, the replay leases again.
+    again = lease_once_lease_ends(store, "m1", "w2")
     assert again.attempts == 2
 
     outcome = sink.write(effects(store, "m1", again), tables.effect("m1", again.token))
 
     assert outcome is ALREADY_APPLIED
     assert settle(store, Settlement("m1", again.token, True)) is SettleStatus.SETTLED
-    assert store.claim(["m1"], "w3")[0].status is ClaimStatus.DUPLICATE
+    assert store.lease(["m1"], "w3")[0].status is LeaseStatus.DUPLICATE
     assert tables.applied() == {"m1": (first.token, 1)}
 
 
 def test_a_missing_fence_table_says_how_to_create_it(
     postgres: PostgresServer, tables: Tables, store: IdempotencyStore, namespace: str
 ) -> None:
-    [claim] = store.claim(["m1"], "w1")
+    [lease] = store.lease(["m1"], "w1")
     sink = PostgresSink(postgres.url, namespace, table=f"missing_{uuid.uuid4().hex[:8]}")
     try:
         with pytest.raises(FenceTableMissing, match=r"create_table\(\)"):
-            sink.write(effects(store, "m1", claim), tables.effect("m1", claim.token))
+            sink.write(effects(store, "m1", lease), tables.effect("m1", lease.token))
     finally:
         sink.close()
     assert tables.applied() == {}
@@ -312,7 +312,7 @@ def test_a_missing_fence_table_says_how_to_create_it(
 
 class SinkHandler:
     """The bolt's handler: the effect goes to PostgreSQL through the sink. On the first run of
-    `zombie_id` it first plays the newer owner: it waits until its own lease has run out, claims
+    `zombie_id` it first plays the newer owner: it waits until its own lease has run out, leases
     the message, writes the effect and settles it DONE, so that its own write comes late."""
 
     def __init__(self, sink: PostgresSink, tables: Tables, zombie_id: str) -> None:
@@ -325,7 +325,7 @@ class SinkHandler:
     def __call__(self, record: Record, effects: Effects) -> None:
         if effects.id == self.zombie_id and effects.attempt == 1:
             assert self.store is not None
-            newer = claim_once_lease_ends(self.store, effects.id, "newer owner")
+            newer = lease_once_lease_ends(self.store, effects.id, "newer owner")
             self.sink.write(
                 Effects(self.store, effects.id, newer.token, newer.attempts),
                 self.tables.effect(effects.id, newer.token),
@@ -368,7 +368,7 @@ def test_in_the_bolt_a_fenced_out_zombie_is_not_acked_and_the_newer_owner_settle
     assert progress.total("acked") == 9 and progress.total("duplicates") == 1
     assert progress.total("retried") == 0 and progress.total("dead_lettered") == 0
     record = store.record("id-4")
-    assert record is not None and record.state is RecordState.DONE
+    assert record is not None and record.state is IdRecordState.DONE
     assert record.token == refused.fence_token
 
 
@@ -380,7 +380,7 @@ def test_writes_run_at_read_committed_whatever_the_session_default(
     serializable = f"{postgres.url}?options=-c%20default_transaction_isolation%3Dserializable"
     sink = PostgresSink(serializable, namespace, table=tables.fence)
     sink.create_table()
-    [claim] = store.claim(["m1"], "w1")
+    [lease] = store.lease(["m1"], "w1")
     seen: list[str] = []
 
     def apply(cur: psycopg.Cursor[Any]) -> None:
@@ -389,7 +389,7 @@ def test_writes_run_at_read_committed_whatever_the_session_default(
         seen.append(row[0])
 
     try:
-        assert sink.write(effects(store, "m1", claim), apply) is APPLIED
+        assert sink.write(effects(store, "m1", lease), apply) is APPLIED
     finally:
         sink.close()
     assert seen == ["read committed"]

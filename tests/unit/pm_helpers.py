@@ -1,8 +1,9 @@
 """Single-offset and single-range outcome calls for tests, as one-outcome `apply` batches.
 
 The driver reports outcomes only through `PartitionManager.apply` (and `fail`); tests often
-want to say "ack offset 3" or "fail [0, 5)". Each helper builds the outcomes and applies them in
-the manager's current epoch (or `epoch`, when given), so a test exercises the production path.
+want to say "ack offset 3" or "fail [0, 5)". Each helper builds the outcomes and applies them
+in the manager's current generation (or `generation`, when given), so a test exercises the
+production path.
 """
 
 from __future__ import annotations
@@ -11,16 +12,16 @@ from collections.abc import Iterable
 
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
 from kspout.partition_manager import PartitionManager
-from kspout.spans import runs
+from kspout.ranges import runs
 
 
-def _apply(pm: PartitionManager, outcomes: list[Outcome], epoch: int | None = None) -> None:
-    pm.apply(outcomes, epoch=pm.epoch if epoch is None else epoch)
+def _apply(pm: PartitionManager, outcomes: list[Outcome], generation: int | None = None) -> None:
+    pm.apply(outcomes, generation=pm.generation if generation is None else generation)
 
 
-def ack(pm: PartitionManager, offset: int, *, epoch: int | None = None) -> None:
+def ack(pm: PartitionManager, offset: int, *, generation: int | None = None) -> None:
     """The offset was fully processed (whichever attempt it came from, late or not)."""
-    _apply(pm, [Outcome(offset, OutcomeKind.ACK)], epoch)
+    _apply(pm, [Outcome(offset, OutcomeKind.ACK)], generation)
 
 
 def duplicate(pm: PartitionManager, offset: int) -> None:

@@ -32,7 +32,7 @@ class Model:
     offsets: dict[int, Off] = field(default_factory=dict)
     emitted: int = -1
     base: int = -1  # lowest offset still tracked (after resets)
-    epoch: int = 0
+    generation: int = 0
     counts: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -245,7 +245,7 @@ class Model:
         for o in [o for o in self.offsets if o >= target]:
             del self.offsets[o]
         self.base = self.emitted = target
-        self.epoch += 1
+        self.generation += 1
         return target
 
 

@@ -500,7 +500,7 @@ def test_pending_roots_time_out_in_the_partition_manager_and_late_acks_still_cou
     if late_batch:  # the whole batch's result arrives after message_timeout
         clock.now = TIMEOUT + 0.5
         assert pm.expire() == n
-    pm.apply(result.outcomes, epoch=result.epoch)
+    pm.apply(result.outcomes, generation=result.generation)
     stats = pm.stats()
     assert stats.acked == len(complete), "an ACK (late or not) is always applied"
     for o in complete:
@@ -538,7 +538,7 @@ def test_pending_roots_time_out_in_the_partition_manager_and_late_acks_still_cou
             dag.ack(index, late)
     before = pm.stats()
     (late_result,) = task_results([task], dag.merged(), [FetchReport(0, (), None)])
-    pm.apply(late_result.outcomes, epoch=late_result.epoch)
+    pm.apply(late_result.outcomes, generation=late_result.generation)
     after = pm.stats()
     assert after.acked - before.acked == len(pending), "late ACKs after a timeout are applied"
     for o in complete | pending:

@@ -96,7 +96,7 @@ def absorb(
     out = []
     for _, result in tracker.absorb(messages, now):
         assert result.partition == pm.partition
-        pm.apply(result.outcomes, epoch=result.epoch)
+        pm.apply(result.outcomes, generation=result.generation)
         out.append(result.outcomes)
     return out
 
@@ -135,7 +135,7 @@ def check_settled_once(pm: PartitionManager) -> None:
     assert (stats.gaps, stats.lost) == (2, 0)  # GONE: gaps, not lost
     assert stats.deferred == 1
     assert stats.in_flight == 0
-    assert stats.failed == 3  # 1 and 11 wait for a retry, 4 was deferred
+    assert stats.waiting == 3  # 1 and 11 wait for a retry, 4 was deferred
     assert stats.stale == 0, "an outcome was applied twice"
     assert stats.timed_out == 0
 
@@ -176,7 +176,7 @@ def test_the_jobs_result_is_clipped_to_what_the_stream_did_not_apply(clock: Fake
     [result] = ended.results
     assert result.outcomes == CLIPPED
     assert result.out_of_range == (0, 30), "clipping keeps what else the task said"
-    pm.apply(result.outcomes, epoch=result.epoch)
+    pm.apply(result.outcomes, generation=result.generation)
     check_settled_once(pm)
 
 
@@ -290,7 +290,7 @@ def test_hold_group_keeps_waiting_suspects_from_timing_out(clock: FakeClock) -> 
     assert all(isinstance(pm.state_of(o), InFlight) for o in (2, 3, 4))
     tracker.hold_group(Suspects(0, 1, (Span(2, 5, 1),)), pm, clock.now + 100.0)
     clock.now += 4.0
-    assert pm.expire() == 3, "a group of another epoch is not held"
+    assert pm.expire() == 3, "a group of another generation is not held"
 
 
 # -- cancels -----------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ def channel() -> Iterator[OutcomeChannel]:
     yield ch
     # The Python worker this test plays goes away: its cached link hangs up first, as a worker
     # process exiting would, so the listener's readers end on EOF before the listener closes.
-    link = reporter_module._links.pop(address_of(ch), None)
+    link = reporter_module._links.pop(address_of(ch))
     if link is not None and link._conn is not None:
         link._conn.close()
     deadline = time.monotonic() + 1.0

@@ -15,16 +15,13 @@ from kspout.bolts import (
     BasicCollector,
     Chunk,
     Collector,
-    Fields,
-    Global,
-    Grouping,
     RootKey,
-    Shuffle,
     Tuple,
     make_tuple,
 )
 from kspout.executor.topology import by_partition, root_tuples
 from kspout.gc_pause import cyclic_gc_paused_until_built
+from kspout.groupings import Fields, Global, Grouping, Shuffle
 from kspout.kafka import FetchResult, Record
 from kspout.spark.worker import Ledger
 

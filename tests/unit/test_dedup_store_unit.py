@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import redis
 
-from dedup import Claim, ClaimStatus, EffectNotAllowed, IdempotencyStore, Record, RecordState
+from dedup import EffectNotAllowed, IdempotencyStore, IdRecord, IdRecordState, Lease, LeaseStatus
 from dedup.effects import check_effect, hash_tag
-from dedup.records import ClaimRun, decode_claim_runs, expand, remap_runs
+from dedup.records import LeaseRun, decode_lease_runs, expand, remap_runs
 
 
 class FixedEpoch:
@@ -37,12 +37,12 @@ def test_a_refused_effect_names_the_message_and_what_is_allowed() -> None:
 
 
 def test_records_decode_with_colons_in_owner_and_error() -> None:
-    assert Record.decode(b"I:1000000002a:3:1700000000123:host:42") == Record(
-        RecordState.IN_FLIGHT, (1 << 40) + 42, 3, "host:42", 1700000000123
+    assert IdRecord.decode(b"I:1000000002a:3:1700000000123:host:42") == IdRecord(
+        IdRecordState.IN_FLIGHT, (1 << 40) + 42, 3, "host:42", 1700000000123
     )
-    assert Record.decode(b"D:20000000001:1") == Record(RecordState.DONE, (2 << 40) + 1, 1)
-    assert Record.decode(b"F:10000000001:2:KeyError: 'a:b'") == Record(
-        RecordState.FAILED, (1 << 40) + 1, 2, error="KeyError: 'a:b'"
+    assert IdRecord.decode(b"D:20000000001:1") == IdRecord(IdRecordState.DONE, (2 << 40) + 1, 1)
+    assert IdRecord.decode(b"F:10000000001:2:KeyError: 'a:b'") == IdRecord(
+        IdRecordState.FAILED, (1 << 40) + 1, 2, error="KeyError: 'a:b'"
     )
 
 
@@ -63,54 +63,54 @@ def test_the_constructor_refuses_bad_settings(
         )
 
 
-FIRST = (3 << 40) + 7  # the counter before a claim call's first token
+FIRST = (3 << 40) + 7  # the counter before a lease call's first token
 
 
 @pytest.mark.parametrize("runs", [b"1:1", b"1:3", "1:1000"])
 def test_a_batch_of_new_ids_is_one_run_of_consecutive_tokens(runs: bytes | str) -> None:
     n = int(runs[2:])
-    [run] = decode_claim_runs(FIRST, runs, [])
+    [run] = decode_lease_runs(FIRST, runs, [])
 
-    assert run == ClaimRun(ClaimStatus.CLAIMED, 0, n, FIRST + 1, 1, 0)
-    claims = expand([run])
-    assert claims == [Claim(ClaimStatus.CLAIMED, FIRST + k, 1, 0) for k in range(1, n + 1)]
-    assert all(type(claim) is Claim for claim in claims)
+    assert run == LeaseRun(LeaseStatus.LEASED, 0, n, FIRST + 1, 1, 0)
+    leases = expand([run])
+    assert leases == [Lease(LeaseStatus.LEASED, FIRST + k, 1, 0) for k in range(1, n + 1)]
+    assert all(type(lease) is Lease for lease in leases)
 
 
 @pytest.mark.parametrize(
     "runs",
     [b"1:1,11:1,0:1,-250:1,1:1", b"11:1", b"1:1,0:1", b"0:1,1:2", b"r:1,1:1,0:1,r:1,2:1", b"0:5"],
 )
-def test_claim_runs_decode_to_one_claim_per_id_in_order(runs: bytes) -> None:
+def test_lease_runs_decode_to_one_lease_per_id_in_order(runs: bytes) -> None:
     reasons: list[bytes | str] = [b"why 1", "why 2"]
-    claims = expand(decode_claim_runs(FIRST, runs, reasons[: runs.count(b"r")]))
+    leases = expand(decode_lease_runs(FIRST, runs, reasons[: runs.count(b"r")]))
 
-    expected: list[Claim] = []
+    expected: list[Lease] = []
     errors = iter(["why 1", "why 2"])
     for part in runs.split(b","):
         code, count = part.split(b":")
         for _ in range(int(count)):
             position = len(expected) + 1  # the token is the id's position, whatever others got
             if code == b"r":
-                expected.append(Claim(ClaimStatus.REJECTED, 0, 0, 0, next(errors)))
+                expected.append(Lease(LeaseStatus.REJECTED, 0, 0, 0, next(errors)))
             elif int(code) > 0:
-                expected.append(Claim(ClaimStatus.CLAIMED, FIRST + position, int(code), 0))
+                expected.append(Lease(LeaseStatus.LEASED, FIRST + position, int(code), 0))
             elif int(code) == 0:
-                expected.append(Claim(ClaimStatus.DUPLICATE, 0, 0, 0))
+                expected.append(Lease(LeaseStatus.DUPLICATE, 0, 0, 0))
             else:
-                expected.append(Claim(ClaimStatus.DEFERRED, 0, 0, -int(code)))
-    assert claims == expected
-    assert all(type(claim) is Claim and len(claim) == len(Claim._fields) for claim in claims)
+                expected.append(Lease(LeaseStatus.DEFERRED, 0, 0, -int(code)))
+    assert leases == expected
+    assert all(type(lease) is Lease and len(lease) == len(Lease._fields) for lease in leases)
 
 
 def test_duplicates_and_deferred_ids_come_back_as_counted_runs() -> None:
-    runs = decode_claim_runs(FIRST, b"0:700,-90:200,1:99,r:1", [b"WRONGTYPE"])
+    runs = decode_lease_runs(FIRST, b"0:700,-90:200,1:99,r:1", [b"WRONGTYPE"])
 
     assert [(r.status, r.start, r.length) for r in runs] == [
-        (ClaimStatus.DUPLICATE, 0, 700),
-        (ClaimStatus.DEFERRED, 700, 200),
-        (ClaimStatus.CLAIMED, 900, 99),
-        (ClaimStatus.REJECTED, 999, 1),
+        (LeaseStatus.DUPLICATE, 0, 700),
+        (LeaseStatus.DEFERRED, 700, 200),
+        (LeaseStatus.LEASED, 900, 99),
+        (LeaseStatus.REJECTED, 999, 1),
     ]
     assert runs[1].retry_after_ms == 90 and runs[2].token == FIRST + 901
     assert runs[3].errors == ("WRONGTYPE",)
@@ -118,14 +118,14 @@ def test_duplicates_and_deferred_ids_come_back_as_counted_runs() -> None:
 
 def test_runs_of_one_shard_map_back_to_the_positions_of_its_ids_in_the_call() -> None:
     # the shard's 5 ids were at positions 0, 1, 4, 5, 6 of the call; 2 and 3 were elsewhere
-    runs = decode_claim_runs(FIRST, b"1:3,r:2", [b"a", b"b"])
+    runs = decode_lease_runs(FIRST, b"1:3,r:2", [b"a", b"b"])
 
     mapped = remap_runs(runs, [0, 1, 4, 5, 6])
 
     assert mapped == [
-        ClaimRun(ClaimStatus.CLAIMED, 0, 2, FIRST + 1, 1, 0),
-        ClaimRun(ClaimStatus.CLAIMED, 4, 1, FIRST + 3, 1, 0),
-        ClaimRun(ClaimStatus.REJECTED, 5, 2, 0, 0, 0, ("a", "b")),
+        LeaseRun(LeaseStatus.LEASED, 0, 2, FIRST + 1, 1, 0),
+        LeaseRun(LeaseStatus.LEASED, 4, 1, FIRST + 3, 1, 0),
+        LeaseRun(LeaseStatus.REJECTED, 5, 2, 0, 0, 0, ("a", "b")),
     ]
 
 

@@ -20,8 +20,8 @@ from kspout.partition_manager import Plan, Span
 from kspout.spark.frames import FetchReportsParam, Unfetched, _settled, settle_fetched
 
 ACK, FAIL, GONE = OutcomeKind.ACK, OutcomeKind.FAIL, OutcomeKind.GONE
-TASK = PartitionTask("t", 2, Plan((Span(0, 4, 2), Span(4, 10, 1)), epoch=5))
-WIDE = PartitionTask("t", 0, Plan((Span(100, 1000, 1),), epoch=0))
+TASK = PartitionTask("t", 2, Plan((Span(0, 4, 2), Span(4, 10, 1)), generation=5))
+WIDE = PartitionTask("t", 0, Plan((Span(100, 1000, 1),), generation=0))
 
 
 def records(offsets: Iterable[int]) -> list[Record]:
@@ -60,7 +60,7 @@ def cut(lo: int, hi: int, attempt: int = 1) -> Outcome:
 def test_a_returned_batch_is_acked_span_by_span() -> None:
     result = _settled(TASK, low=0, high=10)
     assert result.outcomes == [Outcome(0, ACK, 2, count=4), Outcome(4, ACK, 1, count=6)]
-    assert result.out_of_range is None and result.epoch == 5
+    assert result.out_of_range is None and result.generation == 5
 
 
 def test_offsets_outside_the_watermarks_are_reported_not_acked() -> None:
@@ -86,7 +86,7 @@ def test_a_raising_batch_fails_every_planned_offset() -> None:
 def test_a_whole_fetch_is_acked_span_by_span() -> None:
     result = settle_fetched(TASK, evaluations(TASK, fetch(range(10))))
     assert result.outcomes == [Outcome(0, ACK, 2, count=4), Outcome(4, ACK, 1, count=6)]
-    assert result.out_of_range is None and result.epoch == 5 and result.partition == 2
+    assert result.out_of_range is None and result.generation == 5 and result.partition == 2
 
 
 def test_low_moving_past_the_start_of_the_plan_acks_nothing() -> None:
@@ -110,7 +110,9 @@ def test_a_fetch_cut_midway_acks_only_what_it_read() -> None:
 def test_a_cut_across_spans_of_several_attempts() -> None:
     """Retries at attempts 2 and 3 before new offsets at attempt 1; the fetch stopped at 6."""
     task = PartitionTask(
-        "t", 0, Plan((Span(0, 4, 2), Span(4, 10, 1), Span(20, 22, 3), Span(30, 40, 1)), epoch=1)
+        "t",
+        0,
+        Plan((Span(0, 4, 2), Span(4, 10, 1), Span(20, 22, 3), Span(30, 40, 1)), generation=1),
     )
     unfetched = evaluations(task, fetch(range(6), out_of_range=(8, 100)))
     assert unfetched.cut == ((6, 10), (20, 22), (30, 40))
@@ -128,7 +130,9 @@ def test_a_cut_across_spans_of_several_attempts() -> None:
 
 def test_offsets_kafka_never_had_are_gone_not_acked() -> None:
     """Compaction and transaction markers: `missing` inside the watermarks, no cut."""
-    task = PartitionTask("t", 0, Plan((Span(0, 4, 2), Span(4, 10, 1), Span(20, 25, 3)), epoch=1))
+    task = PartitionTask(
+        "t", 0, Plan((Span(0, 4, 2), Span(4, 10, 1), Span(20, 25, 3)), generation=1)
+    )
     fetched = fetch([0, 1, 3, 4, 5, 6, 7, 8, 9, 20, 23, 24], missing=[(2, 3), (21, 23)])
     result = settle_fetched(task, evaluations(task, fetched))
     assert result.outcomes == [
@@ -199,7 +203,7 @@ def plans_and_fetches(draw: st.DrawFn) -> tuple[PartitionTask, list[FetchResult]
         Span(a, b, draw(st.integers(1, 3))) for a, b in pairwise(points) if draw(st.booleans())
     )
     assume(spans)
-    task = PartitionTask("t", 0, Plan(spans, epoch=0))
+    task = PartitionTask("t", 0, Plan(spans, generation=0))
     planned = list(task.plan)
     gone = draw(st.sets(st.sampled_from(planned)))  # never in Kafka: missing in every fetch
     fetches = []

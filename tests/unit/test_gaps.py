@@ -50,11 +50,11 @@ def test_gone_outcomes_count_as_gaps_not_lost(caplog: pytest.LogCaptureFixture) 
     pm = manager()
     pm.plan(10, 10)
     pm_helpers.gone(pm, 2)
-    pm.apply([Outcome(5, GONE, 1, count=2)], epoch=pm.epoch)
+    pm.apply([Outcome(5, GONE, 1, count=2)], generation=pm.generation)
     pm_helpers.ack_many(pm, [0, 1, 3, 4, 7, 8, 9])
     s = pm.stats()
     assert (s.gaps, s.lost, s.acked) == (3, 0, 7)
-    assert (s.commit_point, s.in_flight, s.failed, s.spans) == (10, 0, 0, 0)
+    assert (s.commit_point, s.in_flight, s.waiting, s.spans) == (10, 0, 0, 0)
     logged = [r.getMessage() for r in caplog.records if "counted as gaps" in r.getMessage()]
     assert len(logged) == 2 and "[2, 3)" in logged[0] and "[5, 7)" in logged[1]
     assert pm.plan(10, 10).ranges() == [], "a gap is finished: never retried"
@@ -64,7 +64,7 @@ def test_a_gap_already_settled_is_not_counted_again() -> None:
     pm = manager()
     pm.plan(4, 4)
     pm_helpers.ack(pm, 1)
-    pm.apply([Outcome(0, GONE, 1, count=4)], epoch=pm.epoch)
+    pm.apply([Outcome(0, GONE, 1, count=4)], generation=pm.generation)
     pm_helpers.gone(pm, 3)
     s = pm.stats()
     assert (s.gaps, s.acked, s.lost, s.commit_point) == (3, 1, 0, 4)
@@ -75,7 +75,7 @@ def test_an_out_of_range_reset_counts_lost_not_gaps() -> None:
     pm = manager(out_of_range=Position(PositionKind.EARLIEST))
     pm.plan(100, 100)
     pm_helpers.ack_range(pm, 0, 20)
-    pm.apply([Outcome(20, GONE, 1, count=5)], epoch=pm.epoch)  # markers at [20, 25)
+    pm.apply([Outcome(20, GONE, 1, count=5)], generation=pm.generation)  # markers at [20, 25)
     reset = pm.on_out_of_range(50, 200)
     assert reset is not None and reset.lost == ((25, 50),)
     s = pm.stats()
@@ -85,11 +85,11 @@ def test_an_out_of_range_reset_counts_lost_not_gaps() -> None:
 def test_gone_from_a_stale_epoch_counts_nothing() -> None:
     pm = manager(out_of_range=Position(PositionKind.EARLIEST))
     pm.plan(100, 100)
-    old = pm.epoch
+    old = pm.generation
     pm.on_out_of_range(150, 300)
-    assert pm.epoch != old
-    pm.plan(160, 10)  # [150, 160) in flight at the new epoch
-    pm.apply([Outcome(150, GONE, 1, count=10)], epoch=old)
+    assert pm.generation != old
+    pm.plan(160, 10)  # [150, 160) in flight at the new generation
+    pm.apply([Outcome(150, GONE, 1, count=10)], generation=old)
     s = pm.stats()
     assert (s.gaps, s.in_flight, s.stale) == (0, 10, 10)
 
@@ -105,7 +105,7 @@ def test_a_task_over_transaction_markers_settles_them_as_gaps() -> None:
         (2, GONE, 1),
         (5, GONE, 1),
     ]
-    pm.apply(result.outcomes, epoch=result.epoch)
+    pm.apply(result.outcomes, generation=result.generation)
     s = pm.stats()
     assert (s.acked, s.gaps, s.lost, s.commit_point) == (4, 2, 0, 6)
 
@@ -116,7 +116,7 @@ def test_a_task_over_transaction_markers_settles_them_as_gaps() -> None:
 def _view(partition: int, gaps: int) -> PartitionView:
     pm = manager()
     pm.plan(10, 10)
-    pm.apply([Outcome(0, GONE, 1, count=gaps)] if gaps else [], epoch=pm.epoch)
+    pm.apply([Outcome(0, GONE, 1, count=gaps)] if gaps else [], generation=pm.generation)
     pm_helpers.ack_range(pm, gaps, 10)
     return PartitionView(partition, pm.stats(), 0, 10, 10)
 

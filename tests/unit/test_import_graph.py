@@ -1,6 +1,8 @@
-"""kspout imports one way: no import circle among its modules, nor among the parts of any
-package (its modules and subpackages, each subpackage standing for everything under it); the
-driver-executor contract sits under both sides and reaches only pure code.
+"""What import-linter (pyproject's `[tool.importlinter]`, run by `tox -e lint`) cannot say:
+no import circle anywhere, among kspout's modules nor among the parts of any package (its
+modules and subpackages, each subpackage standing for everything under it), and the
+driver-executor contract reaching no third-party library at all. The one-way rules between
+named parts are import-linter's contracts.
 
 The graph is read from the source with `ast`, imports under `TYPE_CHECKING` included: a
 circle that only the type checker follows is still two modules that cannot be read apart.
@@ -143,21 +145,14 @@ def test_the_graph_sees_the_contract_under_both_channel_and_executor() -> None:
     assert "kspout.contract" in graph["kspout.executor.task"]
 
 
-def test_the_contract_reaches_only_pure_code_and_neither_side() -> None:
+def test_the_contract_reaches_no_library_at_all() -> None:
+    """Only the standard library and kspout's pure modules: import-linter forbids named
+    packages (pyproject: the contract below both sides, the pure core without client
+    libraries); this holds for every library, named or not."""
     graph = module_graph()
     found = modules()
     reached = reachable(graph, "kspout.contract") | {"kspout.contract"}
-    sides = ("kspout.channel", "kspout.driver", "kspout.executor", "kspout.spark")
-    assert sorted(m for m in reached if m.startswith(sides)) == []
     assert {m: libraries(found[m]) for m in reached if libraries(found[m])} == {}
-
-
-def test_the_driver_reaches_executors_only_through_the_contract_and_the_listener() -> None:
-    graph = module_graph()
-    executor_side = ("kspout.executor", "kspout.spark", "kspout.channel.reporter")
-    reached = set().union(*(reachable(graph, m) for m in graph if m.startswith("kspout.driver")))
-    assert sorted(m for m in reached if m.startswith(executor_side)) == []
-    assert {"kspout.contract", "kspout.channel.listener"} <= reached
 
 
 def test_no_module_imports_itself_back() -> None:

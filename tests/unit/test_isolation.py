@@ -50,7 +50,7 @@ def test_split_puts_the_last_seen_offset_alone_first_then_halves_by_count() -> N
         (Span(0, 5, 1),),
         (Span(5, 7, 1), Span(8, 10, 1)),
     ]
-    assert all((p.partition, p.epoch) == (P, EPOCH) for p in parts)
+    assert all((p.partition, p.generation) == (P, EPOCH) for p in parts)
 
 
 def test_split_without_last_seen_bisects() -> None:
@@ -244,7 +244,7 @@ def test_isolation_finds_the_killer_and_only_it(spans: list[Span], data: st.Data
     named_killer_at: int | None = None
 
     while (g := iso.next()) is not None:
-        assert g.partition == P and g.epoch == EPOCH
+        assert g.partition == P and g.generation == EPOCH
         members = {o for o, _ in offsets_of(g.spans)}
         if killer not in members:
             settled.update(members)  # ends normally: its offsets are settled by their outcomes
@@ -269,6 +269,6 @@ def test_isolation_finds_the_killer_and_only_it(spans: list[Span], data: st.Data
     plan = Plan(tuple(spans), EPOCH + 1)
     kept, alone = iso.carve(P, plan)
     assert [g.spans for g in alone] == [(Span(killer, killer + 1, attempt_of[killer]),)]
-    assert all(g.epoch == EPOCH + 1 for g in alone)
+    assert all(g.generation == EPOCH + 1 for g in alone)
     assert killer not in set(kept)
     assert sorted([*kept, killer]) == sorted(plan)

@@ -56,7 +56,7 @@ def test_progress_takes_requested_offsets_once_and_infers_holes() -> None:
     assert progress.take(12)  # 11 was skipped by Kafka: missing
     assert not progress.take(15)  # between spans
     assert progress.take(20)
-    progress.settle_below(31)  # e.g. the consumer's position moved past a marker at 30
+    progress.miss_below(31)  # e.g. the consumer's position moved past a marker at 30
     assert progress.take(31)
     assert progress.done
     assert progress.missing == [(11, 12), (30, 31)]
@@ -65,7 +65,7 @@ def test_progress_takes_requested_offsets_once_and_infers_holes() -> None:
 def test_progress_merges_adjacent_holes_and_plans_reads() -> None:
     progress = _Progress([(0, 2), (2, 4), (3000, 3001)])
     assert progress.read_end(max_gap=1000) == 4  # the far retry is worth a re-position
-    progress.settle_below(4)
+    progress.miss_below(4)
     assert progress.missing == [(0, 4)]
     assert (progress.cursor, progress.read_end(max_gap=1000)) == (3000, 3001)
 

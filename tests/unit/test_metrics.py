@@ -95,7 +95,7 @@ def test_every_figure_comes_from_its_field() -> None:
         assert got[("kspout_latest_emitted_offset", at(p))] == st.emitted_to
         assert got[("kspout_latest_completed_offset", at(p))] == st.commit_point
         assert got[("kspout_messages_in_flight", at(p))] == st.in_flight
-        assert got[("kspout_messages_waiting_retry", at(p))] == st.failed
+        assert got[("kspout_messages_waiting_retry", at(p))] == st.waiting
         assert got[("kspout_dead_letters_pending", at(p))] == st.dead_letter_pending
         for name, field in [
             ("acked", "acked"),

@@ -29,7 +29,7 @@ def test_a_key_always_lands_in_the_same_slice_and_keys_spread() -> None:
 
 
 def test_merging_slices_keeps_every_non_ack_once_and_acks_the_rest_per_span_attempt() -> None:
-    plan = Plan((Span(0, 5, 1), Span(5, 10, 2)), epoch=0)
+    plan = Plan((Span(0, 5, 1), Span(5, 10, 2)), generation=0)
     task = PartitionTask("t", 0, plan, KeyOrder())
     fail = Outcome(1, OutcomeKind.FAIL, 1, FailReason.EXCEPTION, "boom")
     gone = Outcome(4, GONE, count=3)  # crosses into the span of attempt 2: seen by both
@@ -51,7 +51,7 @@ def test_merging_slices_keeps_every_non_ack_once_and_acks_the_rest_per_span_atte
 
 
 def test_a_slice_that_died_speaks_for_the_whole_partition() -> None:
-    task = PartitionTask("t", 0, Plan((Span(0, 4, 1),), epoch=0), KeyOrder())
+    task = PartitionTask("t", 0, Plan((Span(0, 4, 1),), generation=0), KeyOrder())
     died = TaskResult("t", 0, 0, [], attempt_died=True)
     healthy = TaskResult("t", 0, 0, [Outcome(0, ACK, 1, count=4)])
     assert merge_slices(task, [healthy, died]) is died

@@ -78,7 +78,7 @@ class Simulation:
                 results.append(settle(part, fetched, self.handle))
             (merged,) = join_slices([task], results)
             if not lose:
-                self.pm.apply(merged.outcomes, epoch=plan.epoch)
+                self.pm.apply(merged.outcomes, generation=plan.generation)
             self.acked_in_task.clear()
         tickets = self.pm.take_dead_letters()
         self.pm.dead_lettered(t.offset for t in tickets)

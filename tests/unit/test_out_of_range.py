@@ -74,13 +74,13 @@ def s() -> Setup:
     return Setup()
 
 
-def test_a_hint_from_an_older_epoch_is_dropped(s: Setup) -> None:
+def test_a_hint_from_an_older_generation_is_dropped(s: Setup) -> None:
     pm = s.pm
     old = pm.plan(100, 100)
-    assert old.epoch == 0
-    # Retention moved past everything planned: reset to earliest, a new epoch.
+    assert old.generation == 0
+    # Retention moved past everything planned: reset to earliest, a new generation.
     s.handler.check(s.part, 200, 300)
-    assert pm.epoch == 1
+    assert pm.generation == 1
     assert [r.new_start for _, r in s.handler.resets] == [200]
     new = pm.plan(300, 50)
     assert new.spans == (Span(200, 250, 1),)
@@ -90,9 +90,9 @@ def test_a_hint_from_an_older_epoch_is_dropped(s: Setup) -> None:
     # A task of the old plan comes back with an out-of-range hint. Kafka would now say
     # (0, 120): acting on it would look "out of range" and reset to 0, replaying acked work.
     s.kafka.answers.append((0, 120))
-    s.handler.hint(s.part, old.epoch)
+    s.handler.hint(s.part, old.generation)
     assert s.kafka.asked == [], "a stale hint costs no broker round trip"
-    assert pm.epoch == 1
+    assert pm.generation == 1
     assert len(s.handler.resets) == 1
     assert pm.commit_point == 250
     assert pm.plan(300, 10).spans == (Span(250, 260, 1),), "acked offsets are not replayed"
@@ -108,14 +108,14 @@ def test_a_current_hint_resets_only_if_fresh_watermarks_are_still_out_of_range(
     s.kafka.answers.append((150, 400))
     assert s.cache.fresh(P) == (150, 400)
     s.kafka.answers.append((0, 400))  # ... Kafka has moved back into range since
-    s.handler.hint(s.part, plan.epoch)
+    s.handler.hint(s.part, plan.generation)
     assert s.kafka.asked == [(TOPIC, P), (TOPIC, P)], "the hint asked Kafka afresh"
     assert s.handler.resets == []
-    assert pm.epoch == 0
+    assert pm.generation == 0
     assert pm.stats().in_flight == 100
 
     s.kafka.answers.append((40, 400))  # now retention did take [0, 40)
-    s.handler.hint(s.part, plan.epoch)
+    s.handler.hint(s.part, plan.generation)
     assert len(s.kafka.asked) == 3
     [(partition, reset)] = s.handler.resets
     assert partition == P
@@ -142,16 +142,16 @@ def test_fail_policy_stops_only_that_partition_with_the_reason() -> None:
     other.manager.plan(100, 100)
 
     s.kafka.answers.append((150, 400))
-    s.handler.hint(s.part, plan.epoch)  # does not raise
+    s.handler.hint(s.part, plan.generation)  # does not raise
     assert s.part.state is PartitionState.STOPPED
     assert s.part.stopped == "offset 0 is out of range; Kafka holds [150, 400)"
     assert s.handler.resets == []
-    assert pm.epoch == 0
+    assert pm.generation == 0
     assert pm.commit_point == 0
     assert pm.stats().in_flight == 100, "a stopped partition keeps its state for the operator"
 
     # Further hints for the stopped partition are not even checked; others are unaffected.
-    s.handler.hint(s.part, plan.epoch)
+    s.handler.hint(s.part, plan.generation)
     assert len(s.kafka.asked) == 1
     s.handler.check(other, 0, 400)
     assert (other.state, other.stopped) == (PartitionState.RUNNING, None)

@@ -77,7 +77,7 @@ def make_pm() -> MakePM:
 def assert_drained(pm: PartitionManager) -> Stats:
     """Nothing in flight, waiting or pending a dead-letter write; commit point at the end."""
     s = pm.stats()
-    assert (s.in_flight, s.failed, s.dead_letter_pending) == (0, 0, 0)
+    assert (s.in_flight, s.waiting, s.dead_letter_pending) == (0, 0, 0)
     assert s.commit_point == s.emitted_to
     assert s.spans == 0
     return s
@@ -232,7 +232,7 @@ def test_poison_message_does_not_stall_new_work(make_pm: MakePM) -> None:
 
     s = pm.stats()
     assert s.emitted_to == 510
-    assert (s.failed, s.in_flight, s.retried) == (1, 0, 50)
+    assert (s.waiting, s.in_flight, s.retried) == (1, 0, 50)
     assert s.acked == 509
 
 
@@ -288,13 +288,13 @@ def test_many_failures_without_any_ack_never_raise(make_pm: MakePM) -> None:
     for o in range(5000):
         pm.fail(o, EXC, "downstream outage", attempt=1)
     s = pm.stats()
-    assert (s.failed, s.acked, s.in_flight, s.commit_point) == (5000, 0, 0, 0)
+    assert (s.waiting, s.acked, s.in_flight, s.commit_point) == (5000, 0, 0, 0)
 
     clock.advance(10.0)
     plan = pm.plan(5000, 5000)
     assert plan.ranges() == [(0, 5000)], "every failed offset is retried"
     pm_helpers.fail_many(pm, range(5000), EXC, "still down")
-    assert pm.stats().failed == 5000
+    assert pm.stats().waiting == 5000
 
 
 # -- out of range ------------------------------------------------------------------------------
@@ -323,7 +323,7 @@ def test_out_of_range_below_low_earliest_loses_exactly_the_deleted_head(make_pm:
     assert merged(reset.lost) == [(20, 30), (40, 50)]
     assert reset.lost_count == 20
     assert pm.stats().lost == 20
-    assert (pm.commit_point, pm.emitted_to, pm.epoch) == (50, 100, 0)
+    assert (pm.commit_point, pm.emitted_to, pm.generation) == (50, 100, 0)
     assert isinstance(pm.state_of(60), InFlight), "offsets Kafka still holds keep their state"
     assert pm.on_out_of_range(50, 200) is None, "in range now"
 
@@ -336,7 +336,7 @@ def test_out_of_range_below_low_latest_counts_everything_skipped(make_pm: MakePM
     assert reset is not None and reset.new_start == 200
     assert merged(reset.lost) == [(20, 30), (40, 200)]
     assert reset.lost_count == pm.stats().lost == 170
-    assert (pm.commit_point, pm.emitted_to, pm.epoch) == (200, 200, 1)
+    assert (pm.commit_point, pm.emitted_to, pm.generation) == (200, 200, 1)
     assert pm.plan(250, 10).ranges() == [(200, 210)]
 
 
@@ -364,13 +364,13 @@ def test_out_of_range_fail_stops_partition_and_changes_nothing(make_pm: MakePM) 
     """`fail` stops the partition with an error naming the offset and Kafka's range, and leaves
     the state untouched so an operator can decide (storm-kafka 0.9.3 had no such option)."""
     pm = _below_low(make_pm, out_of_range=Position(PositionKind.FAIL))
-    before = (pm.stats(), pm.commit_point, pm.emitted_to, pm.epoch)
+    before = (pm.stats(), pm.commit_point, pm.emitted_to, pm.generation)
     with pytest.raises(PartitionStopped) as info:
         pm.on_out_of_range(50, 200)
     err = info.value
     assert (err.topic, err.partition, err.offset, err.low, err.high) == ("orders", 3, 20, 50, 200)
     assert "kspout offsets set" in str(err)
-    assert (pm.stats(), pm.commit_point, pm.emitted_to, pm.epoch) == before
+    assert (pm.stats(), pm.commit_point, pm.emitted_to, pm.generation) == before
     assert isinstance(pm.state_of(20), InFlight)
 
 
@@ -386,26 +386,26 @@ def test_out_of_range_above_high_earliest_moves_back_and_ignores_old_epoch(
     make_pm: MakePM,
 ) -> None:
     """A truncated or recreated partition (emitted_to > high): `earliest` moves the commit point
-    back to `low`, bumps the epoch, counts the vanished unfinished offsets as lost, and ignores
+    back to `low`, bumps the generation, counts the vanished unfinished offsets as lost, and ignores
     outcomes of plans made before the reset."""
     pm = _above_high(make_pm, out_of_range=Position(PositionKind.EARLIEST))
     reset = pm.on_out_of_range(0, 500)
     assert reset is not None and reset.new_start == 0
     assert merged(reset.lost) == [(600, 1000)]
     assert pm.stats().lost == 400
-    assert (pm.commit_point, pm.emitted_to, pm.epoch) == (0, 0, 1)
+    assert (pm.commit_point, pm.emitted_to, pm.generation) == (0, 0, 1)
 
     plan = pm.plan(500, 500)
-    assert plan.epoch == 1 and plan.ranges() == [(0, 500)]
+    assert plan.generation == 1 and plan.ranges() == [(0, 500)]
     stale_before = pm.stats().stale
-    pm_helpers.ack(pm, 0, epoch=0)
-    pm.fail(1, EXC, "old", 1, epoch=0)
-    pm.apply([Outcome(2, OutcomeKind.ACK, 1), Outcome(3, OutcomeKind.ACK, 1)], epoch=0)
+    pm_helpers.ack(pm, 0, generation=0)
+    pm.fail(1, EXC, "old", 1, generation=0)
+    pm.apply([Outcome(2, OutcomeKind.ACK, 1), Outcome(3, OutcomeKind.ACK, 1)], generation=0)
     assert pm.commit_point == 0
     assert all(isinstance(pm.state_of(o), InFlight) for o in range(4))
     assert pm.stats().stale == stale_before + 4
 
-    pm.apply([Outcome(o, OutcomeKind.ACK, 1) for o in range(500)], epoch=plan.epoch)
+    pm.apply([Outcome(o, OutcomeKind.ACK, 1) for o in range(500)], generation=plan.generation)
     assert assert_drained(pm).commit_point == 500
 
 
@@ -416,7 +416,7 @@ def test_out_of_range_above_high_latest(make_pm: MakePM) -> None:
     reset = pm.on_out_of_range(0, 500)
     assert reset is not None and reset.new_start == 500
     assert merged(reset.lost) == [(600, 1000)]
-    assert (pm.commit_point, pm.emitted_to, pm.epoch) == (500, 500, 1)
+    assert (pm.commit_point, pm.emitted_to, pm.generation) == (500, 500, 1)
     assert pm.plan(600, 100).ranges() == [(500, 600)]
 
 
@@ -524,7 +524,7 @@ def test_duplicate_counts_as_ack(make_pm: MakePM) -> None:
     pm, _ = make_pm()
     pm.plan(10, 10)
     pm_helpers.duplicate(pm, 0)
-    pm.apply([Outcome(o, OutcomeKind.DUPLICATE, 1) for o in range(1, 5)], epoch=pm.epoch)
+    pm.apply([Outcome(o, OutcomeKind.DUPLICATE, 1) for o in range(1, 5)], generation=pm.generation)
     pm_helpers.ack_range(pm, 5, 10)
     s = assert_drained(pm)
     assert (s.duplicates, s.acked, s.commit_point) == (5, 5, 10)
@@ -666,12 +666,12 @@ def test_apply_batch_equals_outcomes_one_by_one(make_pm: MakePM, seed: int) -> N
         plans = [pm.plan(HIGH, 400) for pm in (batch_pm, single_pm, counted_pm)]
         assert plans[0] == plans[1] == plans[2]
         outcomes = _mixed_outcomes(rng, batch_pm.emitted_to)
-        batch_pm.apply(outcomes, epoch=batch_pm.epoch)
+        batch_pm.apply(outcomes, generation=batch_pm.generation)
         for out in outcomes:
             _apply_one(single_pm, out)
         encoded = _run_length(outcomes)
         assert len(encoded) < len(outcomes)
-        counted_pm.apply(encoded, epoch=counted_pm.epoch)
+        counted_pm.apply(encoded, generation=counted_pm.generation)
         assert counted_pm.stats() == batch_pm.stats()
         assert all(
             _state_key(counted_pm.state_of(o)) == _state_key(batch_pm.state_of(o))

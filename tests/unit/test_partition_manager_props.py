@@ -293,7 +293,7 @@ class PartitionManagerMachine(RuleBasedStateMachine):
             attempt = self.model.offsets[o].attempt
             reason = data.draw(reasons) if kind is OutcomeKind.FAIL else None
             outcomes.append(Outcome(o, kind, attempt, reason, "e" if reason else None))
-        self.pm.apply(outcomes, epoch=self.pm.epoch)
+        self.pm.apply(outcomes, generation=self.pm.generation)
         for out in outcomes:
             o = out.offset
             if out.kind is OutcomeKind.ACK:
@@ -350,7 +350,7 @@ class PartitionManagerMachine(RuleBasedStateMachine):
         self.last_commit, self.reset_happened = cp, False
         s = pm.stats()
         assert s.in_flight == m.count("inflight")
-        assert s.failed == m.count("waiting")
+        assert s.waiting == m.count("waiting")
         assert s.dead_letter_pending == m.count("deadletter")
         assert s.unplanned == m.count("unplanned")
         for name, value in m.counts.items():
@@ -363,7 +363,7 @@ class PartitionManagerMachine(RuleBasedStateMachine):
         spans, cut = pm.finished_spans(3)
         assert spans == runs[:3] and cut == (runs[3][0] if len(runs) > 3 else None)
         # Memory is per gap: at most one span per unfinished run and one per finished gap.
-        unfinished = s.in_flight + s.failed + s.dead_letter_pending + s.unplanned
+        unfinished = s.in_flight + s.waiting + s.dead_letter_pending + s.unplanned
         assert s.spans <= 2 * unfinished
         assert (s.spans == 0) == (unfinished == 0)
 
@@ -387,7 +387,7 @@ class PartitionManagerMachine(RuleBasedStateMachine):
         assert not self.model.unfinished()
         assert self.pm.commit_point == self.pm.emitted_to == self.model.emitted
         s = self.pm.stats()
-        assert s.in_flight == s.failed == s.dead_letter_pending == 0
+        assert s.in_flight == s.waiting == s.dead_letter_pending == 0
         for o in range(self.model.start, self.model.emitted):
             off = self.model.offsets.get(o)
             assert off is not None and off.how in {

@@ -5,11 +5,10 @@ from __future__ import annotations
 import threading
 
 from kspout.contract import PartitionTask
-from kspout.errors import KafkaUnavailable
+from kspout.errors import KafkaUnavailable, OutputFailed, OutputUnavailable
 from kspout.executor.task import CUT_SHORT, STOPPED, settle
 from kspout.kafka import FetchResult, Record
 from kspout.outcomes import FailReason, Outcome, OutcomeKind, describe_error
-from kspout.output import OutputFailed, OutputUnavailable
 from kspout.partition_manager import Plan, Span
 
 ACK, FAIL, GONE = OutcomeKind.ACK, OutcomeKind.FAIL, OutcomeKind.GONE
@@ -21,15 +20,15 @@ def record(offset: int, value: bytes = b"v") -> Record:
 
 
 def test_clean_spans_travel_as_one_counted_ack_per_attempt() -> None:
-    plan = Plan((Span(0, 5, 2), Span(5, 10, 1)), epoch=3)
+    plan = Plan((Span(0, 5, 2), Span(5, 10, 1)), generation=3)
     fetched = FetchResult([record(o) for o in range(10)], [])
     result = settle(PartitionTask("t", 0, plan), fetched, lambda r: None)
     assert result.outcomes == [Outcome(0, ACK, 2, count=5), Outcome(5, ACK, 1, count=5)]
-    assert result.epoch == 3
+    assert result.generation == 3
 
 
 def test_an_exception_fails_only_its_record_and_splits_the_run() -> None:
-    plan = Plan((Span(0, 8, 1),), epoch=0)
+    plan = Plan((Span(0, 8, 1),), generation=0)
     fetched = FetchResult([record(o) for o in range(8)], [])
 
     def handler(r: Record) -> None:
@@ -51,7 +50,7 @@ def test_an_exception_fails_only_its_record_and_splits_the_run() -> None:
 
 
 def test_a_stop_releases_the_records_not_started() -> None:
-    plan = Plan((Span(0, 4, 1), Span(4, 10, 2)), epoch=0)
+    plan = Plan((Span(0, 4, 1), Span(4, 10, 2)), generation=0)
     fetched = FetchResult([record(o) for o in range(10) if o != 1], [(1, 2)])
     stop = threading.Event()
 
@@ -72,7 +71,7 @@ def test_a_stop_releases_the_records_not_started() -> None:
 def test_a_kafka_outage_in_the_handler_releases_its_record_and_tells_the_breaker() -> None:
     """A handler whose own Kafka is down (`KafkaOutput.flush` raising `OutputUnavailable`)
     costs its record no attempt; a refused output (`OutputFailed`) still fails it."""
-    plan = Plan((Span(0, 4, 2),), epoch=0)
+    plan = Plan((Span(0, 4, 2),), generation=0)
     fetched = FetchResult([record(o) for o in range(4)], [])
     outage = OutputUnavailable("notes", [("t@0:1#0", "Local: Message timed out")])
 
@@ -95,7 +94,7 @@ def test_a_kafka_outage_in_the_handler_releases_its_record_and_tells_the_breaker
 def test_holes_become_gone_and_out_of_range_is_passed_on() -> None:
     """The fetch stopped at 5 (out of range): 5..9 were never handled, so they are released
     (no attempt spent) for the partition's out-of-range policy, not left to time out."""
-    plan = Plan((Span(0, 10, 1),), epoch=0)
+    plan = Plan((Span(0, 10, 1),), generation=0)
     fetched = FetchResult([record(0), record(1), record(4)], [(2, 4)], out_of_range=(0, 5))
     result = settle(PartitionTask("t", 0, plan), fetched, lambda r: None)
     assert result.outcomes == [

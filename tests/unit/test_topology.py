@@ -27,16 +27,11 @@ from kspout.bolts import (
     BasicCollector,
     Bolt,
     Collector,
-    Fields,
     FunctionBolt,
-    Global,
-    Grouping,
     RootKey,
-    Shuffle,
     TaskContext,
     Tuple,
     root_tuple,
-    stable_hash,
 )
 from kspout.contract import PartitionTask, TaskResult
 from kspout.errors import ChainError, KspoutError
@@ -53,6 +48,7 @@ from kspout.executor.topology import (
     run_later_stage,
     task_results,
 )
+from kspout.groupings import Fields, Global, Grouping, Shuffle, stable_hash
 from kspout.kafka import FetchResult, Record
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
 from kspout.partition_manager import Plan, Span
@@ -72,8 +68,8 @@ def sentences(partition: int, texts: Sequence[str], start: int = 0) -> FetchResu
     return FetchResult([record(partition, start + i, t.encode()) for i, t in enumerate(texts)], [])
 
 
-def task(partition: int, *spans: Span, epoch: int = 0) -> PartitionTask:
-    return PartitionTask("t", partition, Plan(spans, epoch))
+def task(partition: int, *spans: Span, generation: int = 0) -> PartitionTask:
+    return PartitionTask("t", partition, Plan(spans, generation))
 
 
 def roundtrip(obj: Any) -> Any:
@@ -708,7 +704,8 @@ HASHED: list[object] = [*WORDS, b"bytes", 42, -7, 3.5, None, ("kafka", 1), (b"k"
 
 _CHILD = """
 import json, sys
-from kspout.bolts import Fields, Tuple, stable_hash
+from kspout.bolts import Tuple
+from kspout.groupings import Fields, stable_hash
 values = eval(sys.stdin.read())
 print(json.dumps({
     "hash": hash("kafka"),
@@ -848,8 +845,8 @@ def test_acks_come_back_as_counted_runs_per_attempt_split_by_failures() -> None:
             raise ValueError("bad")
 
     run = run_chain(Topology.of([check, Shuffle(), noop]), {0: fetched})
-    (result,) = run.results([task(0, Span(0, 5, 2), Span(5, 10, 1), epoch=4)])
-    assert result.epoch == 4
+    (result,) = run.results([task(0, Span(0, 5, 2), Span(5, 10, 1), generation=4)])
+    assert result.generation == 4
     assert result.outcomes == [
         Outcome(0, ACK, 2, count=5),
         Outcome(5, ACK, 1),
@@ -945,7 +942,7 @@ def _dedup_bolt() -> Bolt:
     ],
 )
 def test_the_dedup_bolt_anywhere_but_first_is_refused(chain: Any, position: int) -> None:
-    """After a fan-out, sibling tuples share their root's id: the first would claim it and the
+    """After a fan-out, sibling tuples share their root's id: the first would lease it and the
     rest be found DONE (one effect of several applied, the root acked as DUPLICATE)."""
     with pytest.raises(ChainError) as caught:
         Topology.of(chain(_dedup_bolt()))

@@ -1,46 +1,46 @@
--- claim.lua: claim a batch of message ids of one shard for one owner, in one call.
+-- lease.lua: lease a batch of message ids of one shard for one owner, in one call.
 --
 -- KEYS[1]     the shard's fence hash `{tag}:fence`, fields `epoch` (the epoch the counter
 --             belongs to) and `seq` (the counter, last value handed out)
 -- KEYS[2..]   one record key `{tag}:r:<id>` per id, in the caller's order (one hash tag: one
 --             Redis Cluster slot)
--- ARGV[1]     the caller's epoch (decimal); claims proceed only if it equals the fence's epoch
+-- ARGV[1]     the caller's epoch (decimal); leases proceed only if it equals the fence's epoch
 -- ARGV[2]     owner (any string)
 -- ARGV[3]     lease length, ms
 -- ARGV[4]     how long an IN_FLIGHT record is kept, ms (>= the lease; see dedup/store.py)
 --
 -- Records (one string per id; the owner and the error text come last, so they may hold ':'):
 --   IN_FLIGHT  I:<token hex>:<attempts>:<lease deadline, ms of Redis time>:<owner>
---              (key expires ARGV[4] ms after the claim)
+--              (key expires ARGV[4] ms after the lease)
 --   DONE       D:<token hex>:<attempts>                  (key expires after done_ttl)
 --   FAILED     F:<token hex>:<attempts>:<error>          (key expires after done_ttl)
 -- A token is epoch * 2^40 + counter; its hex form is `%x` of the epoch followed by exactly
 -- ten hex digits of the counter, so Lua never does arithmetic beyond 2^53.
 --
 -- All or nothing: the counter is advanced by one per id before any record is written, so an id
--- at position k (1-based, in KEYS order) has counter base + k whether it is claimed or not, and
+-- at position k (1-based, in KEYS order) has counter base + k whether it is leased or not, and
 -- no token is ever handed out twice. Every per-id command runs under pcall; an id whose key
 -- holds another type, or a string that is not a record, is REJECTED and left untouched, while
--- the other ids are claimed. At maxmemory Redis refuses the reservation (the first write): the
+-- the other ids are leased. At maxmemory Redis refuses the reservation (the first write): the
 -- call then answers from reads alone if every id is DONE, and fails with Redis's error if not,
 -- having written nothing.
 --
--- Returns {status, base, runs, reasons}; the statuses are dedup.scripts.ClaimScriptStatus:
---   status 0  CLAIMED: the ids were answered as below
+-- Returns {status, base, runs, reasons}; the statuses are dedup.scripts.LeaseScriptStatus:
+--   status 0  LEASED: the ids were answered as below
 --   status 1  FENCE_MISSING: Redis lost data (or the shard is new); nothing changed
 --   status 2  EPOCH_MISMATCH: the fence holds another epoch, returned as `base`; nothing changed
 --   status 3  COUNTER_USED_UP: the counter would pass 2^40: a new epoch is needed; nothing
 --             changed
 --   runs      the answers as counted runs of consecutive ids, `<code>:<count>` joined by ',':
---             code n > 0 CLAIMED at attempt n, 0 DUPLICATE (DONE), -m DEFERRED (a live lease
+--             code n > 0 LEASED at attempt n, 0 DUPLICATE (DONE), -m DEFERRED (a live lease
 --             held by another owner; m: the longest wait in the run, ms), r REJECTED
 --             (dedup.scripts.REJECTED_RUN); a batch of new ids answers `1:<n>`
 --   reasons   an array of one error text per REJECTED id, in order
 --   a fifth element, 1, if nothing was written (the reservation was refused): a WAIT after this
 --   call then proves nothing about the DONE records it read
--- A caller re-claiming its own live lease gets CLAIMED with a fresh token at the same attempt
+-- A caller re-leasing its own live lease gets LEASED with a fresh token at the same attempt
 -- (a lease renewal: the old token goes stale); the same id twice in one call is DEFERRED the
--- second time, so one call never fences its own claim.
+-- second time, so one call never fences its own lease.
 -- Needs Redis >= 7.0 (SET with both NX and GET).
 
 local fence = redis.call('HMGET', KEYS[1], 'epoch', 'seq')
@@ -99,12 +99,12 @@ local lease = tonumber(ARGV[3])
 local keep = ARGV[4]
 local tail = ':' .. string.format('%d', now + lease) .. ':' .. owner
 local epoch_hex = string.format('%x', tonumber(ARGV[1]))
-local head = 'I:' .. epoch_hex -- a claim's record: head, counter (%010x), ':', attempts, tail
+local head = 'I:' .. epoch_hex -- a lease's record: head, counter (%010x), ':', attempts, tail
 local fresh_tail = ':1' .. tail -- a new id's: attempt 1
 local runs = {}
 local run_code, run_count, run_wait = nil, 0, 0
 local reasons = {}
--- an absent id (the common case) takes one command, SET NX GET: it writes the claim and answers
+-- an absent id (the common case) takes one command, SET NX GET: it writes the lease and answers
 -- false, or answers the present record and writes nothing; a present one takes a GET, cheaper.
 -- Each id is tried the way that fits the previous one (batches are mostly new, or mostly replays)
 local expect_absent = true
@@ -129,7 +129,7 @@ for i = 2, #KEYS do
     reasons[#reasons + 1] = key .. ': ' .. record.err
   elseif record then
     local state, held, token, deadline, holder = parse(record)
-    local attempts = nil -- set when the id is CLAIMED over its record
+    local attempts = nil -- set when the id is LEASED over its record
     if state == 'D' then
       code = '0'
     elseif state == 'F' then
@@ -142,7 +142,7 @@ for i = 2, #KEYS do
         code = DEFER
       elseif string.sub(token, 1, -11) == epoch_hex
           and tonumber(string.sub(token, -10), 16) > base then
-        code = DEFER -- claimed earlier in this very call
+        code = DEFER -- leased earlier in this very call
       else
         attempts = held
       end
