@@ -119,7 +119,7 @@ class Seen:
 
 def assert_clean(progress: Progress) -> None:
     """No timeouts, retries, failures, dead letters or losses in the run."""
-    for name in ("timed_out", "retried", "exceptions", "dead_lettered", "lost", "failed"):
+    for name in ("timed_out", "retried", "exceptions", "dead_lettered", "lost", "waiting"):
         assert progress.total(name) == 0, (name, progress)
     assert progress.failed_records == 0, progress.failures
 
