@@ -3,7 +3,9 @@
 A dead letter copies the original key and value (when Kafka still has the message) and adds
 headers naming where it came from and why it was given up, so an operator can inspect or
 replay it. `write` returns only once Kafka acknowledged every letter: the caller may then count
-those offsets finished; on any failure none of them may be.
+those offsets finished; on any failure none of them may be. A write the cluster refused this
+principal (no Write ACL on the dead-letter topic, or no right to create it) raises
+`KafkaAccessDenied`: no retry cures that, so the run stops instead of trying for ever.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from kspout.config import TopicConfig
 from kspout.errors import DeadLetterWriteFailed
 from kspout.kafka._client import client_settings
+from kspout.kafka.access import refusal
 from kspout.kafka.records import DeadLetter
 from kspout.lifecycle import Lifecycle
 
@@ -94,15 +97,21 @@ class DeadLetterWriter(IdempotentProducer):
     def write(self, letters: Sequence[DeadLetter]) -> None:
         """Produce every letter and wait for Kafka's acknowledgements.
 
-        Raises DeadLetterWriteFailed naming each letter Kafka did not acknowledge.
+        Raises DeadLetterWriteFailed naming each letter Kafka did not acknowledge, or
+        `KafkaRefused` when Kafka refused this principal the write.
         """
         if self._producer is None:
             raise RuntimeError("DeadLetterWriter.start() was not called")
         producer = self._producer
         errors: dict[int, str | None] = {}  # letter index -> None when acknowledged
+        refused: list[Exception] = []  # the refusal that no retry cures, once found
 
         def report(index: int, error: KafkaError | None, _msg: Message) -> None:
             errors[index] = None if error is None else str(error)
+            if error is not None and not refused:
+                found = refusal(self._config, error, "Write", self._topic)
+                if found is not None:
+                    refused.append(found)
 
         for index, letter in enumerate(letters):
             original = letter.record
@@ -119,6 +128,8 @@ class DeadLetterWriter(IdempotentProducer):
                 except BufferError:  # local queue full: serve delivery reports, then retry
                     producer.poll(0.1)
         producer.flush(self._config.fetch_timeout + FLUSH_MARGIN)
+        if refused:
+            raise refused[0]
         failures: list[tuple[str, int, int, str]] = []
         for index, letter in enumerate(letters):
             error = errors.get(index, "no delivery report before the timeout")
