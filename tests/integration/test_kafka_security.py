@@ -23,6 +23,7 @@ import json
 import os
 import subprocess
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -39,6 +40,8 @@ from pyspark.sql import DataFrame, SparkSession
 from kspout import KafkaSpout, load_config
 from kspout.devstack import ZooKeeperServer, create_topic
 from kspout.devstack.secured_kafka import SecuredKafkaBroker, grant, revoke
+from kspout.driver.progress import Progress
+from kspout.errors import KafkaAccessDenied
 from kspout.kafka import Record
 from tests.integration.helpers import kspout_command, read_topic
 
@@ -650,3 +653,44 @@ def test_foreach_batch_on_spark_reads_a_secured_topic_with_the_listed_rights(
     )
     assert len(seen) == PARTITIONS * PER_PARTITION
     assert [p.committed for p in progress.partitions] == [PER_PARTITION] * PARTITIONS
+
+
+def slow_read(record: Record) -> None:
+    """A handler for Spark's workers that keeps the run busy while the test revokes Read."""
+    time.sleep(0.02)
+
+
+def test_read_revoked_under_kafka_spout_run_on_spark_raises_the_refusal_on_the_driver(
+    secured: Secured, make_spout: MakeSpout, spark: SparkSession
+) -> None:
+    spout = mid_run_spout(secured, make_spout)
+    busy = threading.Event()
+    stop = threading.Event()
+    outcome: list[BaseException | Progress] = []
+
+    def watch(progress: Progress) -> None:
+        if progress.total("acked") >= 40:
+            busy.set()
+
+    def run() -> None:
+        try:
+            spout_run = KafkaSpout(load_config(spout.file), spark).run
+            outcome.append(spout_run(slow_read, stop=stop, on_progress=watch))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    try:
+        assert busy.wait(120), "the run on Spark acked nothing within 120 s"
+        revoke(secured.setup_brokers, "User:spout", spout.topic, "READ")
+        runner.join(QUICK + 10)  # a Spark job in flight runs to its end first
+        assert not runner.is_alive(), "the run went on after Read was revoked"
+    finally:
+        stop.set()
+        runner.join(60)
+    [error] = outcome
+    assert isinstance(error, KafkaAccessDenied), error
+    assert (error.principal, error.operation, error.topic) == ("User:spout", "Read", spout.topic)
+    assert written(secured, spout.dlq) == 0, "a record was dead-lettered for a revoked right"
+    assert sum(committed(spout)) >= 40
