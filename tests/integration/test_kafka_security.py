@@ -660,9 +660,17 @@ def slow_read(record: Record) -> None:
     time.sleep(0.02)
 
 
-def test_read_revoked_under_kafka_spout_run_on_spark_raises_the_refusal_on_the_driver(
-    secured: Secured, make_spout: MakeSpout, spark: SparkSession
+def slow_frame(frame: DataFrame, _batch: int) -> None:
+    """A `foreach_batch` function that keeps the run busy while the test revokes Read."""
+    frame.collect()
+    time.sleep(0.2)
+
+
+@pytest.mark.parametrize("api", ["run", "foreach_batch"])
+def test_read_revoked_under_spark_raises_the_refusal_on_the_driver(
+    secured: Secured, make_spout: MakeSpout, spark: SparkSession, api: str
 ) -> None:
+    """`KafkaSpout.run` (the fetch on a worker) and `foreach_batch` (the frame's fetch)."""
     spout = mid_run_spout(secured, make_spout)
     busy = threading.Event()
     stop = threading.Event()
@@ -674,8 +682,11 @@ def test_read_revoked_under_kafka_spout_run_on_spark_raises_the_refusal_on_the_d
 
     def run() -> None:
         try:
-            spout_run = KafkaSpout(load_config(spout.file), spark).run
-            outcome.append(spout_run(slow_read, stop=stop, on_progress=watch))
+            kafka_spout = KafkaSpout(load_config(spout.file), spark)
+            if api == "run":
+                outcome.append(kafka_spout.run(slow_read, stop=stop, on_progress=watch))
+            else:
+                outcome.append(kafka_spout.foreach_batch(slow_frame, stop=stop, on_progress=watch))
         except BaseException as exc:
             outcome.append(exc)
 
