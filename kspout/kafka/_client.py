@@ -47,8 +47,8 @@ LIBRDKAFKA_LOG.addHandler(logging.NullHandler())
 # resolved) ends the wait sooner.
 CONNECT_TIMEOUT = 8.0
 CONNECT_STEP = 0.5  # seconds per metadata request while a first contact waits
-# How librdkafka's reports of a failed TLS handshake begin (a certificate that did not verify),
-# whatever code they come with.
+# What librdkafka's report of a failed TLS handshake says (a certificate that did not verify,
+# a listener that speaks no TLS), whatever code it comes with.
 _TLS_REFUSED = "SSL handshake failed"
 
 # Seconds one broker request may take before it counts as a (retriable) timeout.
@@ -119,7 +119,7 @@ class _BrokerReports:
             self.all_down = True
         elif error.code() in LOGIN_REFUSED:
             self.login_refused = error.str()
-        elif error.code() == KafkaError._SSL or _TLS_REFUSED in error.str():
+        elif _TLS_REFUSED in error.str():
             self.tls_refused = error.str()
         else:
             self.last = error.str()
