@@ -106,8 +106,9 @@ def grant(
     """Allow `principal` (`User:<name>`) each operation (`READ`, `WRITE`, `DESCRIBE`, ...) on
     the resource `name` of `kind` (`TOPIC`, `GROUP`), from any host, through the admin API on
     `brokers` (a super user's listener: the secured node's PLAINTEXT one)."""
+    admin = _admin(brokers)  # held until the answers are in: a dropped client cancels them
     bindings = _acls(AclBinding, principal, name, operations, kind)
-    for done in _admin(brokers).create_acls(bindings, request_timeout=timeout).values():
+    for done in admin.create_acls(bindings, request_timeout=timeout).values():
         done.result(timeout)
 
 
@@ -120,8 +121,9 @@ def revoke(
     timeout: float = 30,
 ) -> None:
     """Remove what `grant` allowed with the same arguments (a right taken away mid-run)."""
+    admin = _admin(brokers)
     filters = _acls(AclBindingFilter, principal, name, operations, kind)
-    for done in _admin(brokers).delete_acls(filters, request_timeout=timeout).values():
+    for done in admin.delete_acls(filters, request_timeout=timeout).values():
         done.result(timeout)
 
 
