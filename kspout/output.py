@@ -46,7 +46,7 @@ from confluent_kafka import KafkaError, Message
 from kspout.bolts import Bolt, Collector, Tuple
 from kspout.channel.beacon import thread_beacon
 from kspout.config import TopicConfig
-from kspout.errors import OutputFailed, OutputUnavailable
+from kspout.errors import KafkaRefused, OutputFailed, OutputUnavailable
 from kspout.kafka import Record
 from kspout.kafka.access import LOGIN_REFUSED, NOT_AUTHORIZED, refusal
 from kspout.kafka.deadletter import FLUSH_MARGIN, HEADER_PREFIX, IdempotentProducer
@@ -128,15 +128,9 @@ class _Delivery:
 class _OutputProducer(IdempotentProducer):
     """The idempotent producer a Python worker shares between its outputs."""
 
-    def produce(self, topic: str, delivery: _Delivery, **message: Any) -> None:
-        """Queue one message; while librdkafka's queue is full, serve deliveries and retry."""
-        assert self._producer is not None, "started by _started"
-        while True:
-            try:
-                self._producer.produce(topic, on_delivery=delivery.report, **message)
-                return
-            except BufferError:
-                self._producer.poll(0.1)
+    def send(self, topic: str, delivery: _Delivery, **message: Any) -> None:
+        """Queue one message, its answer to go to `delivery` (`produce` says what it raises)."""
+        self.produce(topic, on_delivery=delivery.report, **message)
 
     def wait(self) -> None:
         """Until every queued message has its delivery report (or librdkafka's own timeout,
@@ -184,7 +178,8 @@ class KafkaOutput:
         """Queue the `index`-th output of `record` (see `output_id`); returns its id.
 
         Asynchronous: the message is durable only once `flush()` returned (or, in `Publish`,
-        once the bolt acked its input).
+        once the bolt acked its input). `KafkaAccessDenied` at once when the producer already
+        knows this principal may not write the topic.
         """
         id_ = output_id(record, index, source_id)
         stamped: list[tuple[str, str | bytes | None]] = list(headers or ())
@@ -192,7 +187,7 @@ class KafkaOutput:
             raise ValueError(f"the {ID_HEADER} header is the output's own; pass no such header")
         stamped.append((ID_HEADER, id_.encode()))
         delivery = _Delivery(id_)
-        self._producer_of().produce(self.topic, delivery, key=key, value=value, headers=stamped)
+        self._producer_of().send(self.topic, delivery, key=key, value=value, headers=stamped)
         self._log.append(delivery)
         self._queued = True
         return id_
@@ -271,6 +266,8 @@ class Publish(Bolt):
             sent = output._track()
             try:
                 self.function(tuple_.record, output)
+            except KafkaRefused:
+                raise  # a right the principal lost: the task is released, the run stops
             except Exception as exc:
                 collector.fail(tuple_, exc)
             else:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from kspout.config import TopicConfig
 from kspout.errors import DeadLetterWriteFailed
@@ -86,6 +87,24 @@ class IdempotentProducer(Lifecycle):
         if producer is not None:
             producer.flush(self._config.fetch_timeout + FLUSH_MARGIN)
 
+    def produce(self, topic: str, **message: Any) -> None:
+        """Queue one message; while librdkafka's queue is full, serve deliveries and retry.
+        `KafkaRefused` when the producer already knows this principal may not write `topic`
+        (librdkafka then refuses the send at once, before any delivery report)."""
+        if self._producer is None:
+            raise RuntimeError(f"{type(self).__name__}.start() was not called")
+        while True:
+            try:
+                self._producer.produce(topic, **message)
+                return
+            except BufferError:  # local queue full: serve delivery reports, then retry
+                self._producer.poll(0.1)
+            except KafkaException as exc:
+                found = refusal(self._config, exc.args[0], "Write", topic)
+                if found is None:
+                    raise
+                raise found from None
+
 
 class DeadLetterWriter(IdempotentProducer):
     """Writes dead letters to the dead-letter topic."""
@@ -115,18 +134,13 @@ class DeadLetterWriter(IdempotentProducer):
 
         for index, letter in enumerate(letters):
             original = letter.record
-            while True:
-                try:
-                    producer.produce(
-                        self._topic,
-                        key=original.key if original is not None else None,
-                        value=original.value if original is not None else None,
-                        headers=letter_headers(letter),
-                        on_delivery=functools.partial(report, index),
-                    )
-                    break
-                except BufferError:  # local queue full: serve delivery reports, then retry
-                    producer.poll(0.1)
+            self.produce(
+                self._topic,
+                key=original.key if original is not None else None,
+                value=original.value if original is not None else None,
+                headers=letter_headers(letter),
+                on_delivery=functools.partial(report, index),
+            )
         producer.flush(self._config.fetch_timeout + FLUSH_MARGIN)
         if refused:
             raise refused[0]
