@@ -11,8 +11,10 @@ settlement for all of them.
   applied and the record marked DONE in one Lua call, only if this lease's fencing token still
   holds the record. If it raises, the record is marked FAILED and the message fails with
   EXCEPTION, to be retried; if what it raised is `KafkaUnavailable` (a Kafka it writes to is
-  down: `KafkaOutput.flush`), the message is released instead, no attempt spent, and so it is
-  if it raised `FencedOut` and Redis still took its lease as current (Redis lost the newer
+  down: `KafkaOutput.flush`), the message is released instead, no attempt spent; if it raised
+  `KafkaRefused` (Kafka refused the principal that write: a revoked ACL), it is released and
+  the bolt raises the refusal once the batch is settled, which stops the run; and so it is
+  released if it raised `FencedOut` and Redis still took its lease as current (Redis lost the newer
   lease with its last writes, and a replay's lease will outrun the sink's token).
 * No id: the message goes to the dead-letter topic (INVALID), counted.
 * REJECTED (the id's record key, or one of its effects, is something Redis would refuse:
@@ -56,7 +58,13 @@ from dedup.wire import Client
 from kspout.bolts import Bolt, Collector, TaskContext, Tuple
 from kspout.channel.beacon import thread_beacon
 from kspout.config import TopicConfig
-from kspout.errors import KafkaUnavailable, RedisLoginRefused, RedisTlsRefused, RedisUnavailable
+from kspout.errors import (
+    KafkaRefused,
+    KafkaUnavailable,
+    RedisLoginRefused,
+    RedisTlsRefused,
+    RedisUnavailable,
+)
 from kspout.kafka import Record
 from kspout.outcomes import describe_error
 from kspout.worker_clients import WorkerClients
@@ -292,7 +300,7 @@ class IdempotencyBolt(Bolt):
             if status is SettleStatus.SETTLED:
                 if item.done:
                     collector.ack(tuple_)
-                elif isinstance(raised.get(i), KafkaUnavailable):
+                elif isinstance(raised.get(i), KafkaUnavailable | KafkaRefused):
                     # FAILED in Redis, so a replay leases it; no attempt spent
                     collector.release(tuple_, item.error or "Kafka unavailable")
                 elif isinstance(raised.get(i), FencedOut):
@@ -308,6 +316,9 @@ class IdempotencyBolt(Bolt):
                 collector.fail(tuple_, f"idempotency record of {item.id!r} vanished from Redis")
             else:
                 collector.fail(tuple_, f"Redis rejected the settlement of {item.id!r}: {error}")
+        for what in raised.values():
+            if isinstance(what, KafkaRefused):
+                raise what  # a right the principal lost: the task is released, the run stops
 
     def _run(
         self, record: Record, id_: str, token: int, attempt: int

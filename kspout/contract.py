@@ -17,6 +17,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Protocol
 
+from kspout.errors import KafkaRefused
 from kspout.ordering import KeyOrder, fetch_ranges
 from kspout.outcomes import Outcome
 from kspout.partition_manager import Plan
@@ -61,6 +62,9 @@ class TaskResult:
     # A previous attempt of this task died (Spark retried it): nothing ran; the driver
     # isolates the offsets that attempt left open to find the record that kills workers.
     attempt_died: bool = False
+    # Set with `infra_error` when no retry can cure it (Kafka refused the principal Read on the
+    # topic, or a handler's output Write: a revoked ACL): the driver stops the run with it.
+    refused: KafkaRefused | None = None
 
 
 class Executor(Protocol):

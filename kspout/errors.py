@@ -34,6 +34,18 @@ def resume_command(config_path: str, partition: int) -> str:
 class KspoutError(Exception):
     """Root of every error raised by kspout."""
 
+    def __reduce__(self) -> tuple[object, ...]:
+        """Pickle without calling `__init__` (its arguments are not `args`): a refusal found
+        on a Spark worker travels to the driver in its task's result."""
+        return _rebuilt, (type(self), self.args, self.__dict__)
+
+
+def _rebuilt(cls: type[KspoutError], args: tuple[object, ...], state: dict[str, object]) -> object:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
 
 class FixSetup(KspoutError):
     """The config, the command or stored data must change before trying again."""
@@ -230,7 +242,27 @@ class NoLiveInstance(FixSetup):
         )
 
 
-class KafkaLoginRefused(FixSetup):
+class KafkaRefused(FixSetup):
+    """Kafka refused this client's principal: its login, an operation its ACLs do not allow, or
+    a TLS handshake. Asking again never helps, so a run stops with it, even mid-run (a revoked
+    ACL, a changed password)."""
+
+
+class KafkaTlsRefused(KafkaRefused):
+    """The TLS handshake with Kafka failed: the brokers' certificate is not signed by the CA
+    this client trusts (or names another host)."""
+
+    def __init__(self, brokers: str, path: str, cause: str) -> None:
+        self.brokers = brokers
+        self.cause = cause
+        super().__init__(
+            f"TLS with Kafka at {brokers} failed ({cause}): check `kafka.ssl.ca.location` in "
+            f"{path} (the CA that signed the brokers' certificates) and that the certificates "
+            "name the host in `brokers`"
+        )
+
+
+class KafkaLoginRefused(KafkaRefused):
     """Kafka refused this client's SASL login: a wrong user or password, or a mechanism the
     broker does not offer."""
 
@@ -246,7 +278,7 @@ class KafkaLoginRefused(FixSetup):
         )
 
 
-class KafkaAccessDenied(FixSetup):
+class KafkaAccessDenied(KafkaRefused):
     """Kafka's authorizer refused this client's principal an operation on a topic: an ACL is
     missing (grant it, or log in as a principal that has it)."""
 

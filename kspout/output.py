@@ -29,9 +29,11 @@ A send Kafka did not acknowledge never acks its source message. Whose fault it i
 rest: a send that failed for a reason the output's Kafka may get over by itself (unreachable,
 timed out, no leader, not enough in-sync replicas: librdkafka's retriable errors) is the
 infrastructure's, so the message is released, no attempt spent, and its partition backs off
-behind its breaker until Kafka takes sends again (`OutputUnavailable`); any other refusal
-(too large, not authorized, a bad record) fails it with EXCEPTION, retried with backoff, then
-dead-lettered (`OutputFailed`).
+behind its breaker until Kafka takes sends again (`OutputUnavailable`). A send the cluster
+refused this principal (no Write ACL on the output topic, a refused login: `KafkaAccessDenied`,
+`KafkaLoginRefused`) is not the message's fault either, and no retry cures it: the message is
+released and the run stops, naming the ACL to grant. Any other refusal (too large, a bad
+record) fails it with EXCEPTION, retried with backoff, then dead-lettered (`OutputFailed`).
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ from confluent_kafka import KafkaError, Message
 from kspout.bolts import Bolt, Collector, Tuple
 from kspout.channel.beacon import thread_beacon
 from kspout.config import TopicConfig
-from kspout.errors import OutputFailed, OutputUnavailable
+from kspout.errors import KafkaRefused, OutputFailed, OutputUnavailable
 from kspout.kafka import Record
+from kspout.kafka.access import LOGIN_REFUSED, NOT_AUTHORIZED, refusal
 from kspout.kafka.deadletter import FLUSH_MARGIN, HEADER_PREFIX, IdempotentProducer
 from kspout.outcomes import describe_error
 from kspout.worker_clients import WorkerClients
@@ -83,12 +86,17 @@ def output_id(source: Record, index: int = 0, source_id: str | None = None) -> s
     return f"{source.topic}/{source_id}#{index}"
 
 
-def raise_unacknowledged(topic: str, deliveries: Sequence[_Delivery]) -> None:
-    """Raise `OutputUnavailable` or `OutputFailed` for the sends Kafka did not acknowledge
-    (nothing if it acknowledged them all)."""
+def raise_unacknowledged(config: TopicConfig, topic: str, deliveries: Sequence[_Delivery]) -> None:
+    """Raise `KafkaRefused`, `OutputUnavailable` or `OutputFailed` for the sends Kafka did not
+    acknowledge (nothing if it acknowledged them all)."""
     failed = [(d.id, d.error) for d in deliveries if d.error is not None]
     if not failed:
         return
+    for delivery in deliveries:
+        if delivery.refused is not None:
+            found = refusal(config, delivery.refused, "Write", topic)
+            assert found is not None, "`refused` holds only refusals"
+            raise found
     if all(d.outage for d in deliveries if d.error is not None):
         raise OutputUnavailable(topic, failed)
     raise OutputFailed(topic, failed)
@@ -96,14 +104,16 @@ def raise_unacknowledged(topic: str, deliveries: Sequence[_Delivery]) -> None:
 
 class _Delivery:
     """One send's answer from Kafka: `error` is None once acknowledged; `outage` says whether
-    the failure was the cluster's (no report at all counts as one)."""
+    the failure was the cluster's (no report at all counts as one); `refused` holds Kafka's
+    error when it refused the principal (a missing ACL, a refused login)."""
 
-    __slots__ = ("error", "id", "outage")
+    __slots__ = ("error", "id", "outage", "refused")
 
     def __init__(self, id_: str) -> None:
         self.id = id_
         self.error: str | None = NO_REPORT
         self.outage = True
+        self.refused: KafkaError | None = None
 
     def report(self, error: KafkaError | None, _message: Message) -> None:
         if error is None:
@@ -111,20 +121,16 @@ class _Delivery:
             return
         self.error = str(error)
         self.outage = error.retriable() or error.code() in _OUTAGES
+        if error.code() in NOT_AUTHORIZED | LOGIN_REFUSED:
+            self.refused = error
 
 
 class _OutputProducer(IdempotentProducer):
     """The idempotent producer a Python worker shares between its outputs."""
 
-    def produce(self, topic: str, delivery: _Delivery, **message: Any) -> None:
-        """Queue one message; while librdkafka's queue is full, serve deliveries and retry."""
-        assert self._producer is not None, "started by _started"
-        while True:
-            try:
-                self._producer.produce(topic, on_delivery=delivery.report, **message)
-                return
-            except BufferError:
-                self._producer.poll(0.1)
+    def send(self, topic: str, delivery: _Delivery, **message: Any) -> None:
+        """Queue one message, its answer to go to `delivery` (`produce` says what it raises)."""
+        self.produce(topic, on_delivery=delivery.report, **message)
 
     def wait(self) -> None:
         """Until every queued message has its delivery report (or librdkafka's own timeout,
@@ -172,7 +178,8 @@ class KafkaOutput:
         """Queue the `index`-th output of `record` (see `output_id`); returns its id.
 
         Asynchronous: the message is durable only once `flush()` returned (or, in `Publish`,
-        once the bolt acked its input).
+        once the bolt acked its input). `KafkaAccessDenied` at once when the producer already
+        knows this principal may not write the topic.
         """
         id_ = output_id(record, index, source_id)
         stamped: list[tuple[str, str | bytes | None]] = list(headers or ())
@@ -180,18 +187,19 @@ class KafkaOutput:
             raise ValueError(f"the {ID_HEADER} header is the output's own; pass no such header")
         stamped.append((ID_HEADER, id_.encode()))
         delivery = _Delivery(id_)
-        self._producer_of().produce(self.topic, delivery, key=key, value=value, headers=stamped)
+        self._producer_of().send(self.topic, delivery, key=key, value=value, headers=stamped)
         self._log.append(delivery)
         self._queued = True
         return id_
 
     def flush(self) -> None:
         """Wait until Kafka answered every send since the last flush; raise `OutputFailed`
-        (`OutputUnavailable` for an outage) naming those it did not acknowledge."""
+        (`OutputUnavailable` for an outage) naming those it did not acknowledge, or
+        `KafkaAccessDenied` when Kafka refused this principal Write on the topic."""
         self._wait()
         sent = list(self._log)
         self._log.clear()  # in place: `Publish` holds this list while an input runs
-        raise_unacknowledged(self.topic, sent)
+        raise_unacknowledged(self.config, self.topic, sent)
 
     def _wait(self) -> None:
         """Until every send so far has Kafka's answer (in its `_Delivery`)."""
@@ -233,7 +241,8 @@ class Publish(Bolt):
 
     An input whose function raised fails with its error (what it sent before raising is
     still flushed); one with a send Kafka did not acknowledge fails naming it, or is released
-    (no attempt spent) when the output's Kafka was down. The bolt emits
+    (no attempt spent) when the output's Kafka was down; a send refused for this principal's
+    rights fails the task (`KafkaRefused`), which stops the run. The bolt emits
     nothing, so it ends its chain. Further down a chain, the input tuple must carry the
     source record in a `record` field (the id is derived from it).
     """
@@ -257,6 +266,8 @@ class Publish(Bolt):
             sent = output._track()
             try:
                 self.function(tuple_.record, output)
+            except KafkaRefused:
+                raise  # a right the principal lost: the task is released, the run stops
             except Exception as exc:
                 collector.fail(tuple_, exc)
             else:
@@ -266,7 +277,7 @@ class Publish(Bolt):
         output._track()
         for tuple_, sent in ran:
             try:
-                raise_unacknowledged(output.topic, sent)
+                raise_unacknowledged(output.config, output.topic, sent)
             except OutputUnavailable as exc:
                 collector.release(tuple_, describe_error(exc))
             except OutputFailed as exc:

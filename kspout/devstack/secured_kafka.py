@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AclBinding,
+    AclBindingFilter,
     AclOperation,
     AclPermissionType,
     AdminClient,
@@ -28,6 +29,8 @@ from kspout.devstack.kafka_broker import KafkaBroker
 from kspout.devstack.ports import LOOPBACK, free_port
 from kspout.errors import StackError
 from kspout.kafka import LIBRDKAFKA_LOG
+
+Acl = TypeVar("Acl", AclBinding, AclBindingFilter)
 
 MECHANISM = "SCRAM-SHA-512"
 LISTENER = "SASL_SSL"
@@ -103,10 +106,38 @@ def grant(
     """Allow `principal` (`User:<name>`) each operation (`READ`, `WRITE`, `DESCRIBE`, ...) on
     the resource `name` of `kind` (`TOPIC`, `GROUP`), from any host, through the admin API on
     `brokers` (a super user's listener: the secured node's PLAINTEXT one)."""
+    admin = _admin(brokers)  # held until the answers are in: a dropped client cancels them
+    bindings = _acls(AclBinding, principal, name, operations, kind)
+    for done in admin.create_acls(bindings, request_timeout=timeout).values():
+        done.result(timeout)
+
+
+def revoke(
+    brokers: str,
+    principal: str,
+    name: str,
+    *operations: str,
+    kind: str = "TOPIC",
+    timeout: float = 30,
+) -> None:
+    """Remove what `grant` allowed with the same arguments (a right taken away mid-run)."""
+    admin = _admin(brokers)
+    filters = _acls(AclBindingFilter, principal, name, operations, kind)
+    for done in admin.delete_acls(filters, request_timeout=timeout).values():
+        done.result(timeout)
+
+
+def _admin(brokers: str) -> AdminClient:
     client: dict[str, Any] = {"bootstrap.servers": brokers, "logger": LIBRDKAFKA_LOG}
-    admin = AdminClient(client)
-    bindings = [
-        AclBinding(
+    return AdminClient(client)
+
+
+def _acls(
+    cls: type[Acl], principal: str, name: str, operations: tuple[str, ...], kind: str
+) -> list[Acl]:
+    """One allow entry (or filter) per operation on the literal resource, from any host."""
+    return [
+        cls(
             ResourceType[kind],
             name,
             ResourcePatternType.LITERAL,
@@ -117,5 +148,3 @@ def grant(
         )
         for operation in operations
     ]
-    for done in admin.create_acls(bindings, request_timeout=timeout).values():
-        done.result(timeout)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kspout.contract import Beat, Final, Message, PartitionTask, RootKey, TaskId, TaskResult
 from kspout.driver.isolation import Suspects
@@ -328,12 +328,4 @@ def _clip(result: TaskResult, upto: int | None) -> TaskResult:
         if o.offset < upto:
             o = Outcome(upto, o.kind, o.attempt, o.reason, o.error, end - upto)
         kept.append(o)
-    return TaskResult(
-        result.topic,
-        result.partition,
-        result.generation,
-        kept,
-        result.out_of_range,
-        result.infra_error,
-        result.attempt_died,
-    )
+    return replace(result, outcomes=kept)

@@ -5,7 +5,8 @@ offsets are finished; `dead_letter_failed`: they are handed out again later), th
 writer what the partitions gave up since, with the tracebacks logged for them. The dead-letter
 topic has a breaker of its own: while its writes keep failing nothing new is handed over (a
 down topic is not hammered), and a half-open one lets one partition's letters through as its
-probe.
+probe. A write Kafka refused this principal (a revoked Write ACL) is kept in `refused` for the
+driver, which stops the run with it; nothing more is handed over.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from kspout.driver.breaker import BreakerState, CircuitBreaker
 from kspout.driver.dead_letters import DeadLetterWorker
 from kspout.driver.failure_log import FailureLog
 from kspout.driver.owned import OwnedPartition
+from kspout.errors import KafkaRefused
 from kspout.wording import count
 
 log = logging.getLogger(__name__)
@@ -40,6 +42,7 @@ class DeadLetterHandoff:
         self._breaker = CircuitBreaker.waiting_as(
             f"{config.dlq_topic} writes", config.infra_backoff
         )
+        self.refused: KafkaRefused | None = None  # the first write Kafka refused the principal
 
     def exchange(self) -> None:
         """Confirm what the writer finished; hand it what the partitions gave up since."""
@@ -62,7 +65,8 @@ class DeadLetterHandoff:
             else:
                 part.manager.dead_letter_failed(outcome.offsets)  # handed out again later
                 breaker.failure(outcome.error)
-        if breaker.state is BreakerState.OPEN:
+                self.refused = self.refused or outcome.refused
+        if breaker.state is BreakerState.OPEN or self.refused is not None:
             return  # the dead-letter topic keeps failing: wait, do not hammer it
         for p, part in self._partitions.items():
             pm = part.manager

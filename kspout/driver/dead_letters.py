@@ -8,7 +8,9 @@ original record, or none when Kafka no longer has it) and writes them with
 `DeadLetterWriter.write`, which returns once Kafka acknowledged every letter. The job's result
 waits as a `DeadLetterOutcome` until the driver collects it with `completed()` and confirms the
 offsets on the partition manager: `dead_lettered(offsets)` when `error` is None (the letters are
-durable, the offsets finished), `dead_letter_failed(offsets)` otherwise (handed out again later).
+durable, the offsets finished), `dead_letter_failed(offsets)` otherwise (handed out again later;
+when Kafka refused the principal the write or the payloads' fetch, `refused` carries the error
+that stops the run).
 
 Thread model:
 
@@ -37,6 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kspout.config import TopicConfig
+from kspout.errors import KafkaRefused
 from kspout.kafka import DeadLetter, DeadLetterWriter, PartitionFetcher, Record
 from kspout.kafka.deadletter import FLUSH_MARGIN
 from kspout.lifecycle import Lifecycle
@@ -60,6 +63,7 @@ class DeadLetterOutcome:
     partition: int
     offsets: tuple[int, ...]  # ascending, each once
     error: str | None
+    refused: KafkaRefused | None = None  # with `error`: a refusal no retry cures
 
 
 def offset_runs(offsets: Iterable[int]) -> list[tuple[int, int]]:
@@ -230,9 +234,9 @@ class DeadLetterWorker(Lifecycle):
                     if self._closing:
                         return
                     job = self._current = self._queue.popleft()
-                error = self._write(job)
+                error, refused = self._write(job)
                 with self._cond:
-                    self._post(job, error)
+                    self._post(job, error, refused)
                     self._current = job = None
         except BaseException as exc:  # a bug: fail everything rather than hang the driver
             reason = f"dead-letter worker stopped: {describe_error(exc)}"
@@ -246,8 +250,9 @@ class DeadLetterWorker(Lifecycle):
                 self._abandon_queued(reason)
             self._close_clients()
 
-    def _write(self, job: _Job) -> str | None:
-        """Fetch the job's payloads and write its letters: None when durable, else the error."""
+    def _write(self, job: _Job) -> tuple[str | None, KafkaRefused | None]:
+        """Fetch the job's payloads and write its letters: None when durable, else the error
+        (and the error itself when it is a refusal)."""
         topic = self._config.topic
         try:
             payloads = self._payloads(job.partition, job.offsets)
@@ -268,7 +273,7 @@ class DeadLetterWorker(Lifecycle):
             )
         except Exception as exc:
             log.debug("%s[%d]: dead letters failed", topic, job.partition, exc_info=True)
-            return describe_error(exc)
+            return describe_error(exc), exc if isinstance(exc, KafkaRefused) else None
         log.debug(
             "%s[%d]: %d dead letters written to %s",
             topic,
@@ -276,7 +281,7 @@ class DeadLetterWorker(Lifecycle):
             len(job.tickets),
             self._config.dlq_topic,
         )
-        return None
+        return None, None
 
     def _payloads(self, partition: int, offsets: tuple[int, ...]) -> dict[int, Record]:
         """The records Kafka still has for `offsets`, by offset.
@@ -303,11 +308,11 @@ class DeadLetterWorker(Lifecycle):
 
     # -- helpers (callers hold the lock) -----------------------------------------------------
 
-    def _post(self, job: _Job, error: str | None) -> None:
+    def _post(self, job: _Job, error: str | None, refused: KafkaRefused | None = None) -> None:
         if job.settled:
             return
         job.settled = True
-        self._outcomes.append(DeadLetterOutcome(job.partition, job.offsets, error))
+        self._outcomes.append(DeadLetterOutcome(job.partition, job.offsets, error, refused))
         self._unsettled -= len(job.tickets)
         self._cond.notify_all()
 

@@ -64,7 +64,7 @@ from kspout.driver.progress import (
 )
 from kspout.driver.watermarks import WatermarkCache
 from kspout.driver.window import StallWatch, check_start
-from kspout.errors import KafkaUnavailable
+from kspout.errors import KafkaRefused, KafkaUnavailable
 from kspout.kafka import KafkaMetadata
 from kspout.kafka.group_mirror import GroupMirror
 from kspout.kafka.rights import require_spout_rights
@@ -181,6 +181,7 @@ class Driver(Lifecycle):
         self._group_mirror = GroupMirror(config)
         self._reporter = InstanceReporter(self._registry, clock, config.commit_interval)
         self._transactions = TransactionWatch(config, clock, self._metadata)
+        self._refused: KafkaRefused | None = None  # the first refusal a task reported
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -277,12 +278,18 @@ class Driver(Lifecycle):
         max_failures: int | None = None,
     ) -> Progress:
         """Step until `stop` is set, `max_batches` ran, more than `max_failures` records failed
-        for their own fault (user code raised), or (optionally) everything is finished.
+        for their own fault (user code raised), Kafka refused this principal (`refused`), or
+        (optionally) everything is finished.
 
-        On `stop` or `max_failures`, the executor stops soon (an in-process batch releases
-        the records it has not started); then what runs is applied and committed.
+        On `stop`, `max_failures` or a refusal, the executor stops soon (an in-process batch
+        releases the records it has not started); then what runs is applied and committed, and
+        a refusal is raised (`KafkaAccessDenied` naming the ACL to grant).
         """
         while not (stop is not None and stop.is_set()):
+            if self.refused is not None:
+                log.warning("%s: stopping: %s", self.config.topic, self.refused)
+                self._executor.stop_soon()
+                break
             if max_batches is not None and self._submitted >= max_batches:
                 break
             if max_failures is not None and self._failures.records > max_failures:
@@ -304,8 +311,16 @@ class Driver(Lifecycle):
         self.drain()
         progress = self.progress()
         self._failures.tick(final=True)
+        if self.refused is not None:
+            raise self.refused
         warn_if_every_record_failed(progress, self.config.dlq_topic)
         return progress
+
+    @property
+    def refused(self) -> KafkaRefused | None:
+        """What Kafka refused this principal mid-run (a revoked ACL: a fetch, a dead-letter
+        write, a handler's output), which no retry cures; None while nothing was."""
+        return self._refused or self._handoff.refused
 
     def step(self) -> bool:
         """One turn of the loop (see the module docstring); True if a batch was submitted."""
@@ -461,6 +476,7 @@ class Driver(Lifecycle):
         part.manager.apply(result.outcomes, generation=result.generation)
         self._failures.record(p, result.outcomes)
         breaker = part.breaker
+        self._refused = self._refused or result.refused
         if result.infra_error is not None:
             breaker.failure(result.infra_error)
         else:

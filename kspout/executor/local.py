@@ -141,7 +141,9 @@ class LocalExecutor:
                 output = run_guarded(roots, lambda: self._runner(0, acker, batch)).chunk
             except StageFailed as failed:
                 reports = [
-                    r if r.infra_error else FetchReport(r.partition, (), None, failed.error)
+                    r
+                    if r.infra_error
+                    else FetchReport(r.partition, (), None, failed.error, refused=failed.refused)
                     for r in reports
                 ]
                 return task_results(tasks, acker, reports)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from kspout.channel.beacon import thread_beacon
 from kspout.contract import PartitionTask, TaskResult
-from kspout.errors import KafkaUnavailable
+from kspout.errors import KafkaRefused, KafkaUnavailable
 from kspout.executor.gates import Verdict, gated
 from kspout.executor.outcome_log import OutcomeLog
 from kspout.gc_pause import cyclic_gc_paused_until_built
@@ -49,13 +49,27 @@ def cut_short(task: PartitionTask, reached: int, error: str = CUT_SHORT) -> list
     ]
 
 
-def released(task: PartitionTask, error: str) -> TaskResult:
-    """Every offset of `task` handed back for an infrastructure failure, no attempt spent."""
+def released(task: PartitionTask, error: str, refused: KafkaRefused | None = None) -> TaskResult:
+    """Every offset of `task` handed back for an infrastructure failure, no attempt spent
+    (with `refused`, one that stops the run)."""
     outcomes = [
         Outcome(span.start, _RELEASED, span.attempt, error=error, count=span.end - span.start)
         for span in task.plan.spans
     ]
-    return TaskResult(task.topic, task.partition, task.plan.generation, outcomes, infra_error=error)
+    return TaskResult(
+        task.topic,
+        task.partition,
+        task.plan.generation,
+        outcomes,
+        infra_error=error,
+        refused=refused,
+    )
+
+
+def refused_by_kafka(exc: BaseException) -> KafkaRefused | None:
+    """`exc` when Kafka refused the principal (a revoked ACL, a changed password): no retry
+    cures it, so the run stops; else None."""
+    return exc if isinstance(exc, KafkaRefused) else None
 
 
 def settle(
@@ -82,7 +96,8 @@ def settle(
         on_fetched(missing, log.outcomes)
     beacon = thread_beacon()
     outage: str | None = None  # the first KafkaUnavailable a handler raised
-    halted: int | None = None  # where `stop` cut the loop
+    halted: int | None = None  # where `stop` (or a refusal) cut the loop
+    refused: KafkaRefused | None = None
     start = end = -1  # the run of acked offsets not yet handed to the log
     admit = None if gate is None else gate.admit  # a plain task's loop pays one test
     for record in records:
@@ -94,6 +109,9 @@ def settle(
             beacon.current = record
             try:
                 handler(record)
+            except KafkaRefused as exc:
+                halted, refused = offset, exc
+                break
             except KafkaUnavailable as exc:
                 error = log.release(offset, exc)
                 outage = outage or error
@@ -117,7 +135,7 @@ def settle(
     beacon.current = None
     if end > start:
         log.ack_run(start, end)
-    return _result(task, log, fetched, missing, halted, outage)
+    return _result(task, log, fetched, missing, halted, outage, refused)
 
 
 def _result(
@@ -127,20 +145,30 @@ def _result(
     missing: Sequence[tuple[int, int]],
     halted: int | None,
     outage: str | None,
+    refused: KafkaRefused | None,
 ) -> TaskResult:
-    """The task's result once its loop is over: with `halted` (a stop cut the loop there),
-    every planned offset from there on is released; else, after an out-of-range fetch, those
-    the fetch did not reach."""
+    """The task's result once its loop is over: with `halted` (a stop or a refusal cut the
+    loop there), every planned offset from there on is released; else, after an out-of-range
+    fetch, those the fetch did not reach."""
     out_of_range = fetched.out_of_range
+    why = STOPPED
+    if refused is not None:
+        why = outage = describe_error(refused)
     if halted is not None:
-        log.outcomes.extend(cut_short(task, halted, STOPPED))
+        log.outcomes.extend(cut_short(task, halted, why))
         missing = [(lo, min(hi, halted)) for lo, hi in missing if lo < halted]
         out_of_range = None  # found again by the next run
     elif out_of_range is not None:
         log.outcomes.extend(cut_short(task, fetched.reached(task.plan.spans[0].start)))
     outcomes = log.finish(missing)
     return TaskResult(
-        task.topic, task.partition, task.plan.generation, outcomes, out_of_range, outage
+        task.topic,
+        task.partition,
+        task.plan.generation,
+        outcomes,
+        out_of_range,
+        outage,
+        refused=refused,
     )
 
 
@@ -154,13 +182,14 @@ def run_task(
     """Fetch a task's offsets from Kafka and settle them with `handler` (until `stop`).
 
     A failed fetch is the infrastructure's fault, not the messages': the task's offsets are
-    released (no attempt spent) and the error is reported for the partition's breaker.
+    released (no attempt spent) and the error is reported for the partition's breaker, or,
+    refused by Kafka's ACLs, to stop the run.
     The fetched records are kept out of the cycle collector's scans while the handler runs.
     """
     with cyclic_gc_paused_until_built() as built:
         try:
             fetched = fetcher.fetch(task.topic, task.partition, task.fetch_ranges())
         except Exception as exc:
-            return released(task, describe_error(exc))
+            return released(task, describe_error(exc), refused_by_kafka(exc))
         built()
         return settle(task, fetched, handler, on_fetched, stop)

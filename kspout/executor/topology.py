@@ -33,9 +33,9 @@ from kspout.bolts import (
 )
 from kspout.channel.beacon import thread_beacon
 from kspout.contract import PartitionTask, TaskResult
-from kspout.errors import ChainError
+from kspout.errors import ChainError, KafkaRefused
 from kspout.executor.outcome_log import OutcomeLog
-from kspout.executor.task import Handler, cut_short, released
+from kspout.executor.task import Handler, cut_short, refused_by_kafka, released
 from kspout.gc_pause import cyclic_gc_paused
 from kspout.groupings import Fields, Grouping
 from kspout.kafka import FetchResult
@@ -273,6 +273,7 @@ class FetchReport:
     infra_error: str | None = None  # the task failed outside per-message code: release all
     attempt_died: bool = False  # an earlier attempt of the task died; this one ran nothing
     reached: int = 0  # with `out_of_range`: where the fetch stopped (see FetchResult.reached)
+    refused: KafkaRefused | None = None  # with `infra_error`: one that stops the run
 
     @classmethod
     def of(cls, partition: int, fetched: FetchResult) -> FetchReport:
@@ -282,8 +283,9 @@ class FetchReport:
 
     @classmethod
     def failed(cls, partition: int, exc: BaseException) -> FetchReport:
-        """A first-stage task that failed outside per-message code: its roots are released."""
-        return cls(partition, (), None, describe_error(exc))
+        """A first-stage task that failed outside per-message code: its roots are released
+        (and a refusal no retry cures stops the run)."""
+        return cls(partition, (), None, describe_error(exc), refused=refused_by_kafka(exc))
 
 
 def run_guarded(tuples: Sequence[Tuple], make_runner: Callable[[], StageRunner]) -> StageRunner:
@@ -292,7 +294,7 @@ def run_guarded(tuples: Sequence[Tuple], make_runner: Callable[[], StageRunner])
     try:
         runner = make_runner()
     except Exception as exc:
-        raise StageFailed(describe_error(exc)) from exc
+        raise StageFailed(describe_error(exc), refused_by_kafka(exc)) from exc
     error: BaseException | None = None
     try:
         runner.run(tuples)
@@ -305,17 +307,19 @@ def run_guarded(tuples: Sequence[Tuple], make_runner: Callable[[], StageRunner])
         except Exception as exc:
             error = error or exc
     if error is not None:
-        raise StageFailed(describe_error(error)) from error
+        raise StageFailed(describe_error(error), refused_by_kafka(error)) from error
     return runner
 
 
 class StageFailed(Exception):
     """A stage's task failed outside per-message code (prepare, execute_batch, cleanup): the
-    infrastructure's fault, so its roots are released without spending an attempt."""
+    infrastructure's fault, so its roots are released without spending an attempt (with
+    `refused`, a refusal such as `Publish`'s revoked Write, the run stops)."""
 
-    def __init__(self, error: str) -> None:
+    def __init__(self, error: str, refused: KafkaRefused | None = None) -> None:
         super().__init__(error)
         self.error = error
+        self.refused = refused
 
 
 def task_results(
@@ -349,7 +353,7 @@ def partition_results(
     missing: dict[int, list[tuple[int, int]]] = {}
     out_of_range: dict[int, tuple[int, int]] = {}
     reached: dict[int, int] = {}
-    failed: dict[int, str] = {}
+    failed: dict[int, FetchReport] = {}
     died: set[int] = set()
     for report in reports:
         if report.attempt_died:
@@ -359,7 +363,7 @@ def partition_results(
             out_of_range[report.partition] = report.out_of_range
             reached[report.partition] = report.reached
         if report.infra_error is not None:
-            failed[report.partition] = report.infra_error
+            failed[report.partition] = report
     results = []
     for task in tasks:
         if task.partition in died:
@@ -367,8 +371,9 @@ def partition_results(
                 TaskResult(task.topic, task.partition, task.plan.generation, [], attempt_died=True)
             )
             continue
-        if task.partition in failed:
-            results.append(released(task, failed[task.partition]))
+        if (failure := failed.get(task.partition)) is not None:
+            assert failure.infra_error is not None
+            results.append(released(task, failure.infra_error, failure.refused))
             continue
         log = OutcomeLog(task)
         ledger = ledgers.get(task.partition)

@@ -30,7 +30,7 @@ from confluent_kafka import (
 )
 
 from kspout.config import TopicConfig
-from kspout.errors import KafkaRequestFailed, KafkaUnreachable
+from kspout.errors import KafkaRequestFailed, KafkaTlsRefused, KafkaUnreachable
 from kspout.kafka.access import LOGIN_REFUSED, login_refused
 
 T = TypeVar("T")
@@ -47,6 +47,9 @@ LIBRDKAFKA_LOG.addHandler(logging.NullHandler())
 # resolved) ends the wait sooner.
 CONNECT_TIMEOUT = 8.0
 CONNECT_STEP = 0.5  # seconds per metadata request while a first contact waits
+# What librdkafka's report of a failed TLS handshake says (a certificate that did not verify,
+# a listener that speaks no TLS), whatever code it comes with.
+_TLS_REFUSED = "SSL handshake failed"
 
 # Seconds one broker request may take before it counts as a (retriable) timeout.
 REQUEST_TIMEOUT = 10.0
@@ -101,19 +104,23 @@ def consumer_settings(config: TopicConfig) -> dict[str, Any]:
 
 class _BrokerReports:
     """librdkafka's error callback (served by `poll`): whether it found every broker down, its
-    last other error, which says why (refused, not resolved, a failed handshake), and a
-    refused login (a wrong SASL user or password), which no wait cures."""
+    last other error, which says why (refused, not resolved), and a refused login (a wrong SASL
+    user or password) or a failed TLS handshake (a certificate this client's CA did not sign),
+    which no wait cures."""
 
     def __init__(self) -> None:
         self.all_down = False
         self.last: str | None = None
         self.login_refused: str | None = None
+        self.tls_refused: str | None = None
 
     def __call__(self, error: KafkaError) -> None:
         if error.code() == KafkaError._ALL_BROKERS_DOWN:
             self.all_down = True
         elif error.code() in LOGIN_REFUSED:
             self.login_refused = error.str()
+        elif _TLS_REFUSED in error.str():
+            self.tls_refused = error.str()
         else:
             self.last = error.str()
 
@@ -127,7 +134,8 @@ def connect(
     """A consumer (`consumer_settings`) that has had an answer from a broker: it asked for the
     topic's metadata. `KafkaUnreachable`, naming the address and where it was set, when no
     broker answers within `timeout`, or once librdkafka finds every broker down;
-    `KafkaLoginRefused` at once when a broker refuses the SASL login."""
+    `KafkaLoginRefused` at once when a broker refuses the SASL login, `KafkaTlsRefused` when
+    the TLS handshake fails."""
     reports = _BrokerReports()
     consumer = Consumer(consumer_settings(config) | {"error_cb": reports})
     deadline = clock() + timeout
@@ -146,6 +154,9 @@ def connect(
         if reports.login_refused is not None:
             consumer.close()
             raise login_refused(config, reports.login_refused)
+        if reports.tls_refused is not None:
+            consumer.close()
+            raise KafkaTlsRefused(config.brokers, config.path, reports.tls_refused)
         if reports.all_down or clock() >= deadline:
             consumer.close()
             cause = reports.last or f"no broker answered within {timeout:g}s"

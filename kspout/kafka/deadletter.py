@@ -3,19 +3,23 @@
 A dead letter copies the original key and value (when Kafka still has the message) and adds
 headers naming where it came from and why it was given up, so an operator can inspect or
 replay it. `write` returns only once Kafka acknowledged every letter: the caller may then count
-those offsets finished; on any failure none of them may be.
+those offsets finished; on any failure none of them may be. A write the cluster refused this
+principal (no Write ACL on the dead-letter topic, or no right to create it) raises
+`KafkaAccessDenied`: no retry cures that, so the run stops instead of trying for ever.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from kspout.config import TopicConfig
 from kspout.errors import DeadLetterWriteFailed
 from kspout.kafka._client import client_settings
+from kspout.kafka.access import refusal
 from kspout.kafka.records import DeadLetter
 from kspout.lifecycle import Lifecycle
 
@@ -83,6 +87,24 @@ class IdempotentProducer(Lifecycle):
         if producer is not None:
             producer.flush(self._config.fetch_timeout + FLUSH_MARGIN)
 
+    def produce(self, topic: str, **message: Any) -> None:
+        """Queue one message; while librdkafka's queue is full, serve deliveries and retry.
+        `KafkaRefused` when the producer already knows this principal may not write `topic`
+        (librdkafka then refuses the send at once, before any delivery report)."""
+        if self._producer is None:
+            raise RuntimeError(f"{type(self).__name__}.start() was not called")
+        while True:
+            try:
+                self._producer.produce(topic, **message)
+                return
+            except BufferError:  # local queue full: serve delivery reports, then retry
+                self._producer.poll(0.1)
+            except KafkaException as exc:
+                found = refusal(self._config, exc.args[0], "Write", topic)
+                if found is None:
+                    raise
+                raise found from None
+
 
 class DeadLetterWriter(IdempotentProducer):
     """Writes dead letters to the dead-letter topic."""
@@ -94,31 +116,34 @@ class DeadLetterWriter(IdempotentProducer):
     def write(self, letters: Sequence[DeadLetter]) -> None:
         """Produce every letter and wait for Kafka's acknowledgements.
 
-        Raises DeadLetterWriteFailed naming each letter Kafka did not acknowledge.
+        Raises DeadLetterWriteFailed naming each letter Kafka did not acknowledge, or
+        `KafkaRefused` when Kafka refused this principal the write.
         """
         if self._producer is None:
             raise RuntimeError("DeadLetterWriter.start() was not called")
         producer = self._producer
         errors: dict[int, str | None] = {}  # letter index -> None when acknowledged
+        refused: list[Exception] = []  # the refusal that no retry cures, once found
 
         def report(index: int, error: KafkaError | None, _msg: Message) -> None:
             errors[index] = None if error is None else str(error)
+            if error is not None and not refused:
+                found = refusal(self._config, error, "Write", self._topic)
+                if found is not None:
+                    refused.append(found)
 
         for index, letter in enumerate(letters):
             original = letter.record
-            while True:
-                try:
-                    producer.produce(
-                        self._topic,
-                        key=original.key if original is not None else None,
-                        value=original.value if original is not None else None,
-                        headers=letter_headers(letter),
-                        on_delivery=functools.partial(report, index),
-                    )
-                    break
-                except BufferError:  # local queue full: serve delivery reports, then retry
-                    producer.poll(0.1)
+            self.produce(
+                self._topic,
+                key=original.key if original is not None else None,
+                value=original.value if original is not None else None,
+                headers=letter_headers(letter),
+                on_delivery=functools.partial(report, index),
+            )
         producer.flush(self._config.fetch_timeout + FLUSH_MARGIN)
+        if refused:
+            raise refused[0]
         failures: list[tuple[str, int, int, str]] = []
         for index, letter in enumerate(letters):
             error = errors.get(index, "no delivery report before the timeout")

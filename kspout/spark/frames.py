@@ -19,6 +19,9 @@ raises. When `f` returns, only what the frame held is acked:
   rows: Spark may stop a task early for `limit`/`take`/`show`, and its report is lost then)
   is settled as before: the watermarks are read again after `f` returns, planned offsets
   inside `[low, high)` are acked and any outside it reported out of range.
+* A fetch Kafka refused the principal (Read revoked mid-run) hands on no rows and reports the
+  refusal: whatever `f` did, the batch is released, no attempt spent, and the run stops with
+  the refusal (`KafkaRefused`), since no retry cures it.
 """
 
 from __future__ import annotations
@@ -32,10 +35,18 @@ from pyspark.sql import DataFrame, SparkSession
 
 from kspout.config import TopicConfig
 from kspout.contract import PartitionTask, TaskResult
+from kspout.errors import KafkaRefused
 from kspout.executor.fetchers import fetcher_for
-from kspout.executor.task import CUT_SHORT
+from kspout.executor.task import CUT_SHORT, released
 from kspout.kafka import FetchResult, KafkaMetadata
-from kspout.outcomes import FailReason, Failure, FailureCatalog, Outcome, OutcomeKind
+from kspout.outcomes import (
+    FailReason,
+    Failure,
+    FailureCatalog,
+    Outcome,
+    OutcomeKind,
+    describe_error,
+)
 from kspout.ranges import Range, intersect, runs, subtract, union
 from kspout.spark.jobs import SparkJobs
 from kspout.streaming.columns import SCHEMA, to_row
@@ -52,6 +63,7 @@ class Unfetched:
     * `missing`: planned offsets Kafka does not have inside `[low, high)` (compacted away,
       transaction markers).
     * `bounds`: Kafka's `(low, high)` as the cut fetches saw it (None when none was cut).
+    * `refused`: what Kafka refused the principal, when a fetch was refused (nothing fetched).
 
     Merging is a union (and the larger low and high), so a report counted twice (a retried
     Spark task, an evaluation repeated) changes nothing.
@@ -60,6 +72,7 @@ class Unfetched:
     cut: tuple[Range, ...] = ()
     missing: tuple[Range, ...] = ()
     bounds: tuple[int, int] | None = None
+    refused: KafkaRefused | None = None
 
     @classmethod
     def of(cls, spans: Sequence[tuple[int, int]], fetched: FetchResult) -> Unfetched:
@@ -77,7 +90,12 @@ class Unfetched:
             bounds = self.bounds or other.bounds
         else:
             bounds = (max(self.bounds[0], other.bounds[0]), max(self.bounds[1], other.bounds[1]))
-        return Unfetched(union(self.cut, other.cut), union(self.missing, other.missing), bounds)
+        return Unfetched(
+            union(self.cut, other.cut),
+            union(self.missing, other.missing),
+            bounds,
+            self.refused or other.refused,
+        )
 
 
 # Keyed by (batch, partition): one accumulator serves every batch of a FrameExecutor.
@@ -111,7 +129,11 @@ def fetch_rows(
     fetcher = fetcher_for(config)
     for task in tasks:
         spans = task.plan.ranges()
-        fetched = fetcher.fetch(task.topic, task.partition, spans)
+        try:
+            fetched = fetcher.fetch(task.topic, task.partition, spans)
+        except KafkaRefused as exc:  # raised, it would fail the job and lose the report
+            reports.add({(batch, task.partition): Unfetched(refused=exc)})
+            continue
         reports.add({(batch, task.partition): Unfetched.of(spans, fetched)})
         for record in fetched.records:
             yield to_row(record)
@@ -163,6 +185,8 @@ class FrameExecutor(SparkJobs):
             failure = FailureCatalog().of(exc)
         finally:
             reports = self._take_reports(batch)
+        for refusal in (r.refused for r in reports.values() if r.refused is not None):
+            return [released(task, describe_error(refusal), refusal) for task in tasks]
         if failure is not None:
             return [_settled(task, failure=failure) for task in tasks]
         results: list[TaskResult] = []

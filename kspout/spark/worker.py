@@ -33,7 +33,7 @@ from kspout.channel.reporter import TaskReporter
 from kspout.config import TopicConfig
 from kspout.contract import ChannelAddress, PartitionTask, TaskId, TaskResult
 from kspout.executor.fetchers import fetcher_for
-from kspout.executor.task import released, run_task
+from kspout.executor.task import refused_by_kafka, released, run_task
 from kspout.executor.topology import (
     FetchReport,
     StageFailed,
@@ -132,7 +132,7 @@ def handler_tasks(
             try:
                 fetcher = fetcher_for(spec.config)
             except Exception as exc:
-                result = released(task, describe_error(exc))
+                result = released(task, describe_error(exc), refused_by_kafka(exc))
             else:
                 result = run_task(fetcher, task, handler, reporter.fetched if whole else None)
             if whole:
@@ -191,7 +191,8 @@ def _stage_zero(
         try:
             runner = run_guarded(roots, lambda: StageRunner(stage, acker, context, last=last))
         except StageFailed as failed:
-            return Acker(), nothing, FetchReport(task.partition, (), None, failed.error)
+            report = FetchReport(task.partition, (), None, failed.error, refused=failed.refused)
+            return Acker(), nothing, report
     return acker, runner.chunk, FetchReport.of(task.partition, fetched)
 
 

@@ -6,8 +6,12 @@ handler that publishes through `KafkaOutput` and fails some records into the dea
 commit points mirrored to a consumer group), `KafkaSpout.run` on Spark, the streaming source,
 and `status`, `lag` and `dlq show`; a wrong password, a principal without Read on the topic,
 one without Write on the dead-letter topic and one without Describe are stopped at once with
-an error naming the principal, the topic and what to fix. No command prints the password, at
-`-vv` either.
+an error naming the principal, the topic and what to fix; so is a client that does not trust
+the brokers' CA. A right revoked while a run goes on (Read on the topic, Write on the
+dead-letter topic or on a `KafkaOutput` topic) stops the run within seconds with the same
+error, nothing dead-lettered for it, and the commit points hold exactly what was finished.
+`produce`, `offsets`, `dlq replay` and `foreach_batch` work with the listed rights. No command
+prints the password, at `-vv` either.
 
 The broker and a ZooKeeper of this module's own start once for the module; a broker that does
 not start fails every test here (never a skip).
@@ -19,6 +23,7 @@ import json
 import os
 import subprocess
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -34,7 +39,9 @@ from pyspark.sql import DataFrame, SparkSession
 
 from kspout import KafkaSpout, load_config
 from kspout.devstack import ZooKeeperServer, create_topic
-from kspout.devstack.secured_kafka import SecuredKafkaBroker, grant
+from kspout.devstack.secured_kafka import SecuredKafkaBroker, grant, revoke
+from kspout.driver.progress import Progress
+from kspout.errors import KafkaAccessDenied
 from kspout.kafka import Record
 from tests.integration.helpers import kspout_command, read_topic
 
@@ -60,6 +67,44 @@ def handle(record):
     OUTPUT.send(record, record.value)
     OUTPUT.flush()
 """
+
+# Handlers for runs that lose a right while they go on: each record takes a little time, so the
+# run is still busy when the ACL goes, and each writes "<partition> <offset>" to HANDLED_LOG
+# once it finished (the test's own ledger of what was done).
+MID_RUN_HANDLERS = f"""
+import os
+import time
+
+from kspout.config import load_config
+from kspout.output import KafkaOutput
+
+OUTPUT = KafkaOutput(load_config(os.environ["TOPIC_FILE"]), os.environ["OUTPUT_TOPIC"])
+HANDLED = open(os.environ["HANDLED_LOG"], "a", buffering=1)
+
+
+def finished(record):
+    HANDLED.write(f"{{record.partition}} {{record.offset}}\\n")
+
+
+def read(record):
+    time.sleep(0.02)
+    finished(record)
+
+
+def fail_some(record):
+    time.sleep(0.02)
+    if record.offset % {FAILING} == 0:
+        raise ValueError("refused by the test")
+    finished(record)
+
+
+def publish(record):
+    time.sleep(0.02)
+    OUTPUT.send(record, record.value)
+    OUTPUT.flush()
+    finished(record)
+"""
+MID_RUN_PER_PARTITION = 400  # 2 x 400 records x 20 ms: the run outlasts the test's revoke
 
 
 @dataclass(frozen=True)
@@ -123,7 +168,7 @@ MakeSpout = Callable[..., Spout]
 
 @pytest.fixture
 def make_spout(secured: Secured, tmp_path: Path) -> Iterator[MakeSpout]:
-    def make(user: str, password: str = PASSWORD, extra: str = "") -> Spout:
+    def make(user: str, password: str = PASSWORD, extra: str = "", ca: Path | None = None) -> Spout:
         topic = f"secured-{uuid.uuid4().hex[:8]}"
         dlq, output = f"{topic}.dlq", f"{topic}.out"
         for name, partitions in ((topic, PARTITIONS), (dlq, 1), (output, 1)):
@@ -151,20 +196,23 @@ def make_spout(secured: Secured, tmp_path: Path) -> Iterator[MakeSpout]:
                 "sasl.mechanism" = "SCRAM-SHA-512"
                 "sasl.username" = "{user}"
                 "sasl.password_file" = "{tmp_path / "password"}"
-                "ssl.ca.location" = "{secured.ca}"
+                "ssl.ca.location" = "{ca or secured.ca}"
                 """
             )
         )
         (tmp_path / "secured_handler.py").write_text(HANDLER)
+        (tmp_path / "mid_run.py").write_text(MID_RUN_HANDLERS)
         return Spout(topic, dlq, output, file, tmp_path)
 
     yield make
 
 
-def produce(secured: Secured, topic: str, partitions: int = PARTITIONS) -> None:
+def produce(
+    secured: Secured, topic: str, partitions: int = PARTITIONS, per_partition: int = PER_PARTITION
+) -> None:
     producer = Producer({"bootstrap.servers": secured.setup_brokers})
     for partition in range(partitions):
-        for offset in range(PER_PARTITION):
+        for offset in range(per_partition):
             producer.produce(topic, value=b"%d-%d" % (partition, offset), partition=partition)
     assert producer.flush(30) == 0
 
@@ -178,13 +226,29 @@ def listed_rights(secured: Secured, user: str, spout: Spout) -> None:
     grant(secured.setup_brokers, principal, spout.output, "DESCRIBE", "WRITE")
 
 
-def kspout(spout: Spout, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """`kspout -vv <args> --config <the topic file>`, run as a user would, to the end."""
+def kspout_env(spout: Spout) -> dict[str, str]:
+    """The environment a `kspout` command runs in: no KSPOUT_ overrides, the handlers' files."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KSPOUT_")}
-    env |= {"TOPIC_FILE": str(spout.file), "OUTPUT_TOPIC": spout.output}
+    return env | {
+        "TOPIC_FILE": str(spout.file),
+        "OUTPUT_TOPIC": spout.output,
+        "HANDLED_LOG": str(spout.workdir / "handled.log"),
+    }
+
+
+def kspout(
+    spout: Spout, *args: str, timeout: float = 120, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`kspout -vv <args> --config <the topic file>`, run as a user would, to the end."""
     argv = [str(kspout_command()), "-vv", *args, "--config", str(spout.file)]
     done = subprocess.run(
-        argv, cwd=spout.workdir, env=env, capture_output=True, text=True, timeout=timeout
+        argv,
+        cwd=spout.workdir,
+        env=kspout_env(spout),
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     assert PASSWORD not in done.stdout + done.stderr, f"{args}: the password was printed"
     return done
@@ -375,3 +439,269 @@ def test_a_principal_without_describe_is_refused_by_every_command(
         assert done.returncode == code, done.stderr[-3000:]
         last = done.stderr.strip().splitlines()[-1]
         assert "Kafka refused User:no-read Describe on topic" in last, last
+
+
+def test_a_client_that_does_not_trust_the_brokers_ca_is_told_to_fix_the_ca_setting(
+    secured: Secured, make_spout: MakeSpout, tmp_path: Path
+) -> None:
+    other_ca = tmp_path / "other-ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(other_ca))
+    spout = make_spout("spout", ca=other_ca)
+    done = kspout(spout, "status")
+    assert done.returncode == 3, done.stderr[-3000:]  # 3: could not tell
+    last = done.stderr.strip().splitlines()[-1]
+    assert f"TLS with Kafka at {secured.broker.secure_address} failed" in last, last
+    assert "certificate verify failed" in last, last
+    assert "`kafka.ssl.ca.location`" in last and str(spout.file) in last, last
+    assert "cannot reach Kafka" not in last, last
+
+
+@dataclass
+class MidRun:
+    """A `kspout run` going on while a test takes a right away from its principal."""
+
+    spout: Spout
+    process: subprocess.Popen[str]
+    stderr: Path
+
+    def handled(self) -> dict[int, set[int]]:
+        """What the handler finished so far (its own log), by partition."""
+        done: dict[int, set[int]] = {p: set() for p in range(PARTITIONS)}
+        log = self.spout.workdir / "handled.log"
+        for line in log.read_text().splitlines() if log.exists() else []:
+            partition, offset = map(int, line.split())
+            done[partition].add(offset)
+        return done
+
+    def wait_for(self, ready: Callable[[], bool], what: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert self.process.poll() is None, f"the run ended early: {self.tail()}"
+            assert time.monotonic() < deadline, f"no {what} within {timeout:g}s: {self.tail()}"
+            time.sleep(0.2)
+
+    def stopped_within(self, seconds: float) -> str:
+        """The run's exit (1, a setup error) within `seconds`: its last line of stderr."""
+        try:
+            code = self.process.wait(seconds)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            pytest.fail(f"the run went on {seconds:g}s after the right was revoked: {self.tail()}")
+        assert code == 1, self.tail()
+        text = self.stderr.read_text()
+        assert PASSWORD not in text, "the password was printed"
+        return text.strip().splitlines()[-1]
+
+    def tail(self) -> str:
+        return self.stderr.read_text()[-3000:]
+
+
+@pytest.fixture
+def start_run() -> Iterator[Callable[[Spout, str], MidRun]]:
+    """Starts `kspout -vv run --handler mid_run:<handler>` (never caught up: it goes on until
+    it is stopped); kills what a failed test left running."""
+    started: list[MidRun] = []
+
+    def start(spout: Spout, handler: str) -> MidRun:
+        stderr = spout.workdir / "run.stderr"
+        argv = [str(kspout_command()), "-vv", "run", "--handler", f"mid_run:{handler}"]
+        with stderr.open("w") as sink:
+            process = subprocess.Popen(
+                [*argv, "--config", str(spout.file)],
+                cwd=spout.workdir,
+                env=kspout_env(spout),
+                stdout=subprocess.DEVNULL,
+                stderr=sink,
+                text=True,
+            )
+        run = MidRun(spout, process, stderr)
+        started.append(run)
+        return run
+
+    yield start
+    for run in started:
+        if run.process.poll() is None:
+            run.process.kill()
+            run.process.wait()
+
+
+def committed(spout: Spout) -> list[int]:
+    """Each partition's commit point, as `kspout status` reads it (Describe is enough)."""
+    status = kspout(spout, "status", "--json")
+    assert status.returncode == 0, status.stderr[-3000:]
+    return [row["committed"] or 0 for row in json.loads(status.stdout)["partitions"]]
+
+
+def written(secured: Secured, topic: str) -> int:
+    """How many messages `topic` holds (the sum of its partitions' high watermarks)."""
+    consumer = Consumer({"bootstrap.servers": secured.setup_brokers, "group.id": "test-counter"})
+    try:
+        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), 10)[1] for p in parts)
+    finally:
+        consumer.close()
+
+
+def mid_run_spout(secured: Secured, make_spout: MakeSpout) -> Spout:
+    """A spout with the listed rights, small batches, and a topic that takes a while."""
+    spout = make_spout("spout", extra="batch_size = 20")
+    listed_rights(secured, "spout", spout)
+    produce(secured, spout.topic, per_partition=MID_RUN_PER_PARTITION)
+    return spout
+
+
+def test_read_revoked_mid_run_stops_the_run_naming_the_grant_and_commits_what_finished(
+    secured: Secured, make_spout: MakeSpout, start_run: Callable[[Spout, str], MidRun]
+) -> None:
+    spout = mid_run_spout(secured, make_spout)
+    run = start_run(spout, "read")
+    run.wait_for(lambda: sum(map(len, run.handled().values())) >= 60, "records handled")
+    revoke(secured.setup_brokers, "User:spout", spout.topic, "READ")
+    last = run.stopped_within(QUICK)
+    assert f"Kafka refused User:spout Read on topic '{spout.topic}'" in last, last
+    assert f"--allow-principal User:spout --operation Read --topic {spout.topic}" in last, last
+    handled = run.handled()
+    assert sum(map(len, handled.values())) < PARTITIONS * MID_RUN_PER_PARTITION
+    # What finished is committed, and nothing past it: every handled run starts at 0.
+    points = committed(spout)
+    for p in range(PARTITIONS):
+        assert handled[p] == set(range(points[p])), (p, points[p], sorted(handled[p])[-3:])
+    assert written(secured, spout.dlq) == 0, "a record was dead-lettered for a revoked right"
+
+
+def test_write_on_the_dead_letter_topic_revoked_mid_run_stops_the_run_losing_no_letter(
+    secured: Secured, make_spout: MakeSpout, start_run: Callable[[Spout, str], MidRun]
+) -> None:
+    spout = mid_run_spout(secured, make_spout)
+    run = start_run(spout, "fail_some")
+    run.wait_for(lambda: written(secured, spout.dlq) >= 4, "dead letters written")
+    revoke(secured.setup_brokers, "User:spout", spout.dlq, "WRITE")
+    last = run.stopped_within(QUICK)
+    assert f"Kafka refused User:spout Write on topic '{spout.dlq}'" in last, last
+    assert f"--allow-principal User:spout --operation Write --topic {spout.dlq}" in last, last
+    letters = {
+        (int(h[b"kspout.source.partition"]), int(h[b"kspout.source.offset"]))
+        for h in (
+            {name.encode(): value for name, value in m.headers() or []}
+            for m in read_topic(secured.setup_brokers, spout.dlq, written(secured, spout.dlq))
+        )
+    }
+    handled = run.handled()
+    points = committed(spout)
+    assert sum(points) < PARTITIONS * MID_RUN_PER_PARTITION, "the run ended before the revoke"
+    for p in range(PARTITIONS):
+        # Below the commit point each record finished: handled, or its letter is in the topic.
+        for offset in range(points[p]):
+            assert offset in handled[p] or (p, offset) in letters, (p, offset, points[p])
+
+
+def test_write_on_the_output_topic_revoked_mid_run_stops_the_run_dead_lettering_nothing(
+    secured: Secured, make_spout: MakeSpout, start_run: Callable[[Spout, str], MidRun]
+) -> None:
+    spout = mid_run_spout(secured, make_spout)
+    run = start_run(spout, "publish")
+    run.wait_for(lambda: sum(map(len, run.handled().values())) >= 60, "records published")
+    revoke(secured.setup_brokers, "User:spout", spout.output, "WRITE")
+    last = run.stopped_within(QUICK)
+    assert f"Kafka refused User:spout Write on topic '{spout.output}'" in last, last
+    handled = run.handled()
+    points = committed(spout)
+    for p in range(PARTITIONS):
+        assert handled[p] == set(range(points[p])), (p, points[p], sorted(handled[p])[-3:])
+    assert written(secured, spout.dlq) == 0, "a source message was dead-lettered"
+
+
+def test_produce_offsets_and_dlq_replay_work_with_the_listed_rights(
+    secured: Secured, make_spout: MakeSpout
+) -> None:
+    spout = make_spout("spout")
+    listed_rights(secured, "spout", spout)
+    grant(secured.setup_brokers, "User:spout", spout.topic, "WRITE")  # produce, dlq replay
+    produced = kspout(spout, "produce", "--file", "-", "--json", stdin="a\nb\nc\nd\ne\nf\n")
+    assert produced.returncode == 0, produced.stderr[-3000:]
+    assert json.loads(produced.stdout)["messages"] == 6
+    done = run_spout(spout)  # offset 0 of each partition that got one is dead-lettered
+    assert done.returncode == 0, done.stderr[-3000:]
+    letters = written(secured, spout.dlq)
+    assert letters >= 1
+
+    shown = kspout(spout, "offsets", "show", "--json")
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    moved = kspout(spout, "offsets", "set", "--partition", "0", "--to", "earliest")
+    assert moved.returncode == 0, moved.stderr[-3000:]
+    assert committed(spout)[0] == 0
+
+    replayed = kspout(spout, "dlq", "replay", "--all", "--json")
+    assert replayed.returncode == 0, replayed.stderr[-3000:]
+    assert written(secured, spout.topic) == 6 + letters
+
+
+def test_foreach_batch_on_spark_reads_a_secured_topic_with_the_listed_rights(
+    secured: Secured, make_spout: MakeSpout, spark: SparkSession
+) -> None:
+    spout = make_spout("spout")
+    listed_rights(secured, "spout", spout)
+    produce(secured, spout.topic)
+    seen: list[int] = []
+
+    def per_batch(frame: DataFrame, _batch: int) -> None:
+        seen.extend(row.offset for row in frame.collect())
+
+    progress = KafkaSpout(load_config(spout.file), spark).foreach_batch(
+        per_batch, until_caught_up=True
+    )
+    assert len(seen) == PARTITIONS * PER_PARTITION
+    assert [p.committed for p in progress.partitions] == [PER_PARTITION] * PARTITIONS
+
+
+def slow_read(record: Record) -> None:
+    """A handler for Spark's workers that keeps the run busy while the test revokes Read."""
+    time.sleep(0.02)
+
+
+def slow_frame(frame: DataFrame, _batch: int) -> None:
+    """A `foreach_batch` function that keeps the run busy while the test revokes Read."""
+    frame.collect()
+    time.sleep(0.2)
+
+
+@pytest.mark.parametrize("api", ["run", "foreach_batch"])
+def test_read_revoked_under_spark_raises_the_refusal_on_the_driver(
+    secured: Secured, make_spout: MakeSpout, spark: SparkSession, api: str
+) -> None:
+    """`KafkaSpout.run` (the fetch on a worker) and `foreach_batch` (the frame's fetch)."""
+    spout = mid_run_spout(secured, make_spout)
+    busy = threading.Event()
+    stop = threading.Event()
+    outcome: list[BaseException | Progress] = []
+
+    def watch(progress: Progress) -> None:
+        if progress.total("acked") >= 40:
+            busy.set()
+
+    def run() -> None:
+        try:
+            kafka_spout = KafkaSpout(load_config(spout.file), spark)
+            if api == "run":
+                outcome.append(kafka_spout.run(slow_read, stop=stop, on_progress=watch))
+            else:
+                outcome.append(kafka_spout.foreach_batch(slow_frame, stop=stop, on_progress=watch))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    try:
+        assert busy.wait(120), "the run on Spark acked nothing within 120 s"
+        revoke(secured.setup_brokers, "User:spout", spout.topic, "READ")
+        runner.join(QUICK + 10)  # a Spark job in flight runs to its end first
+        assert not runner.is_alive(), "the run went on after Read was revoked"
+    finally:
+        stop.set()
+        runner.join(60)
+    [error] = outcome
+    assert isinstance(error, KafkaAccessDenied), error
+    assert (error.principal, error.operation, error.topic) == ("User:spout", "Read", spout.topic)
+    assert written(secured, spout.dlq) == 0, "a record was dead-lettered for a revoked right"
+    assert sum(committed(spout)) >= 40

@@ -13,6 +13,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from kspout.contract import PartitionTask
+from kspout.errors import KafkaAccessDenied
 from kspout.executor.task import CUT_SHORT
 from kspout.kafka import FetchResult, Record
 from kspout.outcomes import FailReason, Failure, Outcome, OutcomeKind
@@ -189,6 +190,20 @@ def test_reports_counted_twice_change_nothing_and_stay_apart_by_batch_and_partit
     value = param.addInPlace(value, pickle.loads(pickle.dumps({(1, 0): whole})))
     assert value == {(1, 0): cut, (1, 3): whole, (2, 0): whole}
     assert pickle.loads(pickle.dumps(param)).zero(value) == {}
+
+
+def test_a_refused_fetch_is_kept_through_merges_and_pickles() -> None:
+    """A fetch Kafka refused the principal reports the refusal, whatever else the partition's
+    evaluations found, so the batch is released and the run stops."""
+    refused = KafkaAccessDenied("User:a", "Read", "t", "k:9093", "t.toml", "not authorized")
+    param = FetchReportsParam()
+    whole = report(WIDE, fetch(range(100, 1000)))
+    value = param.addInPlace(param.zero({}), {(1, 0): whole})
+    value = param.addInPlace(
+        value, pickle.loads(pickle.dumps({(1, 0): Unfetched(refused=refused)}))
+    )
+    kept = value[(1, 0)].refused
+    assert isinstance(kept, KafkaAccessDenied) and str(kept) == str(refused)
 
 
 # -- property: the outcomes partition the plan exactly ------------------------------------------

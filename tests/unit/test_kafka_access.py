@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 from confluent_kafka import KafkaError
 
 from kspout.config import TopicConfig, parse_config
@@ -56,3 +58,16 @@ def test_an_outage_is_no_refusal() -> None:
     config = secured()
     for code in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError.LEADER_NOT_AVAILABLE):
         assert refusal(config, KafkaError(code), "Read", "orders") is None
+
+
+def test_a_refusal_found_on_a_worker_reaches_the_driver_whole() -> None:
+    """A refusal travels pickled in a Spark task's result: it arrives with its fields and
+    its message, as the driver raises it."""
+    config = secured(**{"sasl.username": "alice"})
+    error = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "Topic authorization failed")
+    found = refusal(config, error, "Read", "orders")
+    assert isinstance(found, KafkaAccessDenied)
+    copy = pickle.loads(pickle.dumps(found))
+    assert type(copy) is KafkaAccessDenied
+    assert (copy.principal, copy.operation, copy.topic) == ("User:alice", "Read", "orders")
+    assert str(copy) == str(found)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from kspout.contract import PartitionTask
-from kspout.errors import KafkaUnavailable, OutputFailed, OutputUnavailable
+from kspout.errors import KafkaAccessDenied, KafkaUnavailable, OutputFailed, OutputUnavailable
 from kspout.executor.task import CUT_SHORT, STOPPED, settle
 from kspout.kafka import FetchResult, Record
 from kspout.outcomes import FailReason, Outcome, OutcomeKind, describe_error
@@ -89,6 +89,28 @@ def test_a_kafka_outage_in_the_handler_releases_its_record_and_tells_the_breaker
     assert result.outcomes[3] == Outcome(3, ACK, 2, count=1)
     assert result.infra_error == describe_error(outage)
     assert isinstance(outage, KafkaUnavailable)
+
+
+def test_an_output_refused_for_the_principal_releases_the_rest_and_carries_the_refusal() -> None:
+    """A revoked Write on a handler's output topic is not the record's fault and no retry
+    cures it: nothing fails (so nothing is dead-lettered), the record and those after it are
+    released, and the result carries the refusal that stops the run."""
+    plan = Plan((Span(0, 6, 1),), generation=0)
+    fetched = FetchResult([record(o) for o in range(6)], [])
+    refused = KafkaAccessDenied("User:a", "Write", "out", "k:9093", "t.toml", "not authorized")
+
+    def handler(r: Record) -> None:
+        if r.offset == 2:
+            raise refused
+
+    result = settle(PartitionTask("t", 0, plan), fetched, handler)
+    error = describe_error(refused)
+    assert result.outcomes == [
+        Outcome(0, ACK, 1, count=2),
+        Outcome(2, RELEASED, 1, error=error, count=4),
+    ]
+    assert result.refused is refused
+    assert result.infra_error == error
 
 
 def test_holes_become_gone_and_out_of_range_is_passed_on() -> None:
