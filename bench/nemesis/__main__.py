@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from typing import TextIO
 
@@ -47,8 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--brokers", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="the report as JSON on stdout")
+    parser.add_argument("--keep", help="keep the servers' data and the logs in this folder")
     args = parser.parse_args(argv)
-    options = Options(args.messages, args.minutes, args.instances, args.seed, args.brokers)
+    # Clients' retries while the nemesis holds a server down are its own doing: errors only.
+    logging.basicConfig(level=logging.ERROR)
+    options = Options(
+        args.messages, args.minutes, args.instances, args.seed, args.brokers, keep=args.keep
+    )
     report = run(options)
     print_report(report, sys.stderr if args.json else sys.stdout)
     if args.json:

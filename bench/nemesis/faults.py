@@ -115,7 +115,6 @@ class Nemesis:
         self.monitor = monitor
         self.hang_flag = hang_flag
         self.rng = rng
-        self.admin = AdminClient({"bootstrap.servers": servers.brokers, "log_level": 0})
 
     def strike(self, kind: str) -> Strike:
         inject: Callable[[], Strike] = getattr(self, kind)
@@ -262,7 +261,9 @@ class Nemesis:
     def _describe(self) -> list[tuple[int, int, int, int]]:
         """`(partition, leader, in-sync replicas, replicas)` of the topic's partitions."""
         topic = self.config.topic
-        found = self.admin.describe_topics(TopicCollection([topic]), request_timeout=10)
+        # A client of its own each time: one kept from before a node died may wait on it.
+        admin = AdminClient({"bootstrap.servers": self.servers.brokers, "log_level": 0})
+        found = admin.describe_topics(TopicCollection([topic]), request_timeout=10)
         return [
             (p.id, -1 if p.leader is None else p.leader.id, len(p.isr), len(p.replicas))
             for p in found[topic].result(timeout=15).partitions

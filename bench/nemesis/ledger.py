@@ -26,6 +26,8 @@ POISON_SHARE = 0.002  # of the messages, at least MIN_EACH
 NOID_SHARE = 0.001
 MIN_EACH = 3
 PACE = 0.1  # seconds between the feed's rounds
+TRICKLE = 5.0  # messages a second from the reserve, once the even part is out
+RESERVE = 0.1  # of the messages, at most `TRICKLE` times 2 minutes
 
 
 @dataclass
@@ -57,7 +59,10 @@ def sentences(messages: int, seed: int) -> list[tuple[int, str, str]]:
 
 
 class Feed:
-    """Produces the messages on a thread, evenly over `seconds`, into `ledger`."""
+    """Produces the messages on a thread into `ledger`: all but a reserve evenly over
+    `seconds`; then the reserve at `TRICKLE` messages a second until `finish()` (the last fault
+    struck), and what is left of it at once. Faults that run late still meet work: a hung
+    handler needs a message to hang on."""
 
     def __init__(
         self, brokers: str, topic: str, messages: int, seconds: float, seed: int, ledger: Ledger
@@ -77,12 +82,18 @@ class Feed:
         )
         self.thread = threading.Thread(target=self._run, name="nemesis-feed", daemon=True)
         self.error: BaseException | None = None
+        self.reserve = min(int(messages * RESERVE), int(TRICKLE * 120))
+        self._finish = threading.Event()
 
     def start(self) -> None:
         self.thread.start()
 
+    def finish(self) -> None:
+        """Send what is left of the reserve at once."""
+        self._finish.set()
+
     def join(self, timeout: float) -> None:
-        """Wait for the feed's end (every message acknowledged or refused)."""
+        """Wait for the feed's end (every message acknowledged or refused), after `finish()`."""
         self.thread.join(timeout)
         if self.thread.is_alive():
             raise TimeoutError(f"the feed did not finish within {timeout:g} s of its end")
@@ -99,8 +110,14 @@ class Feed:
         try:
             began = time.monotonic()
             sent = 0
+            even = len(self.plan) - self.reserve
             while sent < len(self.plan):
-                due = len(self.plan) * min(1.0, (time.monotonic() - began) / self.seconds)
+                elapsed = time.monotonic() - began
+                due = even * min(1.0, elapsed / self.seconds)
+                if self._finish.is_set():
+                    due = len(self.plan)
+                elif elapsed > self.seconds:
+                    due += TRICKLE * (elapsed - self.seconds)
                 for n, kind, text in self.plan[sent : max(sent, int(due))]:
                     self._send(n, kind, text)
                     sent += 1

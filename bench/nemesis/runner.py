@@ -37,6 +37,7 @@ class Options:
     brokers: int = 3
     partitions: int = 6
     drain: float = 180.0  # seconds the run may take to catch up once the feed and faults ended
+    keep: str | None = None  # a folder for the servers' data and the logs, kept afterwards
 
 
 @dataclass
@@ -115,7 +116,13 @@ def run(options: Options) -> Report:
     seconds: dict[str, float] = {}
     crashes: list[str] = []
     with ExitStack() as stack:
-        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kspout-nemesis-")))
+        if options.keep is None:
+            workdir = Path(
+                stack.enter_context(tempfile.TemporaryDirectory(prefix="kspout-nemesis-"))
+            )
+        else:
+            workdir = Path(options.keep)
+            workdir.mkdir(parents=True)
         began = time.monotonic()
         servers = Servers(workdir, options.brokers)
         say(f"starting {options.brokers} Kafka brokers, ZooKeeper and Redis in {workdir}...")
@@ -166,7 +173,8 @@ def run(options: Options) -> Report:
             say(f"{strike.began - started:6.1f}s {strike.kind} {strike.target}: {strike.evidence}")
             strikes.append(strike)
         seconds["faults"] = time.monotonic() - started
-        feed.join(max(0.0, started + window - time.monotonic()) + 180)
+        feed.finish()
+        feed.join(max(0.0, started + window - time.monotonic()) + 120)
         seconds["feed"] = time.monotonic() - started
 
         drained = time.monotonic()

@@ -92,7 +92,7 @@ class Instance:
     def start(self) -> None:
         """Start a new process (a new incarnation)."""
         assert not self.running, f"{self.name} runs already"
-        stem = self.workdir / f"instance-{self.index}.{len(self.incarnations)}"
+        stem = self.workdir / f"instance-{self.index}-{len(self.incarnations)}"
         log = stem.with_suffix(".attempts")
         self.incarnations.append(log)
         env = {k: v for k, v in os.environ.items() if not k.startswith("KSPOUT_")}
