@@ -27,8 +27,9 @@ def print_report(report: Report, out: TextIO) -> None:
     figures = report.verdict.figures
     print(
         f"\n{figures['messages']} messages ({figures['healthy']} healthy, {figures['own_fault']} "
-        f"poison or unkeyed); healthy handler runs {figures['handler_runs']}, replays "
-        f"{figures['replays']}, effects applied {figures['effects']}; dead letters "
+        f"poison or unkeyed); redelivered {figures['redelivered']}; healthy handler runs "
+        f"{figures['handler_runs']}, replays {figures['replays']}, effects applied "
+        f"{figures['effects']}; dead letters "
         f"{figures['dead_letters']} ({figures['dead_lettered_twice']} written twice); commits "
         f"refused (zombies) {figures['commits_refused']}",
         file=out,

@@ -7,8 +7,10 @@ handler's attempts and a hang on demand.
 Read from the environment when the module is imported (by `kspout run --handler`):
 
 * `NEMESIS_CONFIG`: the topic file, the same one as `--config` (the bolt needs the config);
-* `NEMESIS_ATTEMPTS`: this process's attempt log. Each handler run appends `A <id> <attempt>
-  <time>` as it starts, in one `write` to an `O_APPEND` file, so a SIGKILL leaves whole lines;
+* `NEMESIS_ATTEMPTS`: this process's attempt log. Each batch that reaches the bolt appends
+  `D <time> <id>,<id>,...` (the messages delivered, whether the bolt runs them or finds them
+  done), and each handler run `A <id> <attempt> <time>` as it starts; each line in one
+  `write` to an `O_APPEND` file, so a SIGKILL leaves whole lines;
   a hang adds `hang <id> <start>` before it sleeps and `woke <id> <end>` after (times are
   `time.monotonic()`, one clock for every process of the machine);
 * `NEMESIS_HANG`: a flag file. The first handler run that finds it takes it (an atomic rename,
@@ -20,11 +22,13 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
 from dedup import Effects, IdempotencyBolt
-from kspout.config import load_config
+from kspout.bolts import Collector, Tuple
+from kspout.config import TopicConfig, load_config
 from kspout.kafka import Record
 from kspout_demo.jobs import CountOnce
 
@@ -69,12 +73,25 @@ class Attempted:
         self.inner(record, effects)
 
 
+class Delivered(IdempotencyBolt):
+    """The dedup bolt, unchanged, each batch's message ids logged as it arrives."""
+
+    def __init__(self, handler: Attempted, config: TopicConfig) -> None:
+        super().__init__(handler, config)
+        self.attempts = handler.attempts
+
+    def execute_batch(self, tuples: Sequence[Tuple], collector: Collector) -> None:
+        ids = ",".join(t.record.key.decode() for t in tuples if t.record.key is not None)
+        note(self.attempts, f"D {time.monotonic():.3f} {ids}")
+        super().execute_batch(tuples, collector)
+
+
 def make_bolt() -> IdempotencyBolt:
-    """The dedup bolt around the logged `CountOnce`, from the environment (see above)."""
+    """The logged dedup bolt around the logged `CountOnce`, from the environment (see above)."""
     config = load_config(os.environ["NEMESIS_CONFIG"])
     job = CountOnce(config.spout_id, slow_seconds=0.0)
     handler = Attempted(job, os.environ["NEMESIS_ATTEMPTS"], os.environ["NEMESIS_HANG"])
-    return IdempotencyBolt(handler, config)
+    return Delivered(handler, config)
 
 
 bolt = make_bolt()

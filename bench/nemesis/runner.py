@@ -40,6 +40,9 @@ class Options:
     keep: str | None = None  # a folder for the servers' data and the logs, kept afterwards
 
 
+COLUMNS = ("fault", "at_s", "target", "struck", "recovery_s", "redelivered", "replays")
+
+
 @dataclass
 class Report:
     verdict: Verdict
@@ -54,7 +57,7 @@ class Report:
             "faults": [
                 dict(
                     zip(
-                        ("fault", "at_s", "target", "struck", "recovery_s", "replays"),
+                        COLUMNS,
                         row,
                         strict=True,
                     )

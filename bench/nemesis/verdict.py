@@ -9,7 +9,9 @@ What each fault cost:
   (its commit point short of the final high watermark) had its commit point advance past
   where it stood when the injection was over (the monitor's samples, every 0.25 s);
 * replays: handler runs of healthy messages beyond their first, each laid to the last fault
-  that struck before the run began (those before any fault: "before any fault").
+  that struck before the run began (those before any fault: "before any fault");
+* redelivered: the same for deliveries to the dedup bolt (kspout's replays, most of which the
+  bolt finds done or leased and does not run).
 """
 
 from __future__ import annotations
@@ -108,9 +110,11 @@ def dead_letters(config: TopicConfig) -> Counter[int]:
     return found
 
 
-def handler_runs(logs: Iterable[Path]) -> dict[int, list[float]]:
-    """Each id's handler runs (when each began), from every attempt log (`job.py`)."""
+def handler_runs(logs: Iterable[Path]) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
+    """Each id's handler runs and its deliveries to the bolt (when each began), from every
+    attempt log (`job.py`)."""
     runs: dict[int, list[float]] = {}
+    delivered: dict[int, list[float]] = {}
     for log in logs:
         if not log.exists():
             continue
@@ -119,7 +123,14 @@ def handler_runs(logs: Iterable[Path]) -> dict[int, list[float]]:
             if line.startswith("A "):
                 _, id_, _attempt, at = line.split()
                 runs.setdefault(int(id_), []).append(float(at))
-    return {i: sorted(times) for i, times in runs.items()}
+            elif line.startswith("D "):
+                _, at, *ids = line.split()
+                for id_ in ids[0].split(",") if ids else ():
+                    delivered.setdefault(int(id_), []).append(float(at))
+    return (
+        {i: sorted(times) for i, times in runs.items()},
+        {i: sorted(times) for i, times in delivered.items()},
+    )
 
 
 def replays(
@@ -163,8 +174,8 @@ class Verdict:
         return all(self.checks.values())
 
     def table(self) -> str:
-        headers = ["fault", "at (s)", "target", "struck", "recovery (s)", "replays"]
-        return table(headers, self.rows, "<><<>>")
+        headers = ["fault", "at (s)", "target", "struck", "recovery (s)", "redelivered", "replays"]
+        return table(headers, self.rows, "<><<>>>")
 
 
 def judge(
@@ -178,8 +189,9 @@ def judge(
     """The checks and the table (the module docstring says what each figure is)."""
     healthy = ledger.ids("none")
     own_fault = ledger.ids("poison", "noid")
-    runs = handler_runs(logs)
+    runs, delivered = handler_runs(logs)
     extra = replays(runs, healthy, strikes)
+    again = replays(delivered, healthy, strikes)
     rows = []
     for i, strike in enumerate(strikes):
         took = recovery(strike, samples, sinks.highs)
@@ -190,10 +202,11 @@ def judge(
                 strike.target,
                 "yes" if strike.struck else "NO",
                 "-" if took is None else f"{took:.1f}",
+                str(again[i]),
                 str(extra[i]),
             ]
         )
-    rows.append(["(before any fault)", "", "", "", "", str(extra[-1])])
+    rows.append(["(before any fault)", "", "", "", "", str(again[-1]), str(extra[-1])])
     dead_ids = set(sinks.dead)
     checks = {
         f"every message produced and acknowledged ({len(ledger.kinds)})": (
@@ -216,6 +229,7 @@ def judge(
         "healthy": len(healthy),
         "own_fault": len(own_fault),
         "handler_runs": sum(len(t) for i, t in runs.items() if i in healthy),
+        "redelivered": sum(again.values()),
         "replays": sum(extra.values()),
         "effects": sinks.effects,
         "dead_letters": sum(sinks.dead.values()),

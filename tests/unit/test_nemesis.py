@@ -41,11 +41,16 @@ def test_the_ledger_holds_a_few_poison_and_unkeyed_messages_at_the_least() -> No
 
 def test_replays_are_laid_to_the_last_fault_before_them(tmp_path: Path) -> None:
     log = tmp_path / "instance-0-0.attempts"
-    log.write_text("A 1 1 10.0\nA 2 1 11.0\nA 1 2 25.0\nA 3 1 5.0\nA 3 2 6.0\nA 9 1 7.0\nA 9 2")
-    runs = handler_runs([log, tmp_path / "missing"])
+    log.write_text(
+        "D 4.0 3,9\nA 1 1 10.0\nA 2 1 11.0\nA 1 2 25.0\nA 3 1 5.0\nA 3 2 6.0\nA 9 1 7.0\n"
+        "D 21.0 3\nA 9 2"
+    )
+    runs, delivered = handler_runs([log, tmp_path / "missing"])
     assert runs == {1: [10.0, 25.0], 2: [11.0], 3: [5.0, 6.0], 9: [7.0]}  # a half line is left
+    assert delivered == {3: [4.0, 21.0], 9: [4.0]}
     strikes = [strike(8.0, 9.0, []), strike(20.0, 21.0, [])]
     assert replays(runs, healthy={1, 2, 3}, strikes=strikes) == {1: 1, -1: 1}
+    assert replays(delivered, healthy={1, 2, 3}, strikes=strikes) == {1: 1}
 
 
 def test_recovery_counts_from_the_strike_until_every_touched_partition_moves_on() -> None:
