@@ -131,10 +131,6 @@ class Instance:
         stat = Path(f"/proc/{self.pid}/stat").read_text()
         return stat.rpartition(")")[2].split()[0] == "T"
 
-    def reports(self) -> list[Path]:
-        """The final-report files (stdout) of every incarnation."""
-        return [log.with_suffix(".out") for log in self.incarnations]
-
     def _signal(self, signum: signal.Signals) -> None:
         assert self.process is not None and self.running, f"{self.name} is not running"
         self.process.send_signal(signum)

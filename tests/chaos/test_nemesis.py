@@ -42,6 +42,7 @@ def test_every_fault_strikes_and_every_message_is_applied_once_or_dead_lettered(
     assert report["checks"] and all(report["checks"].values()), report["checks"]
     assert not report["crashes"], report["crashes"]
     assert report["figures"]["dead_letters"] >= report["figures"]["own_fault"] > 0
+    assert report["figures"]["commits_refused"] >= 1  # the zombie's, once it woke
     assert done.returncode == 0
     # What a user reads: the table's header, a row per fault, and every check OK.
     lines = done.stderr.splitlines()
