@@ -1,6 +1,6 @@
 """`python -m bench.nemesis`: one nemesis run, its table of faults and its checks.
 
-    python -m bench.nemesis                                   # CI size: ~3 min on 2 cores
+    python -m bench.nemesis                                   # CI size: about 2 minutes on 2 cores
     python -m bench.nemesis --messages 1000000 --minutes 30   # on demand
 
 Progress goes to stderr; the table, the evidence of each strike, the figures and the checks
@@ -43,7 +43,7 @@ def print_report(report: Report, out: TextIO) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--messages", type=int, default=6_000)
+    parser.add_argument("--messages", type=int, default=5_000)
     parser.add_argument("--minutes", type=float, default=1.5, help="how long the feed lasts")
     parser.add_argument("--instances", type=int, default=3)
     parser.add_argument("--seed", type=int, default=1)
