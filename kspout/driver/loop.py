@@ -346,20 +346,7 @@ class Driver(Lifecycle):
         Returns the progress snapshot it reported (the step shares it)."""
         self._last_commit = self._clock()
         parts = self._parts
-        for p, offset in self._committer.moved(parts).items():
-            part = parts[p]
-            abandoned = part.manager.restart_at(offset)
-            part.moved()
-            self._isolation.drop_partition(p)
-            if abandoned:
-                log.warning(
-                    "%s[%d]: unfinished offsets %s left behind by the move",
-                    self.config.topic,
-                    p,
-                    abandoned,
-                )
-        for p, refused in self._committer.commit(parts):
-            self._ownership.refuse(p, refused)
+        self._ownership.commit()
         self._stalls.observe({p: part.manager for p, part in parts.items() if part.stopped is None})
         highs = {p: self._watermarks.known(p)[1] for p in parts}
         self._transactions.observe(
