@@ -298,11 +298,13 @@ class Ownership:
             "(what ran since the last commit runs again on their next owner)",
             sorted(self.partitions),
         )
-        for p, refused in self._committer.commit(self.partitions):
-            self.refuse(p, refused)
-        for p in list(self.partitions):
-            self.dropped += 1
-            self._drop(p)
+        try:
+            for p, refused in self._committer.commit(self.partitions):
+                self.refuse(p, refused)
+        finally:  # dropped even when ZooKeeper went away again before the commits were sent
+            for p in list(self.partitions):
+                self.dropped += 1
+                self._drop(p)
 
     def _drop(self, p: int) -> None:
         """Forget a partition this instance no longer owns (results still coming are ignored)."""
