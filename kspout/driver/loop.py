@@ -66,7 +66,7 @@ from kspout.driver.progress import (
 )
 from kspout.driver.watermarks import WatermarkCache
 from kspout.driver.window import StallWatch, check_start
-from kspout.driver.zk_outage import ZooKeeperOutage
+from kspout.driver.zk_outage import PATIENCE, ZooKeeperOutage
 from kspout.errors import KafkaUnavailable
 from kspout.kafka import KafkaMetadata
 from kspout.kafka.group_mirror import GroupMirror
@@ -123,7 +123,7 @@ class Driver(Lifecycle):
         self._progress_interval = progress_interval
         self._last_progress = float("-inf")
         self._metadata = KafkaMetadata(config)
-        self._zk = ZkSession(config)
+        self._zk = ZkSession(config, retry_timeout=PATIENCE)
         self._store = ZkOffsetStore(self._zk)
         self._registry = InstanceRegistry(self._zk, self._store.instance_id)
         self._dead_letters = DeadLetterWorker(config)

@@ -3,11 +3,11 @@
 The driver's claims, commits and reports go through `ZooKeeperOutage.guard`. While the session
 is suspended (the connection lost; `Membership.suspended`), the work is not tried at all: a
 request would wait for the connection. When a request gives up (`ZooKeeperUnavailable`: the
-session's retries ran out), the work is skipped and tried again at the next turn. Either way
-nothing runs that a commit could not follow (the planner asks `away`), and nothing is lost:
-what finished is committed once ZooKeeper answers, with the claim checked in the same
-transaction, so a session that expired meanwhile has its commits refused and its partitions
-dropped and claimed afresh (`Ownership`).
+session's retries ran out, after `PATIENCE`), the work is skipped and tried again at the next
+turn. Either way nothing runs that a commit could not follow (the planner asks `away`), and
+nothing is lost: what finished is committed once ZooKeeper answers, with the claim checked in
+the same transaction, so a session that expired meanwhile has its commits refused and its
+partitions dropped and claimed afresh (`Ownership`).
 
 States::
 
@@ -26,6 +26,11 @@ from kspout.errors import ZooKeeperUnavailable
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# Seconds one ZooKeeper call of the driver retries before it gives up (`ZkSession`'s
+# `retry_timeout`, 30 s by default): long enough for a dropped connection to come back, short
+# enough that the loop does not stall in an outage (batches end, progress says why it waits).
+PATIENCE = 5.0
 
 
 class Session(Protocol):
