@@ -130,6 +130,11 @@ def _table(
     table.add_row(*(total for _, total in columns.values()), style="bold")
     caption = [f"{view.partition}: {view.stopped}" for view in progress.partitions if view.stopped]
     notes = []
+    if progress.zookeeper_away is not None:
+        notes.append(
+            f"ZooKeeper away for {progress.zookeeper_away:.0f}s: commits wait for it, "
+            "no new batch starts"
+        )
     if caption:
         notes.append("stopped (resume with `kspout offsets set`): " + "; ".join(caption))
     if hidden:
@@ -169,6 +174,9 @@ def progress_json(progress: Progress) -> dict[str, Any]:
         "instance": progress.instance,
         "commits_refused": progress.commits_refused,
         "partitions_dropped": progress.partitions_dropped,
+        "zookeeper_away_s": None
+        if progress.zookeeper_away is None
+        else round(progress.zookeeper_away, 3),
         "batches": progress.batches,
         "batch_errors": progress.batch_errors,
         "cancelled_batches": progress.cancelled,

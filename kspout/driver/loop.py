@@ -20,7 +20,9 @@ releasing). Each step of the loop
 
 Before that, each step follows the spout's ownership nodes (`Ownership`, `ownership.py`): it
 claims the partitions the assignment gives this instance, releases the ones it moved away,
-honours operators' pauses, and drops partitions this instance lost.
+honours operators' pauses, and drops partitions this instance lost. That, the commits and the
+instance's report are the loop's ZooKeeper work: during an outage it is held off and nothing new
+is planned (`ZooKeeperOutage`, `zk_outage.py`); the run waits for ZooKeeper instead of ending.
 
 Whose fault a failure is decides what it costs (design.md, "Failures: whose fault";
 `FailureCosts`): a message's own failure spends its retry budget; an infrastructure failure
@@ -64,6 +66,7 @@ from kspout.driver.progress import (
 )
 from kspout.driver.watermarks import WatermarkCache
 from kspout.driver.window import StallWatch, check_start
+from kspout.driver.zk_outage import PATIENCE, ZooKeeperOutage
 from kspout.errors import KafkaRefused, KafkaUnavailable
 from kspout.kafka import KafkaMetadata
 from kspout.kafka.group_mirror import GroupMirror
@@ -120,7 +123,7 @@ class Driver(Lifecycle):
         self._progress_interval = progress_interval
         self._last_progress = float("-inf")
         self._metadata = KafkaMetadata(config)
-        self._zk = ZkSession(config)
+        self._zk = ZkSession(config, retry_timeout=PATIENCE)
         self._store = ZkOffsetStore(self._zk)
         self._registry = InstanceRegistry(self._zk, self._store.instance_id)
         self._dead_letters = DeadLetterWorker(config)
@@ -135,6 +138,7 @@ class Driver(Lifecycle):
             clock,
             config.partition_refresh,
         )
+        self._outage = ZooKeeperOutage(config.zookeeper, self._membership, clock)
         self._committer = Committer(
             self._store, clock, lambda: self._leaders, replay_window, self._membership.fence
         )
@@ -167,7 +171,7 @@ class Driver(Lifecycle):
             self._isolation,
             self._watermarks,
             self._out_of_range,
-            lambda: self._membership.suspended,
+            lambda: self._outage.away,
             self._batches.running,
         )
         self._costs = FailureCosts(config.topic, self._parts, self._isolation)
@@ -327,7 +331,7 @@ class Driver(Lifecycle):
         if self._full():
             self._wait(IDLE_WAIT)
         self._collect()
-        self._ownership.follow()
+        self._outage.guard("following the ownership nodes", self._ownership.follow)
         submitted = False
         if self._full():
             for part in self._parts.values():
@@ -354,27 +358,14 @@ class Driver(Lifecycle):
         (`Ownership.caught_up`). The rest of the topic matters when another instance owns
         it, or still holds it after a crash until its session expires: a run
         `until_caught_up` leaves nothing behind."""
-        return self._ownership.caught_up()
+        return bool(self._outage.guard("checking the commit points", self._ownership.caught_up))
 
     def commit(self) -> Progress:
         """Resume stopped partitions an operator moved; write every commit point that moved.
         Returns the progress snapshot it reported (the step shares it)."""
         self._last_commit = self._clock()
         parts = self._parts
-        for p, offset in self._committer.moved(parts).items():
-            part = parts[p]
-            abandoned = part.manager.restart_at(offset)
-            part.moved()
-            self._isolation.drop_partition(p)
-            if abandoned:
-                log.warning(
-                    "%s[%d]: unfinished offsets %s left behind by the move",
-                    self.config.topic,
-                    p,
-                    abandoned,
-                )
-        for p, refused in self._committer.commit(parts):
-            self._ownership.refuse(p, refused)
+        self._outage.guard("committing", self._ownership.commit)
         self._stalls.observe({p: part.manager for p, part in parts.items() if part.stopped is None})
         highs = {p: self._watermarks.known(p)[1] for p in parts}
         self._transactions.observe(
@@ -384,7 +375,7 @@ class Driver(Lifecycle):
             self._isolation.forget_below(p, part.manager.commit_point)
         self._failures.finished_below({p: part.manager.commit_point for p, part in parts.items()})
         progress = self.progress()
-        self._reporter.report(progress)  # when it changed, or as a heartbeat
+        self._outage.guard("reporting", lambda: self._reporter.report(progress))  # if changed
         self._metrics.publish(progress)
         self._group_mirror.mirror(self._committer.committed_points())
         return progress
@@ -424,6 +415,7 @@ class Driver(Lifecycle):
             ownership.refused,
             ownership.dropped,
             self._failures.summary(),
+            self._outage.away_for(),
         )
 
     # -- collecting --------------------------------------------------------------------------
@@ -450,6 +442,7 @@ class Driver(Lifecycle):
             log.error("dead letters still unwritten at close: their offsets stay uncommitted")
         self._handoff.exchange()
         self.commit()
+        self._outage.warn_unwritten()
 
     def _collect(self) -> None:
         """Apply what tasks streamed and what ended batches returned; watch the rest."""

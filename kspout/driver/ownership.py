@@ -259,6 +259,27 @@ class Ownership:
             return False
         return not self._dead_letters.pending
 
+    # -- committing --------------------------------------------------------------------------
+
+    def commit(self) -> None:
+        """Resume stopped partitions an operator moved; write every commit point that moved
+        (`Committer.commit`); drop the partitions whose commit was refused."""
+        parts = self.partitions
+        for p, offset in self._committer.moved(parts).items():
+            part = parts[p]
+            abandoned = part.manager.restart_at(offset)
+            part.moved()
+            self._isolation.drop_partition(p)
+            if abandoned:
+                log.warning(
+                    "%s[%d]: unfinished offsets %s left behind by the move",
+                    self._topic,
+                    p,
+                    abandoned,
+                )
+        for p, refused in self._committer.commit(parts):
+            self.refuse(p, refused)
+
     # -- losing ------------------------------------------------------------------------------
 
     def refuse(self, p: int, exc: OffsetConflict) -> None:
@@ -277,11 +298,13 @@ class Ownership:
             "(what ran since the last commit runs again on their next owner)",
             sorted(self.partitions),
         )
-        for p, refused in self._committer.commit(self.partitions):
-            self.refuse(p, refused)
-        for p in list(self.partitions):
-            self.dropped += 1
-            self._drop(p)
+        try:
+            for p, refused in self._committer.commit(self.partitions):
+                self.refuse(p, refused)
+        finally:  # dropped even when ZooKeeper went away again before the commits were sent
+            for p in list(self.partitions):
+                self.dropped += 1
+                self._drop(p)
 
     def _drop(self, p: int) -> None:
         """Forget a partition this instance no longer owns (results still coming are ignored)."""

@@ -25,7 +25,8 @@ from kspout.partition_manager import PartitionManager, Plan, Span
 class Planner:
     """Plans the next batch's tasks from the driver's partitions.
 
-    `suspended()` says the claims are unsure (ZooKeeper disconnected): nothing is planned;
+    `suspended()` says the claims are unsure (ZooKeeper away, `zk_outage.py`): nothing is
+    planned, not even suspects to run alone;
     `running(partition)` says a task of the partition is still out (with `ordering = key`, a
     record in flight is never overtaken).
     """
@@ -50,6 +51,8 @@ class Planner:
 
     def next(self) -> tuple[list[PartitionTask], Suspects | None]:
         """The next batch's tasks (none: nothing to run now), and the group it runs alone."""
+        if self._suspended():
+            return [], None
         group = self._isolation.next()
         if group is None:
             return self._plan(), None
@@ -81,12 +84,9 @@ class Planner:
         return PartitionTask(self._config.topic, p, plan, KeyOrder(blockers))
 
     def _runnable(self) -> list[OwnedPartition]:
-        """The partitions to plan now: running (not stopped, paused or moving away), the
-        claims sure (ZooKeeper connected); with `ordering = key`, the last task over (a record
-        in flight is never overtaken); and the breaker lets them run (a half-open one only
-        while its probe batch is not out yet)."""
-        if self._suspended():
-            return []
+        """The partitions to plan now: running (not stopped, paused or moving away); with
+        `ordering = key`, the last task over (a record in flight is never overtaken); and the
+        breaker lets them run (a half-open one only while its probe batch is not out yet)."""
         keyed = self._config.ordering != "none"
         running = self._running
         return [

@@ -75,6 +75,7 @@ class Progress:
     partitions_dropped: int = 0  # partitions dropped after this instance lost them
     # What user code raised, by kind (type, message, place), the most frequent first.
     failures: list[FailureSummary] = field(default_factory=list)
+    zookeeper_away: float | None = None  # seconds ZooKeeper has been away; None: it answers
 
     @property
     def failed_records(self) -> int:

@@ -200,6 +200,11 @@ class Membership:
         except (BadVersionError, NoNodeError):
             self._changed.set()  # resumed or re-paused meanwhile: look again
 
+    @property
+    def expired(self) -> bool:
+        """The session expired and `take_lost()` has not told the driver yet."""
+        return self._lost.is_set()
+
     def take_lost(self) -> bool:
         """True once after the session expired (every claim is gone)."""
         if not self._lost.is_set():

@@ -88,9 +88,10 @@ class StreamPlanner(Lifecycle):
         self._metadata.start()
 
     def close(self) -> None:
-        """Copy the last completed position, then disconnect."""
+        """Copy the last completed position (even if ZooKeeper failed moments ago: it may
+        be back), then disconnect."""
         try:
-            self.copy.flush()
+            self.copy.flush(final=True)
         finally:
             self.copy.close()
             self._metadata.close()

@@ -23,7 +23,8 @@ States of one partition's record, as this copy moves it:
 A write that finds the record changed by another writer reads it again and overwrites it, with
 a warning: a streaming query and `KafkaSpout.run` must not share a spout id. ZooKeeper being
 unreachable never stops the query: the copy waits (`RETRY`) and writes the latest position
-then.
+then, and the query's end tries the last copy once more (`flush(final=True)`), so an outage that
+ended moments before leaves the records at the query's last position.
 """
 
 from __future__ import annotations
@@ -109,10 +110,10 @@ class ZkCopy(Lifecycle):
         if now or self._clock() - self._written_at >= self._config.commit_interval:
             self.flush()
 
-    def flush(self) -> None:
-        """Copy what changed since the last copy (unless ZooKeeper failed moments ago); costs
-        nothing when nothing changed."""
-        if not self._dirty or self._clock() < self._retry_at:
+    def flush(self, *, final: bool = False) -> None:
+        """Copy what changed since the last copy (unless ZooKeeper failed moments ago, or with
+        `final`: the last copy, at close, is tried anyway); costs nothing when nothing changed."""
+        if not self._dirty or (self._clock() < self._retry_at and not final):
             return
         changed = {
             p: o for p, o in self._pending.items() if self._written.get(p) != (o, self._total(p))
@@ -228,7 +229,7 @@ class NoCopy:
     def offer(self, offsets: Mapping[int, int], *, now: bool) -> None:
         pass
 
-    def flush(self) -> None:
+    def flush(self, *, final: bool = False) -> None:
         pass
 
     def stop(self, partition: int, offset: int, reason: str) -> None:

@@ -44,11 +44,12 @@ EXTRA = f"zk_session_timeout = {SESSION}\n"
 
 @contextmanager
 def instances(
-    stack: DevStack, config: TopicConfig, tmp_path: Path, count: int
+    stack: DevStack, config: TopicConfig, tmp_path: Path, count: int, extra: str = EXTRA
 ) -> Iterator[list[tuple[subprocess.Popen[bytes], Path]]]:
     """`count` `kspout run --json` processes, each with a ledger of its own (a handler that
-    takes 10 ms a message); stopped (SIGTERM, then SIGKILL) when the block ends."""
-    toml = topic_file(tmp_path / "topic.toml", stack, config, EXTRA)
+    takes 10 ms a message), on the topic file's lines `extra` (a short session by default);
+    stopped (SIGTERM, then SIGKILL) when the block ends."""
+    toml = topic_file(tmp_path / "topic.toml", stack, config, extra)
     handler = write_handler(tmp_path)
     argv = [str(kspout_command()), "run", "--config", str(toml), "--handler", handler]
     env = {k: v for k, v in os.environ.items() if not k.startswith("KSPOUT_")}
