@@ -61,6 +61,9 @@ class TaskResult:
     # A previous attempt of this task died (Spark retried it): nothing ran; the driver
     # isolates the offsets that attempt left open to find the record that kills workers.
     attempt_died: bool = False
+    # `(position, epoch)`: the highest record fetched (at position - 1) was written in this
+    # leader epoch (FetchResult.leader_epoch); the driver validates it to detect truncation.
+    leader_epoch: tuple[int, int] | None = None
 
 
 class Executor(Protocol):

@@ -336,4 +336,5 @@ def _clip(result: TaskResult, upto: int | None) -> TaskResult:
         result.out_of_range,
         result.infra_error,
         result.attempt_died,
+        result.leader_epoch,
     )

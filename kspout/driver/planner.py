@@ -3,7 +3,8 @@
 A group waiting in isolation goes first, limited to what is still open in it. Otherwise every
 partition that may run now is planned up to its high watermark (one batched query refreshes
 them all): due retries and new offsets, with the suspects among them carved out to run alone.
-A partition whose next offsets left Kafka goes through its `out_of_range` policy first.
+A partition whose next offsets left Kafka goes through its `out_of_range` policy first, after
+its leader-epoch anchor is validated (`truncation`): a truncated log is rolled back, not skipped.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from kspout.driver.breaker import BreakerState
 from kspout.driver.isolation import Isolation, Suspects
 from kspout.driver.out_of_range import OutOfRangeHandler
 from kspout.driver.owned import OwnedPartition
+from kspout.driver.truncation import TruncationCheck
 from kspout.driver.watermarks import WatermarkCache
 from kspout.ordering import KeyOrder, blockers_of
 from kspout.outcomes import describe_error
@@ -37,6 +39,7 @@ class Planner:
         isolation: Isolation,
         watermarks: WatermarkCache,
         out_of_range: OutOfRangeHandler,
+        truncation: TruncationCheck,
         suspended: Callable[[], bool],
         running: Callable[[int], bool],
     ) -> None:
@@ -45,6 +48,7 @@ class Planner:
         self._isolation = isolation
         self._watermarks = watermarks
         self._out_of_range = out_of_range
+        self._truncation = truncation
         self._suspended = suspended
         self._running = running
 
@@ -108,6 +112,8 @@ class Planner:
                 breaker.failure(describe_error(failed[p]))
                 continue
             low, high = self._watermarks.known(p)
+            if not self._truncation.before_plan(part, high):
+                continue  # the leader did not answer: its breaker opened
             self._out_of_range.check(part, low, high)
             if part.stopped is not None:
                 continue

@@ -140,7 +140,13 @@ def _result(
         log.outcomes.extend(cut_short(task, fetched.reached(task.plan.spans[0].start)))
     outcomes = log.finish(missing)
     return TaskResult(
-        task.topic, task.partition, task.plan.generation, outcomes, out_of_range, outage
+        task.topic,
+        task.partition,
+        task.plan.generation,
+        outcomes,
+        out_of_range,
+        outage,
+        leader_epoch=fetched.leader_epoch,
     )
 
 
