@@ -473,7 +473,8 @@ class Driver(Lifecycle):
             breaker.success()
         if result.out_of_range is not None:
             try:
-                self._out_of_range.hint(part, result.generation)
+                if self._truncation.check(part, result.out_of_range[1]):
+                    self._out_of_range.hint(part, result.generation)
             except KafkaUnavailable as exc:  # asked again when the partition is planned
                 breaker.failure(describe_error(exc))
 

@@ -112,7 +112,7 @@ class Planner:
                 breaker.failure(describe_error(failed[p]))
                 continue
             low, high = self._watermarks.known(p)
-            if not self._truncation.before_plan(part, high):
+            if not self._truncation.check(part, high):
                 continue  # the leader did not answer: its breaker opened
             self._out_of_range.check(part, low, high)
             if part.stopped is not None:

@@ -7,7 +7,8 @@ validated against the partition's leader (`EpochProbe`, OffsetForLeaderEpoch) wh
 * a partition starts from a stored anchor (a restart, or a claim from another instance),
 * a fetch returns a record of a newer leader epoch than the anchor's (a new leader wrote),
 * the partition's next offsets lie above the high watermark (a new leader with a shorter log
-  that nothing was written to since): before the `out_of_range` policy, which would skip.
+  that nothing was written to since), found by planning or by a task's fetch: before the
+  `out_of_range` policy, which would skip.
 
 When the leader's end of the anchor's epoch lies below the anchor, the manager rolls back
 (`PartitionManager.on_truncation`): the replaced range is logged at WARNING and counted, and the
@@ -41,10 +42,11 @@ class TruncationCheck:
     def close(self) -> None:
         self._probe.close()
 
-    def before_plan(self, part: OwnedPartition, high: int) -> bool:
-        """Validate the anchor of a partition that starts from a stored one, or whose next
-        offsets lie above `high`; False when the leader did not answer (the breaker opened:
-        skip the partition this round)."""
+    def check(self, part: OwnedPartition, high: int) -> bool:
+        """Before planning, or before the out-of-range policy acts on a task's hint: validate
+        the anchor of a partition that starts from a stored one, or whose next offsets lie
+        above `high`. False when the leader did not answer (the breaker opened: leave the
+        partition alone this round)."""
         pm = part.manager
         anchor = pm.leader_epoch
         if anchor is None:

@@ -227,8 +227,8 @@ def test_a_stored_anchor_is_checked_once_at_the_first_plan() -> None:
     pm = manager(50, leader_epoch=(50, 2))
     part, probe = owned(pm), ScriptedProbe(None)
     checker = check(probe)
-    assert checker.before_plan(part, high=80)
-    assert checker.before_plan(part, high=80)
+    assert checker.check(part, high=80)
+    assert checker.check(part, high=80)
     assert probe.asked == [(3, 50, 2)]
 
 
@@ -238,7 +238,7 @@ def test_offsets_above_high_are_checked_before_the_out_of_range_policy() -> None
     part, probe = owned(pm), ScriptedProbe((30, 0))
     checker = check(probe)
     checker.fetched(part, pm.generation, (50, 0))
-    assert checker.before_plan(part, high=40)  # a new leader with a shorter log
+    assert checker.check(part, high=40)  # a new leader with a shorter log
     assert probe.asked == [(3, 50, 0)] and pm.commit_point == 30
 
 
@@ -247,9 +247,9 @@ def test_an_unanswered_check_opens_the_breaker_and_asks_again() -> None:
     failure = KafkaRequestFailed("leader epoch check", "orders", 3, "no answer", "ask again")
     part, probe = owned(pm), ScriptedProbe(failure, None)
     checker = check(probe)
-    assert not checker.before_plan(part, high=80)
+    assert not checker.check(part, high=80)
     assert part.breaker.state is BreakerState.OPEN
-    assert checker.before_plan(part, high=80)
+    assert checker.check(part, high=80)
     assert len(probe.asked) == 2
 
 
