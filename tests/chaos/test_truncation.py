@@ -13,7 +13,9 @@ leader) and 2: replication factor 2, `min.insync.replicas=1`,
    it is out of sync (unclean; the test asks for the election itself when the controller has not
    within a few seconds), and its log ends where `a` ended;
 4. messages `c` are produced: Kafka writes them at the offsets `b` had;
-5. kspout runs again until caught up.
+5. kspout runs again until caught up (the stored leader epoch is checked at start), or, in the
+   second test, kspout runs through steps 3 and 4 without a restart (the leader's shorter log,
+   or the first record of the new epoch, makes the driver check).
 
 Checked against the test's own ledger (the delivery reports of what it produced, and the
 handler's record of what reached it): every `c` reached the handler, none was skipped; kspout's
@@ -25,6 +27,7 @@ in ZooKeeper keeps storm-kafka's fields with the leader epoch beside them.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -143,23 +146,67 @@ def elect_unclean(cluster: KafkaCluster, topic: str) -> None:
         wait_for("the follower leads", leads)
 
 
-@pytest.mark.timeout(420)
-def test_offsets_replaced_by_an_unclean_election_are_processed_not_skipped(
-    stack: DevStack, cluster: KafkaCluster, caplog: pytest.LogCaptureFixture
-) -> None:
+def new_topic(cluster: KafkaCluster) -> str:
+    """A topic whose one partition lives on the leader and the follower, both in sync (the
+    leader, after a previous test killed it, is started again and catches up)."""
+    cluster.start()
     topic = f"trunc-{uuid.uuid4().hex[:8]}"
     settings = {"min.insync.replicas": "1", "unclean.leader.election.enable": "true"}
     new = NewTopic(topic, replica_assignment=[[LEADER, FOLLOWER]], config=settings)
     admin(cluster).create_topics([new])[topic].result(60)
     wait_for("both replicas are in sync", lambda: describe(cluster, topic) == (LEADER, [1, 2]))
-    config = config_for(stack, cluster, topic)
+    return topic
 
+
+def lose_the_leader(cluster: KafkaCluster, topic: str) -> None:
+    """Step 3: SIGKILL the leader, start the out-of-sync follower, and see it elected."""
+    cluster.node(LEADER).kill()
+    cluster.node(FOLLOWER).start()
+    elect_unclean(cluster, topic)
+
+
+def the_story_until_b(cluster: KafkaCluster, topic: str) -> None:
+    """Steps 1 and 2 (Kafka's part): `a` on both replicas, `b` on the leader alone."""
     assert produce(cluster, topic, "a", A, "all") == list(range(A))
     cluster.node(FOLLOWER).stop()
     wait_for("the follower left the ISR", lambda: describe(cluster, topic) == (LEADER, [1]))
     assert produce(cluster, topic, "b", B, "1") == list(range(A, A + B))
+
+
+def produce_c(cluster: KafkaCluster, topic: str) -> None:
+    """Step 4: Kafka writes `c` at the offsets `b` had."""
+    offsets = produce(cluster, topic, "c", C, "1")
+    assert offsets == list(range(A, A + C)), f"`c` is not at the reused offsets: {offsets}"
+
+
+def check_after(
+    handled: list[tuple[int, bytes]], progress: Progress, caplog: pytest.LogCaptureFixture
+) -> str:
+    """Every `c` reached the handler, the replaced range was logged once and counted; returns
+    the warning."""
+    got = {value for _, value in handled}
+    missing = [f"c-{i}" for i in range(C) if f"c-{i}".encode() not in got]
+    assert not missing, f"messages written at reused offsets never reached the handler: {missing}"
+    warned = [r.getMessage() for r in caplog.records if "unclean leader election" in r.getMessage()]
+    assert len(warned) == 1, caplog.text
+    assert f"offsets {A}-{A + B - 1} were replaced by an unclean leader election" in warned[0]
+    assert f"{B} messages handed out before" in warned[0]
+    stats = progress.partitions[0].stats
+    assert (stats.replaced, stats.lost, stats.skipped) == (B, 0, 0)
+    assert (stats.commit_point, stats.emitted_to) == (A + C, A + C)
+    return warned[0]
+
+
+@pytest.mark.timeout(420)
+def test_a_restart_after_an_unclean_election_processes_the_new_messages(
+    stack: DevStack, cluster: KafkaCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """kspout is down while the election happens: the stored leader epoch is checked at start."""
+    topic = new_topic(cluster)
+    config = config_for(stack, cluster, topic)
+    the_story_until_b(cluster, topic)
     first: list[tuple[int, bytes]] = []
-    progress = run(config, first)
+    run(config, first)
     assert sorted(offset for offset, _ in first) == list(range(A + B))
     with open_store(config) as store:
         record = store.read(0)
@@ -167,39 +214,59 @@ def test_offsets_replaced_by_an_unclean_election_are_processed_not_skipped(
     assert record.leader_epoch is not None and record.leader_epoch[0] == A + B
     old_epoch = record.leader_epoch[1]
 
-    cluster.node(LEADER).kill()
-    cluster.node(FOLLOWER).start()
-    try:
-        wait_for(
-            "the controller elected the follower",
-            lambda: describe(cluster, topic)[0] == 2,
-            ELECTION_WAIT,
-        )
-    except AssertionError:
-        partition = [TopicPartition(topic, 0)]
-        admin(cluster).elect_leaders(ElectionType.UNCLEAN, partition).result(timeout=30)
-        wait_for("the follower leads", lambda: describe(cluster, topic)[0] == FOLLOWER)
-    c_offsets = produce(cluster, topic, "c", C, "1")
-    assert c_offsets == list(range(A, A + C)), (
-        "Kafka did not write the new messages at the reused offsets"
-    )
-
+    lose_the_leader(cluster, topic)
+    produce_c(cluster, topic)
     second: list[tuple[int, bytes]] = []
     with caplog.at_level(logging.WARNING, "kspout"):
         progress = run(config, second)
-    got = {value for _, value in second}
-    missing = [f"c-{i}" for i in range(C) if f"c-{i}".encode() not in got]
-    assert not missing, f"messages written at reused offsets never reached the handler: {missing}"
-    assert sorted(offset for offset, _ in second) == list(range(A, A + C))
-    warned = [r.getMessage() for r in caplog.records if "unclean leader election" in r.getMessage()]
-    assert len(warned) == 1, caplog.text
-    assert f"offsets {A}-{A + B - 1} were replaced by an unclean leader election" in warned[0]
-    assert f"(leader epoch {old_epoch} -> " in warned[0]
-    assert f"{B} messages handed out before" in warned[0]
-    view = progress.partitions[0]
-    assert view.stats.replaced == B and view.stats.lost == 0 and view.stats.skipped == 0
+    warning = check_after(second, progress, caplog)
+    assert f"(leader epoch {old_epoch} -> " in warning
+    assert sorted(offset for offset, _ in second) == list(range(A, A + C))  # `a` not again
     with open_store(config) as store:
         record = store.read(0)
     assert record is not None and record.offset == A + C
     assert record.leader_epoch is not None and record.leader_epoch[1] > old_epoch
     assert {"topology", "offset", "partition", "broker", "topic"} <= set(record.data)
+
+
+@pytest.mark.timeout(420)
+def test_a_running_driver_processes_the_new_messages_after_an_unclean_election(
+    stack: DevStack, cluster: KafkaCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """kspout runs through the election: the leader's shorter log, or the first record of the
+    new epoch, makes the driver check the leader epoch of what it fetched."""
+    topic = new_topic(cluster)
+    config = config_for(stack, cluster, topic)
+    the_story_until_b(cluster, topic)
+    handled: list[tuple[int, bytes]] = []
+    stop = threading.Event()
+    outcome: list[Progress | BaseException] = []
+
+    def handle(record: Record) -> None:
+        assert record.value is not None
+        handled.append((record.offset, record.value))
+
+    def drive() -> None:
+        try:
+            with Driver(config, LocalExecutor(config, handle)) as driver:
+                outcome.append(driver.run(stop=stop))
+        except BaseException as exc:  # shown by the test below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=drive, name="truncation-driver", daemon=True)
+    with caplog.at_level(logging.WARNING, "kspout"):
+        thread.start()
+        wait_for("`b` was handled", lambda: len(handled) >= A + B or bool(outcome))
+        lose_the_leader(cluster, topic)
+        produce_c(cluster, topic)
+        c_values = {f"c-{i}".encode() for i in range(C)}
+        wait_for(
+            "every `c` was handled",
+            lambda: c_values <= {value for _, value in handled} or bool(outcome),
+            120.0,
+        )
+        stop.set()
+        thread.join(60)
+    assert not thread.is_alive(), "the driver did not stop"
+    assert len(outcome) == 1 and isinstance(outcome[0], Progress), outcome
+    check_after(handled, outcome[0], caplog)
