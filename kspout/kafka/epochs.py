@@ -33,11 +33,18 @@ VERDICT_TIMEOUT = 5.0
 
 def truncated_end(text: str) -> tuple[int, int] | None:
     """`(end offset, its epoch)` from librdkafka's truncation error text; None for another
-    error (an offset out of range, which the out-of-range policy handles)."""
+    error (an offset out of range, which the out-of-range policy handles).
+
+    An end of -1 means the leader holds no epoch at or below ours (all of its log is newer):
+    it reads as offset 0, so everything the leader has is processed (what lies below its low
+    watermark then goes to the `out_of_range` policy).
+    """
     if "truncation" not in text:
         return None
     found = _TRUNCATED.search(text)
-    return None if found is None else (int(found.group(1)), int(found.group(2)))
+    if found is None:
+        return None
+    return max(0, int(found.group(1))), int(found.group(2))
 
 
 class EpochProbe(Lifecycle):

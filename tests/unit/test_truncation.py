@@ -262,6 +262,12 @@ def test_truncated_end_reads_librdkafkas_text() -> None:
         "20 (offset leader epoch 0). Reset to INVALID.: Local: Partition log truncation detected"
     )
     assert truncated_end(text) == (20, 0)
+    none_older = (
+        "No epoch found less or equal to offset 50 (leader epoch 3): broker end offset is -1 "
+        "(offset leader epoch -1). Reset using configured policy.: Local: Partition log "
+        "truncation detected"
+    )
+    assert truncated_end(none_older) == (0, -1)
     assert truncated_end("Fetch position 90 is out of range: Broker: Offset out of range") is None
 
 
