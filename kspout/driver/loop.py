@@ -473,7 +473,7 @@ class Driver(Lifecycle):
             breaker.success()
         if result.out_of_range is not None:
             try:
-                if self._truncation.check(part, result.out_of_range[1]):
+                if not self._truncation.check([(part, result.out_of_range[1])]):
                     self._out_of_range.hint(part, result.generation)
             except KafkaUnavailable as exc:  # asked again when the partition is planned
                 breaker.failure(describe_error(exc))

@@ -106,14 +106,18 @@ class Planner:
         failed = self._watermarks.refresh(
             {part.number: part.manager.emitted_to for part in runnable}
         )
+        known = self._watermarks.known
+        unanswered = self._truncation.check(
+            (part, known(part.number)[1]) for part in runnable if part.number not in failed
+        )
         for part in runnable:
             p, pm, breaker = part.number, part.manager, part.breaker
             if p in failed:  # no leader, broker down: this partition waits
                 breaker.failure(describe_error(failed[p]))
                 continue
-            low, high = self._watermarks.known(p)
-            if not self._truncation.check(part, high):
-                continue  # the leader did not answer: its breaker opened
+            if p in unanswered:
+                continue  # a leader-epoch check got no answer: its breaker opened
+            low, high = known(p)
             self._out_of_range.check(part, low, high)
             if part.stopped is not None:
                 continue

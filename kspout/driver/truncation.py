@@ -14,17 +14,18 @@ When the leader's end of the anchor's epoch lies below the anchor, the manager r
 (`PartitionManager.on_truncation`): the replaced range is logged at WARNING and counted, and the
 new messages at those offsets are processed; none is skipped. A check the leader does not
 answer opens the partition's breaker; it is asked again when the partition is planned next.
+The partitions a plan starts are checked in one question (`EpochProbe.ends_of_epochs`).
 """
 
 from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import Iterable
 
 from kspout.driver.owned import OwnedPartition
-from kspout.errors import KafkaUnavailable
 from kspout.kafka import EpochProbe
-from kspout.outcomes import describe_error
+from kspout.kafka.epochs import VERDICT_TIMEOUT
 from kspout.partition_manager import PartitionManager, Truncation
 
 log = logging.getLogger(__name__)
@@ -42,21 +43,22 @@ class TruncationCheck:
     def close(self) -> None:
         self._probe.close()
 
-    def check(self, part: OwnedPartition, high: int) -> bool:
-        """Before planning, or before the out-of-range policy acts on a task's hint: validate
-        the anchor of a partition that starts from a stored one, or whose next offsets lie
-        above `high`. False when the leader did not answer (the breaker opened: leave the
-        partition alone this round)."""
-        pm = part.manager
-        anchor = pm.leader_epoch
-        if anchor is None:
-            return True
-        if pm in self._checked and pm.emitted_to <= high:
-            return True
-        if self._validate(part, None):
-            self._checked.add(pm)
-            return True
-        return False
+    def check(self, parts: Iterable[tuple[OwnedPartition, int]]) -> set[int]:
+        """Before planning, or before the out-of-range policy acts on a task's hint: validate,
+        in one question, the anchors of the partitions (with their high watermarks) that start
+        from a stored one, or whose next offsets lie above high. Returns the partitions whose
+        leader did not answer: their breakers opened, leave them alone this round."""
+        due = [part for part, high in parts if self._due(part.manager, high)]
+        if not due:
+            return set()
+        unanswered = self._validate(due, None)
+        for part in due:
+            if part.number not in unanswered:
+                self._checked.add(part.manager)
+        return unanswered
+
+    def _due(self, pm: PartitionManager, high: int) -> bool:
+        return pm.leader_epoch is not None and (pm not in self._checked or pm.emitted_to > high)
 
     def fetched(self, part: OwnedPartition, generation: int, seen: tuple[int, int]) -> None:
         """A task of `generation` fetched up to `seen` (`TaskResult.leader_epoch`): a newer
@@ -68,25 +70,35 @@ class TruncationCheck:
         if anchor is None:
             self._checked.add(pm)  # the first record this run fetched: nothing to validate
         elif seen[1] > anchor[1]:
-            if not self._validate(part, seen[1]):
+            if self._validate([part], seen[1]):
                 return  # asked again on the next newer record or plan
             if pm.generation != generation:
                 return  # rolled back: what this task fetched lies above the new start
         pm.saw_epoch(*seen)
 
-    def _validate(self, part: OwnedPartition, new_epoch: int | None) -> bool:
-        """Ask the leader about the anchor and roll back if it was truncated; False when the
-        leader did not answer."""
-        pm = part.manager
-        anchor = pm.leader_epoch
-        assert anchor is not None
-        try:
-            end = self._probe.end_of_epoch(part.number, *anchor)
-        except KafkaUnavailable as exc:
-            part.breaker.failure(describe_error(exc))
-            return False
-        if end is not None:
-            cut = pm.on_truncation(*end, new_epoch)
-            if cut is not None:
-                self.truncations.append((part.number, cut))
-        return True
+    def _validate(self, parts: list[OwnedPartition], new_epoch: int | None) -> set[int]:
+        """Ask the leaders about the partitions' anchors and roll back those truncated;
+        returns the partitions whose leader did not answer (their breakers opened)."""
+        anchors = {}
+        for part in parts:
+            anchor = part.manager.leader_epoch
+            assert anchor is not None
+            anchors[part.number] = anchor
+        verdicts = self._probe.ends_of_epochs(anchors)
+        unanswered = set()
+        for part in parts:
+            p = part.number
+            if p not in verdicts:
+                part.breaker.failure(
+                    f"{part.manager.topic}[{p}]: no answer to a leader epoch check (offset "
+                    f"{anchors[p][0]}, epoch {anchors[p][1]}) within {VERDICT_TIMEOUT:g}s; "
+                    "check that the partition has a live leader (asked again)"
+                )
+                unanswered.add(p)
+                continue
+            end = verdicts[p]
+            if end is not None:
+                cut = part.manager.on_truncation(*end, new_epoch)
+                if cut is not None:
+                    self.truncations.append((p, cut))
+        return unanswered

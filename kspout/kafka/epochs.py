@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from kspout.config import TopicConfig
-from kspout.errors import KafkaRequestFailed
 from kspout.kafka._client import consumer_settings
 from kspout.lifecycle import Lifecycle
 
@@ -26,7 +25,9 @@ from kspout.lifecycle import Lifecycle
 _TRUNCATED = re.compile(r"broker end offset is (-?\d+) \(offset leader epoch (-?\d+)\)")
 # One consume call's wait: the verdict takes one round trip to the leader.
 _SLICE = 0.1
-# Seconds to wait for the verdict. The driver's loop waits meanwhile, so short; a leader that
+# What a leader says of an anchor: `(end, end's epoch)` of a truncated log, None when it stands.
+Verdict = tuple[int, int] | None
+# Seconds to wait for the verdicts. The driver's loop waits meanwhile, so short; a leader that
 # takes longer opens the partition's breaker, and the check runs again after its backoff.
 VERDICT_TIMEOUT = 5.0
 
@@ -48,11 +49,12 @@ def truncated_end(text: str) -> tuple[int, int] | None:
 
 
 class EpochProbe(Lifecycle):
-    """Asks the leader whether a position in a leader epoch is still in its log.
+    """Asks partitions' leaders whether positions in leader epochs are still in their logs.
 
-    One consumer, assigned one partition per question and unassigned after; the driver asks
-    only when something suggests a new leader wrote (a record of a newer epoch, or a stored
-    anchor at a start), so a question costs one round trip now and then.
+    One consumer, assigned the partitions of one question and unassigned after. The driver
+    asks only when something suggests a new leader wrote (a record of a newer epoch, offsets
+    above high) and once per stored anchor at a start, all the partitions it starts in one
+    question: a round trip per leader, not per partition.
     """
 
     def __init__(self, config: TopicConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
@@ -69,35 +71,37 @@ class EpochProbe(Lifecycle):
         if consumer is not None:
             consumer.close()
 
-    def end_of_epoch(self, partition: int, position: int, epoch: int) -> tuple[int, int] | None:
-        """`(end, end's epoch)` when the leader's log ends leader epoch `epoch` below
-        `position` (the offsets from `end` on were truncated); None when `position` stands.
-
-        Raises `KafkaRequestFailed` when the leader gave no verdict within `VERDICT_TIMEOUT`
-        (the driver asks again when the partition's breaker lets it).
-        """
+    def ends_of_epochs(self, anchors: Mapping[int, tuple[int, int]]) -> dict[int, Verdict]:
+        """Per partition with an anchor `(position, epoch)`: `(end, end's epoch)` when its
+        leader's log ends leader epoch `epoch` below `position` (the offsets from `end` on were
+        truncated), None when `position` stands. Partitions whose leader gave no verdict within
+        `VERDICT_TIMEOUT` are left out (the caller asks again later)."""
         self.start()
         consumer = self._consumer
         assert consumer is not None
         topic = self._config.topic
-        consumer.assign([TopicPartition(topic, partition, position, leader_epoch=epoch)])
+        consumer.assign(
+            [
+                TopicPartition(topic, p, pos, leader_epoch=epoch)
+                for p, (pos, epoch) in anchors.items()
+            ]
+        )
+        verdicts: dict[int, Verdict] = {}
         try:
             deadline = self._clock() + VERDICT_TIMEOUT
-            while self._clock() < deadline:
-                for msg in consumer.consume(1, _SLICE):
+            while len(verdicts) < len(anchors) and self._clock() < deadline:
+                for msg in consumer.consume(len(anchors), _SLICE):
+                    p = msg.partition()
+                    if p is None or p not in anchors or p in verdicts:
+                        continue
                     error = msg.error()
                     if error is None or error.code() == KafkaError._PARTITION_EOF:
-                        return None  # librdkafka fetches only once the position is valid
-                    if error.code() == KafkaError._AUTO_OFFSET_RESET:
-                        return truncated_end(error.str())
-                    if error.fatal():
-                        break
+                        verdicts[p] = None  # librdkafka fetches only once the position is valid
+                    elif error.code() == KafkaError._AUTO_OFFSET_RESET:
+                        verdicts[p] = truncated_end(error.str())
+                    else:
+                        continue  # librdkafka retries (a leader moving); the deadline bounds it
+                    consumer.pause([TopicPartition(topic, p)])  # decided: fetch no more of it
         finally:
             consumer.unassign()
-        raise KafkaRequestFailed(
-            "leader epoch check",
-            topic,
-            partition,
-            f"no answer for offset {position} in leader epoch {epoch}",
-            "check that the partition has a live leader; kspout asks again",
-        )
+        return verdicts

@@ -21,7 +21,6 @@ from kspout.config import TopicConfig
 from kspout.driver.breaker import BreakerState, CircuitBreaker
 from kspout.driver.owned import OwnedPartition
 from kspout.driver.truncation import TruncationCheck
-from kspout.errors import KafkaRequestFailed
 from kspout.kafka.epochs import EpochProbe, truncated_end
 from kspout.outcomes import Outcome, OutcomeKind
 from kspout.partition_manager import PartitionManager, Plan
@@ -168,19 +167,28 @@ def test_after_a_rollback_every_reused_offset_is_processed(
 # -- the driver's checks -------------------------------------------------------------------------
 
 
+SILENT = "silent"  # a leader that gives no verdict in time
+
+
 class ScriptedProbe:
-    """Answers `end_of_epoch` with queued answers and records every question."""
+    """Answers `ends_of_epochs` with queued verdicts, one per partition asked, and records
+    every question (partition -> anchor)."""
 
-    def __init__(self, *answers: tuple[int, int] | Exception | None) -> None:
+    def __init__(self, *answers: tuple[int, int] | str | None) -> None:
         self.answers = list(answers)
-        self.asked: list[tuple[int, int, int]] = []
+        self.asked: list[dict[int, tuple[int, int]]] = []
 
-    def end_of_epoch(self, partition: int, position: int, epoch: int) -> tuple[int, int] | None:
-        self.asked.append((partition, position, epoch))
-        answer = self.answers.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
+    def ends_of_epochs(
+        self, anchors: dict[int, tuple[int, int]]
+    ) -> dict[int, tuple[int, int] | None]:
+        self.asked.append(dict(anchors))
+        verdicts = {}
+        for p in anchors:
+            answer = self.answers.pop(0)
+            if answer != SILENT:
+                assert not isinstance(answer, str)
+                verdicts[p] = answer
+        return verdicts
 
     def close(self) -> None:
         pass
@@ -205,12 +213,12 @@ def test_a_newer_epoch_is_validated_and_rolls_back() -> None:
     assert probe.asked == []
     generation = pm.generation
     checker.fetched(part, generation, (60, 3))  # a new leader wrote
-    assert probe.asked == [(3, 50, 0)]
+    assert probe.asked == [{3: (50, 0)}]
     assert pm.commit_point == 20 and pm.generation > generation
     assert [(p, t.end, t.replaced) for p, t in checker.truncations] == [(3, 20, 30)]
     assert pm.leader_epoch == (20, 0)  # what the task fetched lies above the new start
     checker.fetched(part, generation, (70, 3))  # a task planned before the rollback
-    assert probe.asked == [(3, 50, 0)] and pm.leader_epoch == (20, 0)
+    assert probe.asked == [{3: (50, 0)}] and pm.leader_epoch == (20, 0)
 
 
 def test_a_clean_election_moves_the_anchor_up() -> None:
@@ -227,9 +235,9 @@ def test_a_stored_anchor_is_checked_once_at_the_first_plan() -> None:
     pm = manager(50, leader_epoch=(50, 2))
     part, probe = owned(pm), ScriptedProbe(None)
     checker = check(probe)
-    assert checker.check(part, high=80)
-    assert checker.check(part, high=80)
-    assert probe.asked == [(3, 50, 2)]
+    assert checker.check([(part, 80)]) == set()
+    assert checker.check([(part, 80)]) == set()
+    assert probe.asked == [{3: (50, 2)}]
 
 
 def test_offsets_above_high_are_checked_before_the_out_of_range_policy() -> None:
@@ -238,19 +246,31 @@ def test_offsets_above_high_are_checked_before_the_out_of_range_policy() -> None
     part, probe = owned(pm), ScriptedProbe((30, 0))
     checker = check(probe)
     checker.fetched(part, pm.generation, (50, 0))
-    assert checker.check(part, high=40)  # a new leader with a shorter log
-    assert probe.asked == [(3, 50, 0)] and pm.commit_point == 30
+    assert checker.check([(part, 40)]) == set()  # a new leader with a shorter log
+    assert probe.asked == [{3: (50, 0)}] and pm.commit_point == 30
 
 
 def test_an_unanswered_check_opens_the_breaker_and_asks_again() -> None:
     pm = manager(50, leader_epoch=(50, 2))
-    failure = KafkaRequestFailed("leader epoch check", "orders", 3, "no answer", "ask again")
-    part, probe = owned(pm), ScriptedProbe(failure, None)
+    part, probe = owned(pm), ScriptedProbe(SILENT, None)
     checker = check(probe)
-    assert not checker.check(part, high=80)
+    assert checker.check([(part, 80)]) == {3}
     assert part.breaker.state is BreakerState.OPEN
-    assert checker.check(part, high=80)
+    assert "no answer to a leader epoch check (offset 50, epoch 2)" in str(part.breaker.view())
+    assert checker.check([(part, 80)]) == set()
     assert len(probe.asked) == 2
+
+
+def test_the_partitions_a_plan_starts_are_asked_in_one_question() -> None:
+    stored = [manager(50, leader_epoch=(50, 2)) for _ in range(3)]
+    parts = [owned(pm) for pm in stored]
+    for number, part in enumerate(parts):
+        part.number = number
+    probe = ScriptedProbe(None, (40, 2), None)
+    checker = check(probe)
+    assert checker.check([(part, 80) for part in parts]) == set()
+    assert probe.asked == [{0: (50, 2), 1: (50, 2), 2: (50, 2)}]
+    assert [pm.commit_point for pm in stored] == [50, 40, 50]
 
 
 # -- librdkafka's verdict and the stored record ----------------------------------------------------
