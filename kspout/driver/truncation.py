@@ -19,26 +19,23 @@ The partitions a plan starts are checked in one question (`EpochProbe.ends_of_ep
 
 from __future__ import annotations
 
-import logging
 import weakref
 from collections.abc import Iterable
 
 from kspout.driver.owned import OwnedPartition
 from kspout.kafka import EpochProbe
 from kspout.kafka.epochs import VERDICT_TIMEOUT
-from kspout.partition_manager import PartitionManager, Truncation
-
-log = logging.getLogger(__name__)
+from kspout.partition_manager import PartitionManager
 
 
 class TruncationCheck:
-    """Validates partitions' leader-epoch anchors; keeps every rollback for `progress`."""
+    """Validates partitions' leader-epoch anchors (the rollbacks count in each partition's
+    `Stats.replaced`)."""
 
     def __init__(self, probe: EpochProbe) -> None:
         self._probe = probe
         # Managers whose anchor needs no check at planning: validated, or set by this run.
         self._checked: weakref.WeakSet[PartitionManager] = weakref.WeakSet()
-        self.truncations: list[tuple[int, Truncation]] = []
 
     def close(self) -> None:
         self._probe.close()
@@ -98,7 +95,5 @@ class TruncationCheck:
                 continue
             end = verdicts[p]
             if end is not None:
-                cut = part.manager.on_truncation(*end, new_epoch)
-                if cut is not None:
-                    self.truncations.append((p, cut))
+                part.manager.on_truncation(*end, new_epoch)
         return unanswered
