@@ -152,7 +152,7 @@ def new_topic(cluster: KafkaCluster) -> str:
     cluster.start()
     topic = f"trunc-{uuid.uuid4().hex[:8]}"
     settings = {"min.insync.replicas": "1", "unclean.leader.election.enable": "true"}
-    new = NewTopic(topic, replica_assignment=[[LEADER, FOLLOWER]], config=settings)
+    new = NewTopic(topic, 1, replica_assignment=[[LEADER, FOLLOWER]], config=settings)
     admin(cluster).create_topics([new])[topic].result(60)
     wait_for("both replicas are in sync", lambda: describe(cluster, topic) == (LEADER, [1, 2]))
     return topic
