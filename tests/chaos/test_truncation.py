@@ -64,12 +64,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
 
 
 def admin(cluster: KafkaCluster) -> AdminClient:
+    """An admin client; keep it in a variable while its futures run (a collected client
+    fails them with `_DESTROY`)."""
     return AdminClient({"bootstrap.servers": cluster.brokers, "log_level": 0})
 
 
 def describe(cluster: KafkaCluster, topic: str) -> tuple[int, list[int]]:
     """Partition 0's leader (-1: none) and in-sync replicas, as Kafka says."""
-    described = admin(cluster).describe_topics(TopicCollection([topic]), request_timeout=10)
+    client = admin(cluster)
+    described = client.describe_topics(TopicCollection([topic]), request_timeout=10)
     partition = described[topic].result(timeout=15).partitions[0]
     leader = -1 if partition.leader is None else partition.leader.id
     return leader, sorted(node.id for node in partition.isr)
@@ -141,7 +144,8 @@ def elect_unclean(cluster: KafkaCluster, topic: str) -> None:
         wait_for("the controller elected the follower", leads, ELECTION_WAIT)
     except AssertionError:
         partition = [TopicPartition(topic, 0)]
-        asked = admin(cluster).elect_leaders(ElectionType.UNCLEAN, partition).result(timeout=30)
+        client = admin(cluster)
+        asked = client.elect_leaders(ElectionType.UNCLEAN, partition).result(timeout=30)
         logging.getLogger(__name__).info("unclean election asked for: %s", asked)
         wait_for("the follower leads", leads)
 
@@ -153,7 +157,8 @@ def new_topic(cluster: KafkaCluster) -> str:
     topic = f"trunc-{uuid.uuid4().hex[:8]}"
     settings = {"min.insync.replicas": "1", "unclean.leader.election.enable": "true"}
     new = NewTopic(topic, 1, replica_assignment=[[LEADER, FOLLOWER]], config=settings)
-    admin(cluster).create_topics([new])[topic].result(60)
+    client = admin(cluster)
+    client.create_topics([new])[topic].result(60)
     wait_for("both replicas are in sync", lambda: describe(cluster, topic) == (LEADER, [1, 2]))
     return topic
 
