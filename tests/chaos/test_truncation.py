@@ -34,7 +34,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import ElectionType, Producer, TopicCollection, TopicPartition
+from confluent_kafka import (
+    ElectionType,
+    KafkaException,
+    Producer,
+    TopicCollection,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from kspout.config import TopicConfig, parse_config
@@ -47,7 +53,7 @@ from tests.integration.helpers import FAST_BACKOFF, open_store
 
 LEADER, FOLLOWER = 1, 2
 A, B, C = 20, 30, 60  # messages produced at each step
-ELECTION_WAIT = 15.0  # seconds the controller may take before the test asks for the election
+ELECTION_WAIT = 20.0  # seconds the controller may take before the test asks for the election
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +85,15 @@ def describe(cluster: KafkaCluster, topic: str) -> tuple[int, list[int]]:
 
 
 def wait_for(what: str, check: Any, timeout: float = 60.0) -> None:
+    """Until `check()` holds; a Kafka error (a node just killed, a controller moving) counts
+    as not yet."""
     deadline = time.monotonic() + timeout
-    while not check():
+    while True:
+        try:
+            if check():
+                return
+        except KafkaException:
+            pass
         assert time.monotonic() < deadline, f"timed out waiting until {what}"
         time.sleep(0.5)
 
