@@ -99,9 +99,9 @@ class EpochProbe(Lifecycle):
                         verdicts[p] = None  # librdkafka fetches only once the position is valid
                     elif error.code() == KafkaError._AUTO_OFFSET_RESET:
                         verdicts[p] = truncated_end(error.str())
-                    else:
-                        continue  # librdkafka retries (a leader moving); the deadline bounds it
-                    consumer.pause([TopicPartition(topic, p)])  # decided: fetch no more of it
+                    # Else librdkafka retries (a leader moving); the deadline bounds it. A
+                    # decided partition is not paused: librdkafka keeps an application's pause
+                    # across unassign and assign, so the next question would wait in vain.
         finally:
             consumer.unassign()
         return verdicts
