@@ -100,8 +100,9 @@ class EpochProbe(Lifecycle):
                     elif error.code() == KafkaError._AUTO_OFFSET_RESET:
                         verdicts[p] = truncated_end(error.str())
                     # Else librdkafka retries (a leader moving); the deadline bounds it. A
-                    # decided partition is not paused: librdkafka keeps an application's pause
-                    # across unassign and assign, so the next question would wait in vain.
+                    # decided partition is not paused: against the real broker, a partition
+                    # paused here gave no verdict to the next question (librdkafka keeps an
+                    # application's pause flag on the partition across assignments).
         finally:
             consumer.unassign()
         return verdicts
