@@ -32,8 +32,10 @@ Anchor = tuple[int, int]
 
 @dataclass(frozen=True, slots=True)
 class Truncation:
-    """What a rollback did: offsets `[end, emitted)` were handed out and now hold new messages
-    (those below `seen` were fetched from the old log), and the partition restarts at `start`."""
+    """What a rollback did: offsets `[end, seen)` were fetched from the old log and now hold
+    new messages, and the partition restarts at `start`. Offsets from `seen` to `emitted`
+    were handed out too; what fetches of them return now comes from the new log (their
+    outcomes are stale and they are planned again), so they are not counted as replaced."""
 
     end: int  # the new leader's end of the anchor's epoch: the first replaced offset
     seen: int  # the anchor's position: offsets below it were fetched before the election
@@ -44,8 +46,8 @@ class Truncation:
 
     @property
     def replaced(self) -> int:
-        """How many offsets kspout handed out hold other messages now."""
-        return self.emitted - self.end
+        """How many offsets kspout fetched from the old log hold other messages now."""
+        return self.seen - self.end
 
 
 def newer(anchor: Anchor | None, seen: Anchor) -> Anchor:
@@ -80,16 +82,15 @@ def roll_back(
     ledger.counts.replaced += cut.replaced
     log.warning(
         "%s[%s]: offsets %d-%d were replaced by an unclean leader election (leader epoch %d "
-        "-> %s): %s handed out before (fetched up to %d) were lost from Kafka; the new messages "
-        "at those offsets are processed now, from offset %d",
+        "-> %s): %s handed out before were lost from Kafka; the new messages at those offsets "
+        "are processed now, from offset %d",
         ledger.topic,
         ledger.partition,
         at,
-        emitted - 1,
+        position - 1,
         epoch,
         "?" if new_epoch is None else new_epoch,
         count_of(cut.replaced, "message"),
-        position - 1,
         cut.start,
     )
     return cut

@@ -161,7 +161,7 @@ def test_after_a_rollback_every_reused_offset_is_processed(
         assert got, "the manager stopped planning below the high watermark"
         processed.extend(got)
     assert set(range(end, new_high)) <= set(processed)
-    assert pm.stats().replaced == before[1] - end
+    assert pm.stats().replaced == before[1] - end  # the anchor was at `emitted`
 
 
 # -- the driver's checks -------------------------------------------------------------------------
