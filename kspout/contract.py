@@ -65,6 +65,9 @@ class TaskResult:
     # Set with `infra_error` when no retry can cure it (Kafka refused the principal Read on the
     # topic, or a handler's output Write: a revoked ACL): the driver stops the run with it.
     refused: KafkaRefused | None = None
+    # `(position, epoch)`: the highest record fetched (at position - 1) was written in this
+    # leader epoch (FetchResult.leader_epoch); the driver validates it to detect truncation.
+    leader_epoch: tuple[int, int] | None = None
 
 
 class Executor(Protocol):

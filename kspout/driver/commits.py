@@ -197,6 +197,8 @@ class Committer:
             "emitted": emitted,
             "advanced_at": record.advanced_at,
         }
+        if pm.leader_epoch is not None:
+            fields["leader_epoch"] = list(pm.leader_epoch)
         if self._window is not None:
             checkpoint = Checkpoint(now, offset, emitted)
             record.history = next_history(record.history, checkpoint, self._window)

@@ -64,11 +64,12 @@ from kspout.driver.progress import (
     partition_views,
     warn_if_every_record_failed,
 )
+from kspout.driver.truncation import TruncationCheck
 from kspout.driver.watermarks import WatermarkCache
 from kspout.driver.window import StallWatch, check_start
 from kspout.driver.zk_outage import PATIENCE, ZooKeeperOutage
 from kspout.errors import KafkaRefused, KafkaUnavailable
-from kspout.kafka import KafkaMetadata
+from kspout.kafka import EpochProbe, KafkaMetadata
 from kspout.kafka.group_mirror import GroupMirror
 from kspout.kafka.rights import require_spout_rights
 from kspout.kafka.transactions import TransactionWatch
@@ -130,6 +131,7 @@ class Driver(Lifecycle):
         self._failures = FailureLog(config.topic, clock)
         self._watermarks = WatermarkCache(self._metadata, config.topic, clock)
         self._out_of_range = OutOfRangeHandler(config, self._metadata, self._watermarks)
+        self._truncation = TruncationCheck(EpochProbe(config))
         self._membership = Membership(
             self._zk,
             self._store,
@@ -171,6 +173,7 @@ class Driver(Lifecycle):
             self._isolation,
             self._watermarks,
             self._out_of_range,
+            self._truncation,
             lambda: self._outage.away,
             self._batches.running,
         )
@@ -256,6 +259,7 @@ class Driver(Lifecycle):
             self._channel.close()
         self._zk.close()
         self._metadata.close()
+        self._truncation.close()
         self._group_mirror.close()
         self._transactions.close()
         self._metrics.close()
@@ -466,6 +470,8 @@ class Driver(Lifecycle):
         if result.attempt_died:  # Spark ran the task again after its worker died
             self._costs.crashed(batch, p, "an earlier attempt of the task died")
             return
+        if result.leader_epoch is not None:  # first: a rollback makes these outcomes stale
+            self._truncation.fetched(part, result.generation, result.leader_epoch)
         part.manager.apply(result.outcomes, generation=result.generation)
         self._failures.record(p, result.outcomes)
         breaker = part.breaker
@@ -476,7 +482,8 @@ class Driver(Lifecycle):
             breaker.success()
         if result.out_of_range is not None:
             try:
-                self._out_of_range.hint(part, result.generation)
+                if not self._truncation.check([(part, result.out_of_range[1])]):
+                    self._out_of_range.hint(part, result.generation)
             except KafkaUnavailable as exc:  # asked again when the partition is planned
                 breaker.failure(describe_error(exc))
 

@@ -158,6 +158,11 @@ COUNTERS: tuple[tuple[str, str, str], ...] = (
         "lost",
     ),
     (
+        "kspout_messages_replaced",
+        "Offsets handed out, then replaced by an unclean leader election (processed again)",
+        "replaced",
+    ),
+    (
         "kspout_messages_dead_lettered",
         "Messages written to the dead-letter topic",
         "dead_lettered",

@@ -151,6 +151,7 @@ class Ownership:
             partition=p,
             finished=stored.done,
             generation=self._next_generation,
+            leader_epoch=stored.leader_epoch,
         )
         breaker = CircuitBreaker.waiting_as(
             f"{topic}[{p}]", self._config.infra_backoff, self._clock

@@ -3,7 +3,8 @@
 A group waiting in isolation goes first, limited to what is still open in it. Otherwise every
 partition that may run now is planned up to its high watermark (one batched query refreshes
 them all): due retries and new offsets, with the suspects among them carved out to run alone.
-A partition whose next offsets left Kafka goes through its `out_of_range` policy first.
+A partition whose next offsets left Kafka goes through its `out_of_range` policy first, after
+its leader-epoch anchor is validated (`truncation`): a truncated log is rolled back, not skipped.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from kspout.driver.breaker import BreakerState
 from kspout.driver.isolation import Isolation, Suspects
 from kspout.driver.out_of_range import OutOfRangeHandler
 from kspout.driver.owned import OwnedPartition
+from kspout.driver.truncation import TruncationCheck
 from kspout.driver.watermarks import WatermarkCache
 from kspout.ordering import KeyOrder, blockers_of
 from kspout.outcomes import describe_error
@@ -38,6 +40,7 @@ class Planner:
         isolation: Isolation,
         watermarks: WatermarkCache,
         out_of_range: OutOfRangeHandler,
+        truncation: TruncationCheck,
         suspended: Callable[[], bool],
         running: Callable[[int], bool],
     ) -> None:
@@ -46,6 +49,7 @@ class Planner:
         self._isolation = isolation
         self._watermarks = watermarks
         self._out_of_range = out_of_range
+        self._truncation = truncation
         self._suspended = suspended
         self._running = running
 
@@ -102,12 +106,18 @@ class Planner:
         failed = self._watermarks.refresh(
             {part.number: part.manager.emitted_to for part in runnable}
         )
+        known = self._watermarks.known
+        unanswered = self._truncation.check(
+            (part, known(part.number)[1]) for part in runnable if part.number not in failed
+        )
         for part in runnable:
             p, pm, breaker = part.number, part.manager, part.breaker
             if p in failed:  # no leader, broker down: this partition waits
                 breaker.failure(describe_error(failed[p]))
                 continue
-            low, high = self._watermarks.known(p)
+            if p in unanswered:
+                continue  # a leader-epoch check got no answer: its breaker opened
+            low, high = known(p)
             self._out_of_range.check(part, low, high)
             if part.stopped is not None:
                 continue

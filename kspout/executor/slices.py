@@ -75,4 +75,12 @@ def merge_slices(task: PartitionTask, results: Sequence[TaskResult]) -> TaskResu
             outcomes.append(Outcome(lo, _ACK, span.attempt, count=span.end - lo))
     outcomes.sort(key=lambda o: o.offset)
     out_of_range = next((r.out_of_range for r in results if r.out_of_range), None)
-    return TaskResult(task.topic, task.partition, task.plan.generation, outcomes, out_of_range)
+    epochs = [r.leader_epoch for r in results if r.leader_epoch is not None]
+    return TaskResult(
+        task.topic,
+        task.partition,
+        task.plan.generation,
+        outcomes,
+        out_of_range,
+        leader_epoch=max(epochs, default=None),
+    )

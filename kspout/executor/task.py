@@ -169,6 +169,7 @@ def _result(
         out_of_range,
         outage,
         refused=refused,
+        leader_epoch=fetched.leader_epoch,
     )
 
 

@@ -274,12 +274,19 @@ class FetchReport:
     attempt_died: bool = False  # an earlier attempt of the task died; this one ran nothing
     reached: int = 0  # with `out_of_range`: where the fetch stopped (see FetchResult.reached)
     refused: KafkaRefused | None = None  # with `infra_error`: one that stops the run
+    leader_epoch: tuple[int, int] | None = None  # FetchResult.leader_epoch
 
     @classmethod
     def of(cls, partition: int, fetched: FetchResult) -> FetchReport:
         """What `fetched` found besides its records."""
         reached = fetched.reached(0) if fetched.out_of_range is not None else 0
-        return cls(partition, tuple(fetched.missing), fetched.out_of_range, reached=reached)
+        return cls(
+            partition,
+            tuple(fetched.missing),
+            fetched.out_of_range,
+            reached=reached,
+            leader_epoch=fetched.leader_epoch,
+        )
 
     @classmethod
     def failed(cls, partition: int, exc: BaseException) -> FetchReport:
@@ -355,7 +362,11 @@ def partition_results(
     reached: dict[int, int] = {}
     failed: dict[int, FetchReport] = {}
     died: set[int] = set()
+    epochs: dict[int, tuple[int, int]] = {}
     for report in reports:
+        if report.leader_epoch is not None:
+            seen = epochs.get(report.partition, report.leader_epoch)
+            epochs[report.partition] = max(report.leader_epoch, seen)
         if report.attempt_died:
             died.add(report.partition)
         missing.setdefault(report.partition, []).extend(report.missing)
@@ -388,6 +399,7 @@ def partition_results(
                 log.finish(missing.get(task.partition, [])),
                 out_of_range.get(task.partition),
                 infra_error,
+                leader_epoch=epochs.get(task.partition),
             )
         )
     return results

@@ -7,6 +7,10 @@ them. Offsets Kafka does not have although they are inside `[low, high)` (compac
 transaction markers) are reported as `missing`; offsets outside it as `out_of_range`, left to
 the partition's policy.
 
+Every result names the leader epoch of the highest record it fetched (`FetchResult.leader_epoch`,
+read once per consume call, not per message): the driver checks it against Kafka to find a log
+an unclean leader election truncated (`kspout.kafka.epochs`).
+
 Out of range is learnt from the fetch itself, with no watermark query up front: below low (or
 above high) the broker answers the first fetch with OFFSET_OUT_OF_RANGE, which librdkafka
 hands over as `_AUTO_OFFSET_RESET` (kspout sets `auto.offset.reset=error`); at high it reports
@@ -134,6 +138,17 @@ def _record(topic: str, partition: int, offset: int, msg: Message) -> Record:
     )
 
 
+def _last_epoch(msgs: list[Message], epoch: tuple[int, int] | None) -> tuple[int, int] | None:
+    """`(offset + 1, leader epoch)` of the last record among `msgs` whose epoch the broker
+    sent, else `epoch` (records arrive in offset order)."""
+    for msg in reversed(msgs):
+        if msg.error() is None:
+            leader_epoch, offset = msg.leader_epoch(), msg.offset()
+            if leader_epoch is not None and leader_epoch >= 0 and offset is not None:
+                return (offset + 1, leader_epoch)
+    return epoch
+
+
 class PartitionFetcher(Lifecycle):
     """Fetches planned offsets of one topic through one assigned consumer, reused per call.
 
@@ -186,6 +201,7 @@ class PartitionFetcher(Lifecycle):
         build = RecordBuilder
         stream = -1  # the offset the consumer delivers next; -1 forces the first assign
         read_end = 0
+        epoch: tuple[int, int] | None = None  # FetchResult.leader_epoch
         while not progress.done:
             if progress.cursor - stream > SEEK_GAP or stream < 0:
                 consumer.assign([TopicPartition(topic, partition, progress.cursor)])
@@ -194,6 +210,7 @@ class PartitionFetcher(Lifecycle):
                 read_end = progress.read_end(SEEK_GAP)
             wanted = max(1, min(PER_CONSUME, read_end - stream))
             msgs = consumer.consume(wanted, IDLE_SLICE)
+            epoch = _last_epoch(msgs, epoch)
             cursor, last = progress.cursor, progress.end - 1
             for msg in msgs:
                 offset = msg.offset()
@@ -224,7 +241,7 @@ class PartitionFetcher(Lifecycle):
                         stream = offset + 1
                 elif error.code() == KafkaError._AUTO_OFFSET_RESET:
                     bounds = watermarks(consumer, topic, partition)
-                    return FetchResult(records, progress.missing, bounds)
+                    return FetchResult(records, progress.missing, bounds, epoch)
                 elif error.code() == KafkaError._PARTITION_EOF:
                     if offset is not None:  # high: everything below it was delivered
                         progress.miss_below(offset)
@@ -232,7 +249,7 @@ class PartitionFetcher(Lifecycle):
                         if not progress.done:  # the rest is at or above high
                             bounds = watermarks(consumer, topic, partition)
                             if progress.cursor >= bounds[1]:
-                                return FetchResult(records, progress.missing, bounds)
+                                return FetchResult(records, progress.missing, bounds, epoch)
                             # else records arrived since; the consumer is fetching them
                 elif error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
                     raise access_denied(self._config, "Read", topic, error.str())
@@ -256,7 +273,7 @@ class PartitionFetcher(Lifecycle):
                 stream = max(stream, self._skip_past_hidden(consumer, topic, partition, progress))
             if self._clock() >= deadline and not progress.done:
                 raise FetchTimeout(topic, partition, progress.cursor, timeout)
-        return FetchResult(records, progress.missing)
+        return FetchResult(records, progress.missing, None, epoch)
 
     @staticmethod
     def _skip_past_hidden(

@@ -41,11 +41,15 @@ class FetchResult:
     * `out_of_range`: `(low, high)` when a requested offset lies below low or at/above high.
       Fetching stopped there; requested offsets neither returned nor missing are left to the
       caller's out-of-range policy.
+    * `leader_epoch`: `(position, epoch)` of the highest record fetched (at `position - 1`,
+      written in leader epoch `epoch`), None when no record came or the broker sent no epoch:
+      what the driver validates against Kafka to detect a truncated log.
     """
 
     records: list[Record]
     missing: list[tuple[int, int]]
     out_of_range: tuple[int, int] | None = None
+    leader_epoch: tuple[int, int] | None = None
 
     def reached(self, start: int) -> int:
         """The first requested offset at or after `start` the fetch did not account for

@@ -14,6 +14,7 @@ from kspout.partition_manager.states import (
     Waiting,
 )
 from kspout.partition_manager.stats import Stats
+from kspout.partition_manager.truncation import Truncation
 
 __all__ = [
     "DONE",
@@ -27,5 +28,6 @@ __all__ = [
     "Span",
     "State",
     "Stats",
+    "Truncation",
     "Waiting",
 ]

@@ -40,6 +40,8 @@ Transitions and why:
     any unfinished --gone--> DONE(gap)                  never data (a transaction marker, a
                                                          compacted record): counted as gaps
     any unfinished --out-of-range reset--> DONE(lost)   data not processed: counted, logged
+    any --truncation--> (restart at min(end, commit))    an unclean leader election replaced
+                                                         handed-out offsets: planned again
 
 An in-flight offset is never given up while it runs: its deadline turns it into a TIMEOUT
 failure first, and the policies apply to failures. So nothing is orphaned: every unfinished
@@ -47,7 +49,8 @@ offset either has a deadline, a due time, or a dead-letter write pending.
 
 The manager is the rules over named collaborators: the span ledger (`ledger`: the states, their
 schedules and the totals), the fail batcher (`fail_batch`: single `fail` calls logged and
-applied in one go), dead letters (`dead_letters`) and out of range (`out_of_range`). It holds
+applied in one go), dead letters (`dead_letters`), out of range (`out_of_range`) and truncation
+(`truncation`: the leader-epoch anchor and the rollback). It holds
 the ledger only through the batcher, whose `ledger()` applies pending failures first: no
 method can read or change the ledger while a logged failure is pending.
 """
@@ -59,7 +62,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 
 from kspout.outcomes import FailReason, Outcome, OutcomeKind
-from kspout.partition_manager import dead_letters, out_of_range
+from kspout.partition_manager import dead_letters, out_of_range, truncation
 from kspout.partition_manager.dead_letters import DeadLetterTicket
 from kspout.partition_manager.fail_batch import FailBatcher
 from kspout.partition_manager.ledger import SpanLedger
@@ -74,6 +77,7 @@ from kspout.partition_manager.states import (
     Waiting,
 )
 from kspout.partition_manager.stats import Stats
+from kspout.partition_manager.truncation import Anchor, Truncation
 from kspout.policy import PartitionPolicy
 from kspout.ranges import Range, append
 
@@ -86,7 +90,8 @@ class PartitionManager:
     record says were finished before a restart: they start DONE (counted as `restored`) and
     are not replayed; the gaps between them are. `generation` is the first generation: a driver that
     takes a partition again starts above every generation it planned before, so outcomes of those
-    plans are ignored. `clock` returns seconds (monotonic); tests pass a fake.
+    plans are ignored. `leader_epoch` is the stored anchor (`truncation`), None when unknown.
+    `clock` returns seconds (monotonic); tests pass a fake.
 
     The driver asks every partition what to do at every step, so those questions must not
     walk the spans: the ledger counts offsets per state and schedules what comes due, so an
@@ -103,6 +108,7 @@ class PartitionManager:
         partition: int = -1,
         finished: Iterable[tuple[int, int]] = (),
         generation: int = 0,
+        leader_epoch: Anchor | None = None,
     ) -> None:
         if start_offset < 0:
             raise ValueError(f"start_offset must be >= 0, got {start_offset}")
@@ -118,6 +124,7 @@ class PartitionManager:
         self._log = batch.log
         self._generation = generation
         self._nothing = Plan((), generation)  # what `plan` returns when nothing is due (shared)
+        self._anchor = leader_epoch
 
     def _restart(self, offset: int) -> None:
         """Forget every offset: the partition starts over, empty, at `offset` (a new generation)."""
@@ -312,6 +319,29 @@ class PartitionManager:
         abandoned = ledger.unfinished(ledger.map.first, ledger.map.end)
         self._restart(offset)
         return abandoned
+
+    # -- leader epochs ---------------------------------------------------------------------
+
+    @property
+    def leader_epoch(self) -> Anchor | None:
+        """The anchor `(position, epoch)`: the record below `position` was written in leader
+        epoch `epoch`; what the driver validates against Kafka (None: no record seen yet)."""
+        return self._anchor
+
+    def saw_epoch(self, position: int, epoch: int) -> None:
+        """A fetch returned the record at `position - 1`, written in leader epoch `epoch`."""
+        self._anchor = truncation.newer(self._anchor, (position, epoch))
+
+    def on_truncation(self, end: int, end_epoch: int, new_epoch: int | None) -> Truncation | None:
+        """Kafka's log ends the anchor's epoch at `end` (the record below it in `end_epoch`);
+        records of `new_epoch` revealed it. Below the anchor, offsets handed out from `end` on
+        were replaced: start over at `min(end, commit point)` in a new generation, count and
+        log them (`truncation.roll_back`), and anchor at `(end, end_epoch)`."""
+        anchor = self._anchor
+        if anchor is None or end >= anchor[0]:
+            return None
+        self._anchor = (end, end_epoch)
+        return truncation.roll_back(self._ledger(), anchor, end, new_epoch, self._restart)
 
     # -- outcomes ----------------------------------------------------------------------------
 

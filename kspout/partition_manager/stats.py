@@ -31,6 +31,7 @@ class Stats:
     skipped: int = 0
     dead_lettered: int = 0
     lost: int = 0  # data Kafka had that was never processed (out-of-range resets)
+    replaced: int = 0  # handed out, then replaced by an unclean leader election (truncation)
     gaps: int = 0  # GONE: offsets Kafka never had for this consumer (markers, compaction)
     invalid: int = 0  # failed as INVALID (no id, undecodable): dead-lettered without a retry
     crashed: int = 0  # failed as CRASH: killed its worker when run alone

@@ -10,7 +10,8 @@ from kspout's records::
                 "stopped": "<reason>", "moved_from": <offset>,
                 "done": [<gap>, <length>, ...], "done_cut": <offset>, "emitted": <offset>,
                 "advanced_at": <ms>, "lost": <count>, "window": <seconds>,
-                "history": [[<ms>, <offset>, <emitted>], ...]}}
+                "history": [[<ms>, <offset>, <emitted>], ...],
+                "leader_epoch": [<position>, <epoch>]}}
 
 The `kspout` key is ours; storm-kafka ignores unknown keys, and records it wrote (without that
 key, and without `topic` in its oldest versions) are read as they are. `stopped` is present only
@@ -27,6 +28,10 @@ partition. Every other field is optional too:
   writes a record without them.
 * `emitted`: every offset below it had been handed out when the record was written.
 * `advanced_at`: when the commit point last moved (a stuck one shows how long it has been).
+* `leader_epoch`: the record at `position - 1`, the highest kspout fetched, was written in
+  Kafka leader epoch `epoch` (KIP-320). A start asks the partition's leader whether its log still
+  holds that epoch up to `position`; when an unclean leader election truncated it, the offsets
+  from the leader's end of that epoch on are processed again (`kspout.driver.truncation`).
 * `lost`: written by a Structured Streaming query (`kspout.streaming`): offsets it lost to
   out-of-range resets so far.
 * `window` and `history`, written when the chain has a replay window (the dedup bolt's
@@ -153,6 +158,7 @@ class StoredOffset:
     advanced_at: int | None = None  # wall ms
     window: float | None = None  # seconds
     history: tuple[Checkpoint, ...] = ()
+    leader_epoch: tuple[int, int] | None = None  # (position, epoch): the anchor
 
     @property
     def committed_at(self) -> int | None:
@@ -364,6 +370,11 @@ def _progress_of(record: Mapping[str, Any], path: str) -> dict[str, Any]:
         out["history"] = _history_of(ours)
     except ValueError as exc:
         log.warning("%s: %s; ignoring the history", path, exc)
+    anchor = ours.get("leader_epoch")
+    if isinstance(anchor, list) and len(anchor) == 2 and all(map(_is_count, anchor)):
+        out["leader_epoch"] = (anchor[0], anchor[1])
+    elif anchor is not None:
+        log.warning("%s: ignoring `leader_epoch` = %s (not valid)", path, json.dumps(anchor))
     return out
 
 
