@@ -53,31 +53,30 @@ from kspout.driver.dead_letters import DeadLetterWorker
 from kspout.driver.failure_log import FailureLog
 from kspout.driver.failures import FailureCosts
 from kspout.driver.isolation import Isolation
-from kspout.driver.metrics import REFRESH, MetricsExporter
+from kspout.driver.metrics import REFRESH
 from kspout.driver.out_of_range import OutOfRangeHandler
+from kspout.driver.outlets import ProgressOutlets
 from kspout.driver.owned import Managers
 from kspout.driver.ownership import Ownership
 from kspout.driver.planner import Planner
 from kspout.driver.progress import (
-    InstanceReporter,
     Progress,
     partition_views,
     warn_if_every_record_failed,
 )
+from kspout.driver.run_limits import Ending, RunLimits
 from kspout.driver.truncation import TruncationCheck
 from kspout.driver.watermarks import WatermarkCache
 from kspout.driver.window import StallWatch, check_start
 from kspout.driver.zk_outage import PATIENCE, ZooKeeperOutage
 from kspout.errors import KafkaRefused, KafkaUnavailable
 from kspout.kafka import EpochProbe, KafkaMetadata
-from kspout.kafka.group_mirror import GroupMirror
 from kspout.kafka.rights import require_spout_rights
 from kspout.kafka.transactions import TransactionWatch
 from kspout.lifecycle import Lifecycle
 from kspout.outcomes import describe_error
 from kspout.ownership.membership import Membership
 from kspout.partition_manager import PartitionManager
-from kspout.wording import count
 from kspout.zk.offsets import ZkOffsetStore
 from kspout.zk.registry import InstanceRegistry
 from kspout.zk.session import ZkSession
@@ -120,9 +119,6 @@ class Driver(Lifecycle):
         self._executor = executor
         self._clock = clock
         self._sleep = sleep
-        self._on_progress = on_progress
-        self._progress_interval = progress_interval
-        self._last_progress = float("-inf")
         self._metadata = KafkaMetadata(config)
         self._zk = ZkSession(config, retry_timeout=PATIENCE)
         self._store = ZkOffsetStore(self._zk)
@@ -184,9 +180,9 @@ class Driver(Lifecycle):
         self._submitted = 0
         self._started_at = 0.0
         self._last_commit = 0.0
-        self._metrics = MetricsExporter(config, clock, metrics_interval)
-        self._group_mirror = GroupMirror(config)
-        self._reporter = InstanceReporter(self._registry, clock, config.commit_interval)
+        self._outlets = ProgressOutlets(
+            config, self._registry, clock, on_progress, progress_interval, metrics_interval
+        )
         self._transactions = TransactionWatch(config, clock, self._metadata)
         self._refused: KafkaRefused | None = None  # the first refusal a task reported
 
@@ -209,8 +205,7 @@ class Driver(Lifecycle):
         self._metadata.start()
         self._zk.start()
         self._dead_letters.start()
-        self._metrics.start()  # first: a port taken is a config error, found before any claim
-        self._group_mirror.start()
+        self._outlets.start()  # first: a port taken is a config error, found before any claim
         self._transactions.start()
         topic = self.config.topic
         self._metadata.require_topic(topic)
@@ -227,8 +222,7 @@ class Driver(Lifecycle):
             self._channel.start()
             assert self._channel.address is not None
             self._executor.attach(self._channel.address)
-        if self._metrics.url is not None:  # in this instance's node, for `kspout status`
-            self._registry.report({"metrics": self._metrics.url})
+        self._outlets.announce()
 
     def close(self) -> None:
         """Wait for batches in flight, apply them, write pending dead letters, commit, and
@@ -260,9 +254,8 @@ class Driver(Lifecycle):
         self._zk.close()
         self._metadata.close()
         self._truncation.close()
-        self._group_mirror.close()
         self._transactions.close()
-        self._metrics.close()
+        self._outlets.close()
 
     def __exit__(
         self,
@@ -293,21 +286,14 @@ class Driver(Lifecycle):
         releases the records it has not started); then what runs is applied and committed, and
         a refusal is raised (`KafkaAccessDenied` naming the ACL to grant).
         """
+        limits = RunLimits(max_batches, max_failures)
         while not (stop is not None and stop.is_set()):
-            if self.refused is not None:
-                log.warning("%s: stopping: %s", self.config.topic, self.refused)
-                self._executor.stop_soon()
-                break
-            if max_batches is not None and self._submitted >= max_batches:
-                break
-            if max_failures is not None and self._failures.records > max_failures:
-                log.error(
-                    "%s: %s failed, more than max_failures=%d allows: stopping",
-                    self.config.topic,
-                    count(self._failures.records, "record"),
-                    max_failures,
-                )
-                self._executor.stop_soon()
+            ending = limits.ending(
+                self.config.topic, self._submitted, self._failures.records, self.refused
+            )
+            if ending is not None:
+                if ending is Ending.SOON:
+                    self._executor.stop_soon()
                 break
             submitted = self.step()
             if until_caught_up and self.caught_up():
@@ -348,13 +334,7 @@ class Driver(Lifecycle):
         snapshot = None  # one progress snapshot per step, shared by whoever wants one
         if self._clock() - self._last_commit >= self.config.commit_interval:
             snapshot = self.commit()
-        now = self._clock()
-        if self._on_progress is not None and now - self._last_progress >= self._progress_interval:
-            self._last_progress = now
-            snapshot = self.progress() if snapshot is None else snapshot
-            self._on_progress(snapshot)
-        if self._metrics.due(now):
-            self._metrics.publish(self.progress() if snapshot is None else snapshot)
+        self._outlets.step(snapshot, self.progress)
         return submitted
 
     def caught_up(self) -> bool:
@@ -379,16 +359,14 @@ class Driver(Lifecycle):
             self._isolation.forget_below(p, part.manager.commit_point)
         self._failures.finished_below({p: part.manager.commit_point for p, part in parts.items()})
         progress = self.progress()
-        self._outage.guard("reporting", lambda: self._reporter.report(progress))  # if changed
-        self._metrics.publish(progress)
-        self._group_mirror.mirror(self._committer.committed_points())
+        self._outlets.committed(progress, self._committer.committed_points(), self._outage.guard)
         return progress
 
     @property
     def metrics_url(self) -> str | None:
         """Where Prometheus scrapes this driver (the bound port, for `port = 0`); None when
         it serves no metrics or has not started."""
-        return self._metrics.url
+        return self._outlets.metrics.url
 
     @property
     def partition_managers(self) -> Mapping[int, PartitionManager]:
@@ -490,7 +468,7 @@ class Driver(Lifecycle):
     def _end(self, ended: Ended) -> None:
         """A batch's job is over: apply its results, or decide what its failure costs."""
         batch = ended.batch
-        self._metrics.batch_ended(self._clock() - batch.started_at)
+        self._outlets.metrics.batch_ended(self._clock() - batch.started_at)
         for result in ended.results:
             self._apply(batch, result)
         if ended.error is not None:
