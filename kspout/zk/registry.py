@@ -8,7 +8,8 @@ start time, and what the instance last reported: metrics address, progress)::
 An instance's node lives as long as its session::
 
     UNREGISTERED --register()--> REGISTERED --session expired--> GONE
-    GONE --new session connected--> REGISTERED (created again, with the last report)
+    GONE --new session connected, or the next report()--> REGISTERED (created again, with
+                                                         the last report)
 
 Operators (`kspout status`, and `kspout offsets set`, which refuses to move a running spout)
 read the registry; `kspout.ownership` balances partitions over it.
@@ -16,7 +17,6 @@ read the registry; `kspout.ownership` balances partitions over it.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import socket
@@ -60,24 +60,13 @@ class InstanceRegistry:
         """Create this instance's ephemeral node (host, pid, start time) and return its path.
 
         It disappears when the session closes or expires; after an expiry it is created again
-        as soon as the session is renewed.
+        as soon as the session is renewed (or, if that fails, at the next `report`).
         """
-        session, path = self._session, self.path
         self._info.setdefault("started_at", now_ms())
         payload = encode(self._info)
-
-        def create(zk: KazooClient) -> None:
-            try:
-                session.wait(zk.create_async(path, payload, ephemeral=True, makepath=True))
-            except NodeExistsError:
-                stat = session.wait(zk.exists_async(path))
-                # Ours when an earlier attempt of this call went through before a lost reply.
-                if stat is None or stat.ephemeralOwner != zk.client_id[0]:
-                    raise InstanceIdInUse(path) from None
-
-        session.call(f"register {path}", path, create)
+        self._session.call(f"register {self.path}", self.path, lambda zk: self._create(zk, payload))
         self._registered = True
-        return path
+        return self.path
 
     def report(self, fields: Mapping[str, Any]) -> None:
         """Add `fields` to this instance's node (what `kspout status` shows of it); kept for
@@ -89,11 +78,25 @@ class InstanceRegistry:
         payload = encode(self._info)
 
         def write(zk: KazooClient) -> None:
-            # Gone when the session expired: re-registration writes the info kept above.
-            with contextlib.suppress(NoNodeError):
+            try:
                 session.wait(zk.set_async(path, payload))
+            except NoNodeError:
+                # The session expired and registering again after it failed (or has not run
+                # yet): without its node this instance would get no partitions.
+                self._create(zk, payload)
 
         session.call(f"report {path}", path, write)
+
+    def _create(self, zk: KazooClient, payload: bytes) -> None:
+        session, path = self._session, self.path
+        try:
+            session.wait(zk.create_async(path, payload, ephemeral=True, makepath=True))
+        except NodeExistsError:
+            stat = session.wait(zk.exists_async(path))
+            # Ours when an earlier attempt went through before a lost reply, or when renewal
+            # and a report raced to create it.
+            if stat is None or stat.ephemeralOwner != zk.client_id[0]:
+                raise InstanceIdInUse(path) from None
 
     def _register_again(self) -> None:
         """After a session expiry (a kazoo worker: log, never raise into kazoo)."""
@@ -103,7 +106,10 @@ class InstanceRegistry:
             self.register()
             log.warning("ZooKeeper session expired; registered instance %s again", self.path)
         except Exception:
-            log.exception("could not register instance %s again", self.instance_id)
+            log.exception(
+                "could not register instance %s again; the next report will try",
+                self.instance_id,
+            )
 
 
 def live_instances(session: ZkSession) -> list[str]:

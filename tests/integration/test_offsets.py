@@ -374,6 +374,29 @@ def test_registration_survives_session_expiry(make_config: Callable[..., TopicCo
         assert live_instances(observer.session) == ["b"]
 
 
+def test_a_report_creates_the_node_again_when_it_is_gone(
+    make_config: Callable[..., TopicConfig],
+) -> None:
+    """After an expiry whose re-registration failed the node is missing: the next report
+    creates it again, with what was reported, so the instance gets partitions again."""
+    config = make_config()
+    with open_store(config) as observer:
+        session = ZkSession(config)
+        session.start()
+        try:
+            registry = InstanceRegistry(session, "orders-a")
+            path = registry.register()
+            observer.session.client.delete(path)  # what a failed re-registration leaves
+            assert live_instances(observer.session) == []
+            registry.report({"report": {"acked": 7}})
+            assert live_instances(observer.session) == ["orders-a"]
+            data, stat = observer.session.client.get(path)
+            assert json.loads(data)["report"] == {"acked": 7}
+            assert stat.ephemeralOwner == session.client.client_id[0]
+        finally:
+            session.close()
+
+
 def test_read_retries_while_zookeeper_restarts(
     make_config: Callable[..., TopicConfig], zookeeper: ZooKeeperServer
 ) -> None:
