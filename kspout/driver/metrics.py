@@ -10,7 +10,8 @@ What it serves, labelled `topic`, `spout_id` and, per partition, `partition`:
   open transaction holds the partition at its last stable offset;
 * the outcome counts per partition as counters (`kspout_messages_acked_total`,
   `kspout_messages_failed_total{reason}`, ...), the driver's batch and commit counts, and
-  `kspout_batch_duration_seconds`, a histogram;
+  `kspout_batch_duration_seconds`, a histogram; `kspout_zookeeper_away_seconds` while
+  ZooKeeper does not answer;
 * `kspout_instance_info` (instance id, host, pid) and the client library's standard
   `process_*` and `python_*` series.
 
@@ -327,13 +328,20 @@ class ProgressCollector:
             labels=DRIVER_LABELS,
         )
         age.add_metric(labels, snapshot_age)
+        zookeeper_away = GaugeMetricFamily(
+            "kspout_zookeeper_away_seconds",
+            "Seconds ZooKeeper has been away (0 while it answers): commits and ownership wait "
+            "meanwhile, the run goes on",
+            labels=DRIVER_LABELS,
+        )
+        zookeeper_away.add_metric(labels, progress.zookeeper_away or 0.0)
         info = InfoMetricFamily(
             "kspout_instance",
             "This driver: its instance id (its node under `instances/`), host and pid",
             labels=(*DRIVER_LABELS, "instance_id", "host", "pid"),
         )
         info.add_metric([*labels, progress.instance, self._host, str(self._pid)], {})
-        return [*out, owned, age, info]
+        return [*out, owned, age, zookeeper_away, info]
 
 
 class MetricsExporter(Lifecycle):

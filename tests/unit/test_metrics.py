@@ -133,8 +133,17 @@ def test_every_figure_comes_from_its_field() -> None:
     assert got[("kspout_partitions_dropped_total", DRIVER)] == 6
     assert got[("kspout_partitions_owned", DRIVER)] == 2
     assert got[("kspout_snapshot_age_seconds", DRIVER)] == 4.0
+    assert got[("kspout_zookeeper_away_seconds", DRIVER)] == 0  # it answers
     info = DRIVER | {("instance_id", "run-1"), ("host", "h1"), ("pid", "42")}
     assert got[("kspout_instance_info", info)] == 1
+
+
+def test_how_long_zookeeper_has_been_away() -> None:
+    collector = ProgressCollector("sp", Clock())
+    away = progress(PartitionView(0, stats(1), 0, 9, 0))
+    away.zookeeper_away = 31.5
+    collector.publish(away)
+    assert scrape(collector)[("kspout_zookeeper_away_seconds", DRIVER)] == 31.5
 
 
 def test_nothing_before_the_first_snapshot_and_a_partition_that_left_has_no_series() -> None:
