@@ -88,18 +88,18 @@ class ZkSession(Lifecycle):
     Constructing does no I/O; `start()` connects (or raises `ZooKeeperUnavailable`) and
     `close()` disconnects, which drops every ephemeral node of the session.
 
-    Timeouts, in seconds: `connect_timeout` bounds `start()`; `request_timeout` bounds one
-    ZooKeeper request; `retry_timeout` bounds all retries of one call before it gives up;
-    `session_timeout` (default: the topic file's `zk_session_timeout`) is the ZooKeeper
-    session: how long ZooKeeper may not hear from this client before its ephemeral nodes (the
-    registration, the claims) are gone.
+    Timeouts, in seconds: `request_timeout` bounds one ZooKeeper request; `retry_timeout`
+    bounds all retries of one call before it gives up; `session_timeout` (default: the topic
+    file's `zk_session_timeout`) is the ZooKeeper session: how long ZooKeeper may not hear
+    from this client before its ephemeral nodes (the registration, the claims) are gone;
+    `connect_timeout` (default: the session timeout) bounds `start()`.
     """
 
     def __init__(
         self,
         config: TopicConfig,
         *,
-        connect_timeout: float = 10.0,
+        connect_timeout: float | None = None,
         request_timeout: float = 10.0,
         retry_timeout: float = 30.0,
         session_timeout: float | None = None,
@@ -107,11 +107,13 @@ class ZkSession(Lifecycle):
         self.config = config
         self.path = config.zk_spout_path
         self.hosts = config.zookeeper
-        self._connect_timeout = connect_timeout
         self._request_timeout = request_timeout
         self._retry_timeout = retry_timeout
         self._session_timeout = (
             config.zk_session_timeout if session_timeout is None else session_timeout
+        )
+        self._connect_timeout = (
+            self._session_timeout if connect_timeout is None else connect_timeout
         )
         self._client: KazooClient | None = None
         self._session_lost = False

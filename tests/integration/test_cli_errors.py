@@ -148,13 +148,17 @@ def test_every_command_refuses_a_missing_topic_as_status_does(
 
 @pytest.mark.parametrize("command", ["offsets show", "pause", "run"])
 def test_an_unreachable_zookeeper_is_one_line_without_traceback(
-    config_file: Path, command: str
+    tmp_path: Path, stack: DevStack, config: TopicConfig, command: str
 ) -> None:
+    """Within the session timeout, which also bounds the wait to connect."""
+    config_file = topic_file(tmp_path / "topic.toml", stack, config, "zk_session_timeout = 2\n")
     address = f"127.0.0.1:{closed_port()}"
-    done, _ = kspout(config_file, COMMANDS[command], {"KSPOUT_ZOOKEEPER": address})
+    done, took = kspout(config_file, COMMANDS[command], {"KSPOUT_ZOOKEEPER": address})
     assert done.returncode == NOT_THERE, done.stderr
     [line] = done.stderr.strip().splitlines()
     assert f"ZooKeeper at {address}" in line and "KSPOUT_ZOOKEEPER" in line
+    assert "within 2s" in line
+    assert took < ANSWER_WITHIN, f"{command} took {took:.1f}s"
 
 
 DEDUP_CHAIN = """\
