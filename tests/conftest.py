@@ -22,7 +22,7 @@ from confluent_kafka import Producer
 from kazoo.client import KazooClient
 
 from kspout.config import TopicConfig, parse_config
-from kspout.devstack import DevStack, PostgresServer, create_topic
+from kspout.devstack import DevStack, KafkaCluster, PostgresServer, create_topic
 from tests.integration.helpers import (
     FAST_BACKOFF,
     PARTITIONS,
@@ -64,6 +64,29 @@ def postgres(stack: DevStack) -> PostgresServer:
     unique to the test); the stack removes it at the end."""
     stack.postgres.start()
     return stack.postgres
+
+
+@pytest.fixture(scope="session")
+def _shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """Three KRaft nodes for the tests that need brokers of their own to lead, lose or
+    replicate partitions (the stack's single broker is never taken down for them); started
+    once, as three JVMs take 15-25 s on two cores. A follower that stops fetching leaves the
+    ISR after 2 s."""
+    with KafkaCluster(
+        tmp_path_factory.mktemp("cluster"), settings={"replica.lag.time.max.ms": "2000"}
+    ) as nodes:
+        yield nodes
+
+
+@pytest.fixture
+def kafka_cluster(_shared_cluster: KafkaCluster) -> Iterator[KafkaCluster]:
+    """The shared three-node cluster with every node serving: a node the test killed is
+    started again afterwards, and one it froze is thawed first. Use topics of the test's own."""
+    yield _shared_cluster
+    for node in _shared_cluster.nodes:
+        if node.running:
+            node.thaw()  # a no-op unless it was frozen
+    _shared_cluster.start()
 
 
 @pytest.fixture

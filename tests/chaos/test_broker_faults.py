@@ -93,19 +93,6 @@ def own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker
     broker.stop()
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
-    """Three KRaft nodes; a follower that stops fetching leaves the ISR after 2 s."""
-    nodes = KafkaCluster(
-        tmp_path_factory.mktemp("own-cluster"),
-        size=3,
-        settings={"replica.lag.time.max.ms": "2000"},
-    )
-    nodes.start()
-    yield nodes
-    nodes.stop()
-
-
 # -- the ledger ----------------------------------------------------------------------------------
 
 
@@ -502,18 +489,18 @@ def test_a_broker_sigstopped_past_the_request_timeouts_costs_no_message(
 
 @pytest.mark.timeout(300)
 def test_the_partition_leader_sigkilled_in_a_replicated_cluster_costs_no_message(
-    stack: DevStack, cluster: KafkaCluster, redis_client: redis.Redis
+    stack: DevStack, kafka_cluster: KafkaCluster, redis_client: redis.Redis
 ) -> None:
-    job = make_job(stack, cluster.brokers, "leader", replication=3)
+    job = make_job(stack, kafka_cluster.brokers, "leader", replication=3)
     produce(job, "leader")
     total = len(job.healthy)
-    before = leaders(cluster.brokers, job.config.topic)
+    before = leaders(kafka_cluster.brokers, job.config.topic)
     victim, _ = Counter(before.values()).most_common(1)[0]
     led = sorted(p for p, leader in before.items() if leader == victim)
     run = DriverThread(job)
     try:
         run.wait_for(late_in_batch(redis_client, job), "the end of the second batch")
-        cluster.node(victim).kill()  # stays down: two of three replicas remain in sync
+        kafka_cluster.node(victim).kill()  # stays down: two of three replicas remain in sync
         killed_at = applied_count(redis_client, job)
         after = before
         deadline = time.monotonic() + 60
@@ -522,7 +509,7 @@ def test_the_partition_leader_sigkilled_in_a_replicated_cluster_costs_no_message
             assert time.monotonic() < deadline, f"leadership never moved from {victim}: {after}"
             time.sleep(0.5)
             with contextlib.suppress(KafkaException):  # the dead node was the controller
-                after = leaders(cluster.brokers, job.config.topic)
+                after = leaders(kafka_cluster.brokers, job.config.topic)
         progress = run.finish()
     finally:
         run.stop()

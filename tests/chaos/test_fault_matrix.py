@@ -24,8 +24,8 @@ The outages (`redis`, `fetch`) begin while the spout runs, after a first part of
 is finished, and with work left that the fault must strike (produced once it began, or a paced
 backlog the spout is in the middle of); those cases run the spout until the commit points reach
 the high watermarks after the fault ended (what `until_caught_up` checks, seen from outside),
-and count retries and timeouts from the moment the fault began. The `fetch` case runs its own
-Apache Kafka cluster of three KRaft nodes (tests/chaos/faults.py), the broken partition's only
+and count retries and timeouts from the moment the fault began. The `fetch` case runs on the
+shared Apache Kafka cluster of three KRaft nodes (`kafka_cluster`), the broken partition's only
 replica on node 2 and the others' on node 1, kills node 2 (SIGKILL) for the outage and then
 starts it again. The other cases run `KafkaSpout.run(..., until_caught_up=True)`, on a Spark
 session warmed by one small run first (a cold start can outlast `message_timeout`, and must not
@@ -622,33 +622,27 @@ def test_redis_down_longer_than_the_retry_budget_costs_no_message(
     assert not row.twice, f"applied more than once: {row.twice[:10]}"
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
-    """Three KRaft nodes of this module's own, for the partition whose leader goes down (the
-    session's single broker is never taken down here)."""
-    with KafkaCluster(tmp_path_factory.mktemp("fault-matrix-kafka")) as nodes:
-        yield nodes
-
-
 @pytest.mark.timeout(240)
 def test_a_partition_that_cannot_be_fetched_holds_back_only_itself(
     warm_spark: SparkSession,
     stack: DevStack,
     make_config: Callable[..., TopicConfig],
     redis_client: redis.Redis,
-    cluster: KafkaCluster,
+    kafka_cluster: KafkaCluster,
 ) -> None:
     config = case_config(
         make_config,
-        brokers=cluster.brokers,
+        brokers=kafka_cluster.brokers,
         fetch_timeout=1.0,
         kafka={"log_level": 0},  # clients of a down broker log every reconnect: keep quiet
     )
     broken, others = 1, [p for p in PARTITIONS if p != 1]
     # Node 2 holds (and leads) the broken partition alone; node 1 everything else.
-    cluster.create_topic(config.topic, [2 if p == broken else 1 for p in PARTITIONS])
-    cluster.create_topic(config.dlq_topic, [1 for _ in PARTITIONS])
-    producer = Producer({"bootstrap.servers": cluster.brokers, "linger.ms": 5, "log_level": 0})
+    kafka_cluster.create_topic(config.topic, [2 if p == broken else 1 for p in PARTITIONS])
+    kafka_cluster.create_topic(config.dlq_topic, [1 for _ in PARTITIONS])
+    producer = Producer(
+        {"bootstrap.servers": kafka_cluster.brokers, "linger.ms": 5, "log_level": 0}
+    )
     messages = Messages()
     produce(producer, config.topic, "fetch-before", dict.fromkeys(PARTITIONS, 25), messages)
     handler = FaultyHandler(config.topic, stack.info.redis_url, SLOW_SECONDS)
@@ -670,7 +664,7 @@ def test_a_partition_that_cannot_be_fetched_holds_back_only_itself(
             while not redis_client.hexists(f"{config.topic}:applied", first):
                 assert run.alive and time.monotonic() - started < LIMIT, "the backlog never began"
                 time.sleep(0.01)
-            cluster.node(2).kill()
+            kafka_cluster.node(2).kill()
             fault_began = time.monotonic()
             baseline = run.latest
             try:
@@ -692,7 +686,7 @@ def test_a_partition_that_cannot_be_fetched_holds_back_only_itself(
                 if held >= messages.high(broken):
                     row.notes.append("the spout had fetched the partition before the fault")
             finally:
-                cluster.node(2).start()  # back once it serves (its old session lapses first)
+                kafka_cluster.node(2).start()  # back once it serves (its old session lapses first)
             row.recovery = watch.wait_at_high(run, LIMIT)
             if row.recovery is None and run.alive:
                 row.notes.append(f"STALLED: not at the high watermarks {LIMIT:.0f} s after")
@@ -700,7 +694,7 @@ def test_a_partition_that_cannot_be_fetched_holds_back_only_itself(
         if run.alive:
             run.stop()
 
-    measure(row, config, messages, redis_client, cluster.brokers, run, baseline)
+    measure(row, config, messages, redis_client, kafka_cluster.brokers, run, baseline)
     report(row)
     assert row.struck >= 1, "the partition's fetch never failed"
     run.check()

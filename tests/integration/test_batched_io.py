@@ -1,8 +1,8 @@
 """The driver's per-partition costs, batched: watermarks of many partitions in one query, a
 commit round's records in bundled transactions, pipelined (each partition fenced on its own),
 records read pipelined, and the instance report written only when it changed or as a
-heartbeat. Real processes: Apache Kafka (the stack's broker, or this module's own cluster of
-three KRaft nodes for a topic whose partitions are placed on chosen nodes, one of which is then
+heartbeat. Real processes: Apache Kafka (the stack's broker, or the shared cluster of three KRaft
+nodes, `kafka_cluster`, for a topic whose partitions are placed on chosen nodes, one of which is then
 killed) and the stack's ZooKeeper.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -31,7 +31,7 @@ from kspout.zk.offsets import BUNDLE_BYTES, OffsetWrite, ZkOffsetStore
 from tests.chaos.faults import wait_led
 from tests.integration.helpers import PARTITIONS, highs, open_store, produce, register, stored
 
-MANY = 40  # partitions of the `many` topic, on nodes 1 and 2 of `cluster` in turn
+MANY = 40  # partitions of the `many` topic, on nodes 1 and 2 of `kafka_cluster` in turn
 
 
 def handled(_record: Record) -> None:
@@ -55,21 +55,13 @@ class CountingConsumer:
         return counted
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
-    """Three KRaft nodes of this module's own (the session's single broker cannot lead
-    partitions from chosen brokers, nor lose one while the others serve)."""
-    with KafkaCluster(tmp_path_factory.mktemp("batched-io-kafka")) as nodes:
-        yield nodes
-
-
 @pytest.fixture
-def many(cluster: KafkaCluster, make_config: Callable[..., TopicConfig]) -> TopicConfig:
-    """A topic of `MANY` unreplicated partitions on `cluster`, partition p on node 1 + p % 2
+def many(kafka_cluster: KafkaCluster, make_config: Callable[..., TopicConfig]) -> TopicConfig:
+    """A topic of `MANY` unreplicated partitions on `kafka_cluster`, partition p on node 1 + p % 2
     (its leader) and holding p % 7 messages."""
-    config = make_config(brokers=cluster.brokers, kafka={"log_level": 0})
-    cluster.create_topic(config.topic, [1 + p % 2 for p in range(MANY)])
-    producer = Producer({"bootstrap.servers": cluster.brokers, "log_level": 0})
+    config = make_config(brokers=kafka_cluster.brokers, kafka={"log_level": 0})
+    kafka_cluster.create_topic(config.topic, [1 + p % 2 for p in range(MANY)])
+    producer = Producer({"bootstrap.servers": kafka_cluster.brokers, "log_level": 0})
     produce(producer, config.topic, {p: range(p % 7) for p in range(MANY)})
     return config
 
@@ -90,7 +82,7 @@ def test_watermarks_of_many_partitions_are_one_query_and_match_each_partitions_o
 
 
 def test_caught_up_partitions_are_asked_their_high_only_until_their_low_is_old(
-    many: TopicConfig, cluster: KafkaCluster
+    many: TopicConfig, kafka_cluster: KafkaCluster
 ) -> None:
     """A caught-up partition is asked every step; its low mark, which moves only when
     retention deletes records, is asked again once it is `MAX_AGE` old: one request per broker
@@ -104,7 +96,7 @@ def test_caught_up_partitions_are_asked_their_high_only_until_their_low_is_old(
         caught_up = {p: p % 7 for p in partitions}  # every partition planned to its high
         assert cache.refresh(caught_up) == {}
         assert counting.calls["offsets_for_times"] == 2, "the first query asks both ends"
-        producer = Producer({"bootstrap.servers": cluster.brokers, "log_level": 0})
+        producer = Producer({"bootstrap.servers": kafka_cluster.brokers, "log_level": 0})
         produce(producer, many.topic, {3: range(5)})
         now[0] += MAX_AGE / 2
         assert cache.refresh(caught_up) == {}
@@ -122,7 +114,7 @@ def test_caught_up_partitions_are_asked_their_high_only_until_their_low_is_old(
 
 
 def test_a_broker_down_holds_back_only_the_partitions_it_leads(
-    many: TopicConfig, cluster: KafkaCluster
+    many: TopicConfig, kafka_cluster: KafkaCluster
 ) -> None:
     """Node 2 killed: first while the metadata still names it the leader of its partitions
     (until its session lapses), then once the controller has left them without one."""
@@ -132,7 +124,7 @@ def test_a_broker_down_holds_back_only_the_partitions_it_leads(
     seen: list[tuple[Bounds, dict[int, KafkaRequestFailed]]] = []
     with KafkaMetadata(many) as metadata:
         metadata.watermarks_of(many.topic, partitions)  # connected to both brokers
-        cluster.node(2).kill()
+        kafka_cluster.node(2).kill()
         try:
             seen.append(metadata.watermarks_now(many.topic, partitions))
             deadline = time.monotonic() + 30
@@ -141,8 +133,8 @@ def test_a_broker_down_holds_back_only_the_partitions_it_leads(
                 time.sleep(0.2)
             seen.append(metadata.watermarks_now(many.topic, partitions))
         finally:
-            cluster.node(2).start()
-            wait_led(cluster.brokers, many.topic)
+            kafka_cluster.node(2).start()
+            wait_led(kafka_cluster.brokers, many.topic)
         assert metadata.watermarks_of(many.topic, partitions) == {
             p: (0, p % 7) for p in partitions
         }, "node 2 back: every partition answers again"

@@ -195,7 +195,7 @@ def test_an_output_kafka_that_is_down_costs_no_attempt(
     make_config: Callable[..., TopicConfig], producer: Producer, tmp_path: Path, path: str
 ) -> None:
     """The output goes to a Kafka broker of its own, stopped while the run starts and started
-    again 8 s later: the sends it could not take are the infrastructure's fault, so the source
+    again 4 s later: the sends it could not take are the infrastructure's fault, so the source
     messages are released (no attempt spent, nothing dead-lettered) until it is back, and then
     acked, each output in the output topic."""
     config = make_config(max_retries=1)
@@ -206,7 +206,7 @@ def test_an_output_kafka_that_is_down_costs_no_attempt(
         create_topic(broker.address, "notes", 1)
         broker.stop()
         settings = make_config(brokers=broker.address, fetch_timeout=1.0, kafka={"log_level": 0})
-        back = threading.Timer(8.0, broker.start)
+        back = threading.Timer(4.0, broker.start)
         back.start()
         try:
             progress = run_in_process(config, sending(path, KafkaOutput(settings, "notes"), b"n"))
