@@ -17,9 +17,11 @@ When the leader's log ends the anchor's epoch below the anchor, an unclean elect
 it: the batch begins at that end instead, the replaced range is logged with both epochs
 (`PartitionManager.on_truncation`), the planner counts it (`replaced` in the ZooKeeper copy),
 and the new messages at those offsets are read; none is skipped. A leader that gives no verdict
-within `VERDICT_TIMEOUT` keeps its partition out of the batch; it is asked again next time.
-Offsets without an epoch (checkpoints written before kspout kept them, a broker that sent
-none) are not checked: the `out_of_range` policy sees them as before.
+within `VERDICT_TIMEOUT` keeps its partition out of the next batch, and is asked again (a batch
+that Spark runs again from its offset log after a restart reads its range unchecked: its end
+is checked with the batch after it). Offsets without an epoch (checkpoints written before
+kspout kept them, a broker that sent none) are not checked: the `out_of_range` policy sees them
+as before.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ class EpochCheck:
             if p not in verdicts:
                 log.warning(
                     "%s[%d]: no answer to a leader epoch check (offset %d, epoch %d) within "
-                    "%gs; the partition waits for the next batch (check that it has a live "
+                    "%gs; asked again with the next batch (check that the partition has a live "
                     "leader)",
                     self._config.topic,
                     p,
