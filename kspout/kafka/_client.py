@@ -268,11 +268,14 @@ def all_watermarks(
     timeout: float = REQUEST_TIMEOUT,
     attempts: int = RETRY_ATTEMPTS,
     lows: Mapping[int, int] | None = None,
+    epochs: dict[int, int] | None = None,
 ) -> dict[int, tuple[int, int]]:
     """Fresh `(low, high)` of every partition in `partitions`, in one batched query.
 
     `lows` gives the low marks the caller knows recently enough: those partitions are asked
     their high only, and when every one is given the query is one request per broker.
+    `epochs`, when given, is filled with the leader epoch each leader sent with its high (the
+    epoch to validate that position in, KIP-320; left out where the broker sent none).
 
     `offsets_for_times` with ListOffsets' special timestamps asks each partition leader once
     for the earliest offsets of all the partitions it leads, then once for the latest: two
@@ -305,7 +308,7 @@ def all_watermarks(
 
     def query() -> dict[int, tuple[int, int]]:
         found = _offsets_at(consumer, topic, missing, OFFSET_BEGINNING, timeout) if missing else {}
-        highs = _offsets_at(consumer, topic, asked, OFFSET_END, timeout)
+        highs = _offsets_at(consumer, topic, asked, OFFSET_END, timeout, epochs)
         return {p: (found[p] if p in found else known[p], highs[p]) for p in asked}
 
     where = asked[0] if len(asked) == 1 else None
@@ -321,11 +324,16 @@ def _requests(topic: str, partitions: tuple[int, ...], which: int) -> list[Topic
 
 
 def _offsets_at(
-    consumer: Consumer, topic: str, partitions: list[int], which: int, timeout: float
+    consumer: Consumer,
+    topic: str,
+    partitions: list[int],
+    which: int,
+    timeout: float,
+    epochs: dict[int, int] | None = None,
 ) -> dict[int, int]:
     """One end (`OFFSET_BEGINNING` or `OFFSET_END`) of each partition, in one call; a
     partition's own error fails the call, with its partition named and its code kept (so a
-    transient one is retried)."""
+    transient one is retried). `epochs`: filled with the leader epochs that came with them."""
     asked = _requests(topic, tuple(partitions), which)
     answers = consumer.offsets_for_times(asked, timeout=timeout)
     for answer in answers:
@@ -339,4 +347,9 @@ def _offsets_at(
                     retriable=error.retriable(),
                 )
             )
+    if epochs is not None:
+        for answer in answers:
+            epoch = answer.leader_epoch
+            if epoch is not None and epoch >= 0:
+                epochs[answer.partition] = epoch
     return {answer.partition: answer.offset for answer in answers}

@@ -109,11 +109,14 @@ class KafkaMetadata(Lifecycle):
             return watermarks(self._client(), topic, partition, timeout=QUICK_TIMEOUT, attempts=1)
         return watermarks(self._client(), topic, partition)
 
-    def watermarks_of(self, topic: str, partitions: Iterable[int]) -> Bounds:
+    def watermarks_of(
+        self, topic: str, partitions: Iterable[int], *, epochs: dict[int, int] | None = None
+    ) -> Bounds:
         """`(low, high)` of each of `partitions`, in one batched query (two requests per
         partition leader, however many partitions it leads); `KafkaRequestFailed` when any
-        partition has no answer after the retries."""
-        return all_watermarks(self._client(), topic, partitions)
+        partition has no answer after the retries. `epochs`, when given, is filled with the
+        leader epoch each leader sent with its high (`all_watermarks`)."""
+        return all_watermarks(self._client(), topic, partitions, epochs=epochs)
 
     def watermarks_now(
         self, topic: str, partitions: Iterable[int], lows: Mapping[int, int] | None = None

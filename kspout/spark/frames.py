@@ -9,7 +9,10 @@ raises. When `f` returns, only what the frame held is acked:
   a Spark accumulator: the planned offsets it stopped before when Kafka answered out of range
   (retention moved the low watermark past them, or they lie at or above high), the offsets
   Kafka does not have inside `[low, high)` (compaction, transaction markers), and the `(low,
-  high)` it saw. An offset counts as received only when every evaluation fetched it.
+  high)` it saw. An offset counts as received only when every evaluation fetched it. The
+  report also names the leader epoch of the highest record fetched, which the task result
+  carries to the driver as `KafkaSpout.run`'s tasks do: an unclean leader election that
+  truncated the log is found by it (`kspout.driver.truncation`), not taken for out of range.
 * Received offsets are acked (as counted runs, at their planned attempt); offsets Kafka does
   not have are GONE; offsets a fetch stopped before get no outcome (they stay unfinished) and
   the task reports `out_of_range=(low, high)`, so the driver applies the partition's
@@ -55,8 +58,9 @@ BatchFunction = Callable[[DataFrame, int], object]
 
 
 @dataclass(frozen=True, slots=True)
-class Unfetched:
-    """What evaluations of a frame did not fetch of one partition's planned offsets.
+class FetchReport:
+    """What evaluations of a frame fetched of one partition's planned offsets: what they did
+    not return, and the leader epoch of the highest record.
 
     * `cut`: planned offsets a fetch stopped before because Kafka answered out of range; they
       were neither returned nor known missing.
@@ -64,46 +68,52 @@ class Unfetched:
       transaction markers).
     * `bounds`: Kafka's `(low, high)` as the cut fetches saw it (None when none was cut).
     * `refused`: what Kafka refused the principal, when a fetch was refused (nothing fetched).
+    * `leader_epoch`: `(position, epoch)` of the highest record fetched
+      (`FetchResult.leader_epoch`), None when no fetch returned one.
 
-    Merging is a union (and the larger low and high), so a report counted twice (a retried
-    Spark task, an evaluation repeated) changes nothing.
+    Merging is a union (and the larger low and high, the higher epoch), so a report counted
+    twice (a retried Spark task, an evaluation repeated) changes nothing.
     """
 
     cut: tuple[Range, ...] = ()
     missing: tuple[Range, ...] = ()
     bounds: tuple[int, int] | None = None
     refused: KafkaRefused | None = None
+    leader_epoch: tuple[int, int] | None = None
 
     @classmethod
-    def of(cls, spans: Sequence[tuple[int, int]], fetched: FetchResult) -> Unfetched:
-        """What one fetch of `spans` (sorted, disjoint ranges) did not return."""
+    def of(cls, spans: Sequence[tuple[int, int]], fetched: FetchResult) -> FetchReport:
+        """What one fetch of `spans` (sorted, disjoint ranges) did not return, and its epoch."""
         missing = union(fetched.missing)
+        epoch = fetched.leader_epoch
         if fetched.out_of_range is None:  # every requested offset was returned or is missing
-            return cls((), missing, None)
+            return cls((), missing, None, leader_epoch=epoch)
         got = union(runs(record.offset for record in fetched.records), missing)
         cut = tuple((lo, hi) for lo, hi, _ in subtract(spans, got))
-        return cls(cut, missing, fetched.out_of_range)
+        return cls(cut, missing, fetched.out_of_range, leader_epoch=epoch)
 
-    def merge(self, other: Unfetched) -> Unfetched:
+    def merge(self, other: FetchReport) -> FetchReport:
         """What neither evaluation missed is what both fetched: the union of the rest."""
         if self.bounds is None or other.bounds is None:
             bounds = self.bounds or other.bounds
         else:
             bounds = (max(self.bounds[0], other.bounds[0]), max(self.bounds[1], other.bounds[1]))
-        return Unfetched(
+        epochs = [e for e in (self.leader_epoch, other.leader_epoch) if e is not None]
+        return FetchReport(
             union(self.cut, other.cut),
             union(self.missing, other.missing),
             bounds,
             self.refused or other.refused,
+            max(epochs, default=None),
         )
 
 
 # Keyed by (batch, partition): one accumulator serves every batch of a FrameExecutor.
-FetchReports = dict[tuple[int, int], Unfetched]
+FetchReports = dict[tuple[int, int], FetchReport]
 
 
 class FetchReportsParam(AccumulatorParam[FetchReports]):
-    """Merges the `Unfetched` reports of a frame's evaluations, per batch and partition."""
+    """Merges the `FetchReport`s of a frame's evaluations, per batch and partition."""
 
     def zero(self, value: FetchReports) -> FetchReports:
         return {}
@@ -132,9 +142,9 @@ def fetch_rows(
         try:
             fetched = fetcher.fetch(task.topic, task.partition, spans)
         except KafkaRefused as exc:  # raised, it would fail the job and lose the report
-            reports.add({(batch, task.partition): Unfetched(refused=exc)})
+            reports.add({(batch, task.partition): FetchReport(refused=exc)})
             continue
-        reports.add({(batch, task.partition): Unfetched.of(spans, fetched)})
+        reports.add({(batch, task.partition): FetchReport.of(spans, fetched)})
         for record in fetched.records:
             yield to_row(record)
 
@@ -195,7 +205,7 @@ class FrameExecutor(SparkJobs):
             results.append(self._acked(task) if report is None else settle_fetched(task, report))
         return results
 
-    def _take_reports(self, batch: int) -> dict[int, Unfetched]:
+    def _take_reports(self, batch: int) -> dict[int, FetchReport]:
         """This batch's reports by partition, removed (with any late ones of earlier batches)."""
         value = self._reports.value
         # Jobs `f` left running could still add reports from Spark's accumulator thread:
@@ -212,29 +222,37 @@ class FrameExecutor(SparkJobs):
         return _settled(task, low=low, high=high)
 
 
-def settle_fetched(task: PartitionTask, unfetched: Unfetched) -> TaskResult:
+def settle_fetched(task: PartitionTask, report: FetchReport) -> TaskResult:
     """A task whose frame `f` evaluated and returned from, settled by what was fetched.
 
     Planned offsets every evaluation fetched are acked (counted runs at their span's attempt);
     missing ones are GONE; cut ones are RELEASED (no attempt spent: `f` never saw them), and
-    the result carries `out_of_range=unfetched.bounds` for the partition's out-of-range
-    policy, which decides what becomes of them.
+    the result carries `out_of_range=report.bounds` for the partition's out-of-range
+    policy, which decides what becomes of them. The leader epoch of the highest record goes
+    with the result, so the driver checks it before it applies these outcomes.
     """
     spans = task.plan.spans
     ranges = [(span.start, span.end) for span in spans]
     outcomes: list[Outcome] = []
-    skipped = union(unfetched.cut, unfetched.missing)
+    skipped = union(report.cut, report.missing)
     for lo, hi, i in subtract(ranges, skipped):
         outcomes.append(Outcome(lo, OutcomeKind.ACK, spans[i].attempt, count=hi - lo))
-    for lo, hi, i in intersect(ranges, unfetched.missing):
+    for lo, hi, i in intersect(ranges, report.missing):
         outcomes.append(Outcome(lo, OutcomeKind.GONE, spans[i].attempt, count=hi - lo))
-    cut = [(lo, hi) for lo, hi, _ in subtract(unfetched.cut, unfetched.missing)]
+    cut = [(lo, hi) for lo, hi, _ in subtract(report.cut, report.missing)]
     for lo, hi, i in intersect(ranges, cut):
         outcomes.append(
             Outcome(lo, OutcomeKind.RELEASED, spans[i].attempt, error=CUT_SHORT, count=hi - lo)
         )
     outcomes.sort(key=lambda outcome: outcome.offset)
-    return TaskResult(task.topic, task.partition, task.plan.generation, outcomes, unfetched.bounds)
+    return TaskResult(
+        task.topic,
+        task.partition,
+        task.plan.generation,
+        outcomes,
+        report.bounds,
+        leader_epoch=report.leader_epoch,
+    )
 
 
 def _settled(

@@ -7,9 +7,10 @@ batch read, `spark.read.format("kspout")`.
 Built on PySpark's Python Data Source API (PySpark 4.2 or later, with pyarrow). One module per
 job: `source` (the data source), `options` (its options: the topic file and Spark's Kafka-source
 names), `reader` (what PySpark calls for a stream), `batch` (for a batch read), `planner` (the
-driver side: batches' offsets, out-of-range policies, admission control), `watermarks` (asked
-at a bounded rate), `zk_copy` (the query's progress copied to ZooKeeper), `read` (the executor
-side: fetching a batch's ranges), `columns` (Spark's Kafka source's columns, which
+driver side: batches' offsets, out-of-range policies, admission control), `truncation` (the
+leader epochs kept in the checkpoint, checked: a truncated log is read again), `watermarks`
+(asked at a bounded rate), `zk_copy` (the query's progress copied to ZooKeeper), `read` (the
+executor side: fetching a batch's ranges), `columns` (Spark's Kafka source's columns, which
 `foreach_batch` frames share), `schema` (those columns as Arrow batches),
 `positions` (offsets as Spark checkpoints them, `minOffsetsPerTrigger`). Spark's checkpoint is
 the source of truth for a query: it is at least once, and exactly-once effects come from

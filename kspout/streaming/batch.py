@@ -26,6 +26,7 @@ from kspout.errors import ConfigError, KspoutError
 from kspout.streaming.errors import ReadStopped
 from kspout.streaming.options import LATEST, WHERE, Offsets, SourceSettings
 from kspout.streaming.planner import StreamPlanner
+from kspout.streaming.positions import StreamOffsets
 from kspout.streaming.read import KafkaRange, read_range
 from kspout.streaming.schema import Batch
 
@@ -44,8 +45,8 @@ class KspoutBatchReader(DataSourceReader):
         try:
             with StreamPlanner(self._settings, self._stopped, zk_copy=False) as planner:
                 start = planner.initial()
-                end = ends(self._settings.ending or {}, planner.highs(), start)
-                return list(planner.ranges(start, end))
+                end = ends(self._settings.ending or {}, planner.highs(), start.offsets)
+                return list(planner.ranges(start, StreamOffsets(end)))
         except KspoutError as exc:
             raise exc.with_traceback(None) from None  # one frame in Spark's message
 

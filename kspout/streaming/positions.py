@@ -3,31 +3,64 @@
 Pure logic, no I/O. Offsets are JSON in the shape of Spark's own Kafka source,
 `{"<topic>": {"<partition>": <next offset>}}`: Spark writes them to the checkpoint's offset log
 and shows them in the query's progress. The topic is kept so that a checkpoint reused for
-another topic is refused instead of applying one topic's offsets to another.
+another topic is refused instead of applying one topic's offsets to another. Beside the topic,
+under `EPOCHS_KEY` (not a legal topic name), each partition's Kafka leader epoch at its offset::
+
+    {"orders": {"0": 120, "1": 97}, "kspout:leader_epochs": {"0": 3, "1": 3}}
+
+The record below offset 120 was in partition 0's log in leader epoch 3 (KIP-320), which is how
+the next batch finds out that an unclean leader election truncated the log below it
+(`kspout.streaming.truncation`). Checkpoints written before kspout kept epochs, and partitions
+whose leader sent none, have no epoch: they are not checked until a batch has given them one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from kspout.streaming.errors import CheckpointTopicMismatch
 
 Offsets = dict[int, int]  # partition -> next offset to read
+Epochs = dict[int, int]  # partition -> the leader epoch its offset was known in
+EPOCHS_KEY = "kspout:leader_epochs"  # ':' is not allowed in a topic name
 
 
-def encode(topic: str, offsets: Mapping[int, int]) -> dict[str, dict[str, int]]:
-    """Offsets as the JSON Spark checkpoints: `{topic: {"<partition>": offset}}`."""
-    return {topic: {str(p): offsets[p] for p in sorted(offsets)}}
+@dataclass(frozen=True, slots=True)
+class StreamOffsets:
+    """Where each partition's next batch begins, and for the partitions it is known of, the
+    leader epoch in which the leader's log held every record below that offset."""
+
+    offsets: Offsets
+    epochs: Epochs = field(default_factory=dict)
+
+    def anchors(self) -> dict[int, tuple[int, int]]:
+        """`(offset, epoch)` of each partition with an epoch: what a leader is asked about."""
+        return {p: (self.offsets[p], e) for p, e in self.epochs.items() if p in self.offsets}
 
 
-def decode(topic: str, offsets: Mapping[str, object]) -> Offsets:
-    """The partitions' offsets from checkpointed JSON; `CheckpointTopicMismatch` when the JSON
-    is another topic's."""
+def encode(topic: str, offsets: StreamOffsets) -> dict[str, Any]:
+    """Offsets as the JSON Spark checkpoints: `{topic: {"<partition>": offset}}`, and the
+    epochs beside (left out when there are none)."""
+    out: dict[str, Any] = {topic: {str(p): offsets.offsets[p] for p in sorted(offsets.offsets)}}
+    if offsets.epochs:
+        out[EPOCHS_KEY] = {str(p): offsets.epochs[p] for p in sorted(offsets.epochs)}
+    return out
+
+
+def decode(topic: str, offsets: Mapping[str, object]) -> StreamOffsets:
+    """The partitions' offsets (and epochs, where present) from checkpointed JSON;
+    `CheckpointTopicMismatch` when the JSON is another topic's."""
     found = offsets.get(topic)
-    if not isinstance(found, dict) or len(offsets) != 1:
-        raise CheckpointTopicMismatch(sorted(offsets), topic)
-    return {int(p): int(o) for p, o in found.items()}
+    topics = [name for name in offsets if name != EPOCHS_KEY]
+    if not isinstance(found, dict) or len(topics) != 1:
+        raise CheckpointTopicMismatch(sorted(topics), topic)
+    epochs = offsets.get(EPOCHS_KEY)
+    return StreamOffsets(
+        {int(p): int(o) for p, o in found.items()},
+        {int(p): int(e) for p, e in epochs.items()} if isinstance(epochs, dict) else {},
+    )
 
 
 def admit(backlog: Mapping[int, int], max_rows: int | None) -> Offsets:

@@ -30,7 +30,7 @@ from pyspark.sql.streaming.datasource import (
 from kspout.streaming.errors import StreamStopped
 from kspout.streaming.options import SourceSettings
 from kspout.streaming.planner import StreamPlanner
-from kspout.streaming.positions import decode, encode
+from kspout.streaming.positions import StreamOffsets, decode, encode
 from kspout.streaming.read import KafkaRange, read_range
 from kspout.streaming.schema import Batch
 
@@ -79,7 +79,7 @@ class KspoutStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def reportLatestOffset(self) -> Json | None:
         """The high watermarks as last asked, for the query's progress (None before any)."""
         highs = self._driver().highs()
-        return encode(self._config.topic, highs) if highs else None
+        return encode(self._config.topic, StreamOffsets(highs)) if highs else None
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Fix the end of an `availableNow` run: the high watermarks of now."""

@@ -4,7 +4,9 @@ PySpark calls `latestOffset` every few milliseconds while a query is idle, and a
 is a broker round trip (one batched query for all partitions, `KafkaMetadata.watermarks_of`):
 answering every call fresh would keep the brokers busy for nothing. So the watermarks are asked
 again at most every `interval` seconds, and the partition list (to find partitions added to the
-topic) every `partition_refresh` seconds of the topic file.
+topic) every `partition_refresh` seconds of the topic file. Each answer also holds the leader
+epoch every leader sent with its high watermark: a newer one than a batch was planned in says
+a new leader took over since, which the planner checks for a truncated log.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class ThrottledWatermarks:
         self._partitions: list[int] = []
         self._listed_at = float("-inf")
         self._known: dict[int, tuple[int, int]] = {}
+        self._epochs: dict[int, int] = {}
         self._asked_at = float("-inf")
 
     def get(self) -> dict[int, tuple[int, int]]:
@@ -53,10 +56,18 @@ class ThrottledWatermarks:
         if now - self._listed_at >= self._config.partition_refresh:
             partitions = self._metadata.require_topic(self._config.topic)
             self._partitions, self._listed_at = partitions, now
-        self._known = self._metadata.watermarks_of(self._config.topic, self._partitions)
-        self._asked_at = now
+        epochs: dict[int, int] = {}
+        self._known = self._metadata.watermarks_of(
+            self._config.topic, self._partitions, epochs=epochs
+        )
+        self._epochs, self._asked_at = epochs, now
         return dict(self._known)
 
     def known(self) -> dict[int, tuple[int, int]]:
         """The last answer, without asking ({} before the first)."""
         return dict(self._known)
+
+    def epochs(self) -> dict[int, int]:
+        """The leader epochs the leaders sent with the last answer's high watermarks (a
+        partition whose leader sent none is left out)."""
+        return dict(self._epochs)

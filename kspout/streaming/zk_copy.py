@@ -7,7 +7,8 @@ move of a partition that `out_of_range = "fail"` stopped (below). Each partition
 storm-kafka's, at `<zk_root>/<spout_id>/partition_<n>` of the topic file (`kspout.zk.record`),
 written with plain compare-and-set on the znode version: the stream is not an owner
 (`kspout.ownership`), takes no claims and registers no instance. Under the record's `kspout`
-key it adds `lost`, the offsets this spout id lost to out-of-range resets in total.
+key it adds `lost`, the offsets this spout id lost to out-of-range resets in total, and
+`replaced`, the offsets it had read that an unclean leader election replaced (read again).
 
 States of one partition's record, as this copy moves it:
 
@@ -51,7 +52,10 @@ RETRY = Backoff(initial=10.0, multiplier=2.0, max=300.0)
 # planning calls, which must not hang on an outage (the default 30 s would stall the query).
 ZK_PATIENCE = 5.0
 
-LOST_KEY = "lost"  # under the record's "kspout" key
+# Counts under the record's "kspout" key, totals over the spout id's life.
+LOST_KEY = "lost"  # offsets lost to out-of-range resets
+REPLACED_KEY = "replaced"  # offsets read, then replaced by an unclean leader election
+COUNTS = (LOST_KEY, REPLACED_KEY)
 
 
 class ZkCopy(Lifecycle):
@@ -73,9 +77,10 @@ class ZkCopy(Lifecycle):
         self._clock = clock
         self._store: ZkOffsetStore | None = None
         self._versions: dict[int, int | None] = {}  # as last read or written
-        self._written: dict[int, tuple[int, int]] = {}  # (offset, lost) as last written
-        self._lost_before: dict[int, int] = {}  # `lost` in the record as first read
-        self._lost: dict[int, int] = {}  # offsets lost since this copy started
+        # (offset, counts) as last written
+        self._written: dict[int, tuple[int, dict[str, int]]] = {}
+        self._counts_before: dict[int, dict[str, int]] = {}  # `COUNTS` as first read
+        self._counts: dict[int, dict[str, int]] = {}  # counted since this copy started
         self._pending: dict[int, int] = {}  # the latest position offered
         self._dirty = False  # something offered or counted is not written yet
         self._written_at = float("-inf")
@@ -95,10 +100,12 @@ class ZkCopy(Lifecycle):
         if store is not None:
             store.session.close()
 
-    def count_lost(self, partition: int, count: int) -> None:
-        """`count` offsets of `partition` were lost to an out-of-range reset: the next copy
-        adds them to the record's `lost`."""
-        self._lost[partition] = self._lost.get(partition, 0) + count
+    def count(self, partition: int, key: str, count: int) -> None:
+        """`count` more offsets of `partition` under `key` (`LOST_KEY`: lost to an
+        out-of-range reset; `REPLACED_KEY`: replaced by an unclean leader election): the next
+        copy adds them to the record's total."""
+        counts = self._counts.setdefault(partition, {})
+        counts[key] = counts.get(key, 0) + count
         self._dirty = True
 
     def offer(self, offsets: Mapping[int, int], *, now: bool) -> None:
@@ -116,7 +123,7 @@ class ZkCopy(Lifecycle):
         if not self._dirty or (self._clock() < self._retry_at and not final):
             return
         changed = {
-            p: o for p, o in self._pending.items() if self._written.get(p) != (o, self._total(p))
+            p: o for p, o in self._pending.items() if self._written.get(p) != (o, self._totals(p))
         }
         try:
             if changed:
@@ -166,8 +173,11 @@ class ZkCopy(Lifecycle):
         moved = isinstance(ours, dict) and ours.get("source") == "operator"
         return record.offset if moved else None
 
-    def _total(self, partition: int) -> int:
-        return self._lost_before.get(partition, 0) + self._lost.get(partition, 0)
+    def _totals(self, partition: int) -> dict[str, int]:
+        before = self._counts_before.get(partition, {})
+        now = self._counts.get(partition, {})
+        totals = {key: before.get(key, 0) + now.get(key, 0) for key in COUNTS}
+        return {key: n for key, n in totals.items() if n}
 
     def _client(self) -> ZkOffsetStore:
         self.start()
@@ -178,10 +188,12 @@ class ZkCopy(Lifecycle):
         """The record as it is now (`TopicMismatch` if another topic's spout owns the id)."""
         record = self._client().read(partition)
         self._versions[partition] = None if record is None else record.version
-        if partition not in self._lost_before:
+        if partition not in self._counts_before:
             ours = record.data.get("kspout") if record is not None else None
-            lost = ours.get(LOST_KEY) if isinstance(ours, dict) else None
-            self._lost_before[partition] = lost if isinstance(lost, int) and lost > 0 else 0
+            found = ours if isinstance(ours, dict) else {}
+            self._counts_before[partition] = {
+                key: n for key in COUNTS if isinstance(n := found.get(key), int) and n > 0
+            }
         return record
 
     def _write(self, partition: int, offset: int, broker: tuple[str, int]) -> None:
@@ -204,16 +216,16 @@ class ZkCopy(Lifecycle):
     def _commit(
         self, partition: int, offset: int, broker: tuple[str, int], stopped: str | None = None
     ) -> None:
-        lost = self._total(partition)
+        totals = self._totals(partition)
         self._versions[partition] = self._client().commit(
             partition,
             offset,
             version=self._versions.get(partition),
             broker=broker,
-            extra={LOST_KEY: lost} if lost else None,
+            extra=totals or None,
             stopped=stopped,
         )
-        self._written[partition] = (offset, lost)
+        self._written[partition] = (offset, totals)
 
 
 class NoCopy:
@@ -223,7 +235,7 @@ class NoCopy:
     def close(self) -> None:
         pass
 
-    def count_lost(self, partition: int, count: int) -> None:
+    def count(self, partition: int, key: str, count: int) -> None:
         pass
 
     def offer(self, offsets: Mapping[int, int], *, now: bool) -> None:

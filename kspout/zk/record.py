@@ -9,7 +9,8 @@ from kspout's records::
      "kspout": {"version": 1, "committed_at": <ms>, "source": "spout" | "operator",
                 "stopped": "<reason>", "moved_from": <offset>,
                 "done": [<gap>, <length>, ...], "done_cut": <offset>, "emitted": <offset>,
-                "advanced_at": <ms>, "lost": <count>, "window": <seconds>,
+                "advanced_at": <ms>, "lost": <count>, "replaced": <count>,
+                "window": <seconds>,
                 "history": [[<ms>, <offset>, <emitted>], ...],
                 "leader_epoch": [<position>, <epoch>]}}
 
@@ -32,8 +33,9 @@ partition. Every other field is optional too:
   Kafka leader epoch `epoch` (KIP-320). A start asks the partition's leader whether its log still
   holds that epoch up to `position`; when an unclean leader election truncated it, the offsets
   from the leader's end of that epoch on are processed again (`kspout.driver.truncation`).
-* `lost`: written by a Structured Streaming query (`kspout.streaming`): offsets it lost to
-  out-of-range resets so far.
+* `lost` and `replaced`: written by a Structured Streaming query (`kspout.streaming`): offsets
+  it lost to out-of-range resets so far, and offsets it had read that an unclean leader
+  election replaced (read again).
 * `window` and `history`, written when the chain has a replay window (the dedup bolt's
   `[dedup] ttl`: a message finished longer ago than that would apply its effect again):
   checkpoints (when, commit point, emitted), oldest first, one every `window / HISTORY_STEP`,

@@ -285,19 +285,19 @@ def test_min_offsets_per_trigger_holds_a_batch_back_until_enough_or_the_delay(
     stopped = partial(ReadStopped, topic_name)
     with StreamPlanner(settings, stopped, zk_copy=False, clock=lambda: now[0]) as planner:
         start = planner.initial()
-        assert start == dict.fromkeys(PARTITIONS, 0)
+        assert start.offsets == dict.fromkeys(PARTITIONS, 0)
         add(2)
         start = planner.latest(start, None)  # the first batch never waits
-        assert start == dict.fromkeys(PARTITIONS, 2)
+        assert start.offsets == dict.fromkeys(PARTITIONS, 2)
         add(2)
         assert planner.latest(start, None) == start  # 8 < 12: held back
         add(1)
         start = planner.latest(start, None)
-        assert start == dict.fromkeys(PARTITIONS, 5)  # 12: the batch runs
+        assert start.offsets == dict.fromkeys(PARTITIONS, 5)  # 12: the batch runs
         add(1)
         assert planner.latest(start, None) == start
         now[0] += 30.0
-        assert planner.latest(start, None) == dict.fromkeys(PARTITIONS, 6)  # the delay passed
+        assert planner.latest(start, None).offsets == dict.fromkeys(PARTITIONS, 6)  # delay passed
 
 
 def test_a_relative_config_path_is_the_driver_programs_file_not_the_jvms(

@@ -1,4 +1,5 @@
-"""Truncated logs: the partition manager's rollback and the driver's leader-epoch checks.
+"""Truncated logs: the partition manager's rollback, and the leader-epoch checks of the driver
+and of the streaming source.
 
 Pure logic: real PartitionManagers in fake time; Kafka's answer to OffsetForLeaderEpoch comes
 from a scripted probe (the real one is tried against brokers in
@@ -25,6 +26,8 @@ from kspout.kafka.epochs import EpochProbe, truncated_end
 from kspout.outcomes import Outcome, OutcomeKind
 from kspout.partition_manager import PartitionManager, Plan
 from kspout.policy import PartitionPolicy
+from kspout.streaming.positions import StreamOffsets
+from kspout.streaming.truncation import EpochCheck
 from kspout.zk.record import decode, encode
 from tests.unit import pm_helpers
 
@@ -274,6 +277,66 @@ def test_the_partitions_a_plan_starts_are_asked_in_one_question() -> None:
 
 
 # -- librdkafka's verdict and the stored record ----------------------------------------------------
+
+
+# -- the streaming source: anchors in the checkpoint ---------------------------------------------
+
+
+def stream_check(probe: ScriptedProbe) -> tuple[EpochCheck, list[tuple[int, int]]]:
+    """An `EpochCheck` on `probe`; the list collects what it counts as replaced."""
+    replaced: list[tuple[int, int]] = []
+    config = TopicConfig(topic="orders", spout_id="s1")
+    check = EpochCheck(config, lambda p, n: replaced.append((p, n)), cast(EpochProbe, probe))
+    return check, replaced
+
+
+def test_a_streams_own_anchors_are_asked_only_once_a_newer_leader_took_over() -> None:
+    probe = ScriptedProbe(None)
+    check, replaced = stream_check(probe)
+    made = StreamOffsets({0: 50, 1: 70}, {0: 2, 1: 2})
+    check.made(made)
+    assert check.truncations(made, {0: 2, 1: 2}) == ({}, set())
+    assert probe.asked == []
+    assert check.truncations(made, {0: 2, 1: 3}) == ({}, set())  # partition 1 has a new leader
+    assert probe.asked == [{1: (70, 2)}]
+    assert check.truncations(made, {0: 2, 1: 3}) == ({}, set())  # it stood in epoch 3
+    assert len(probe.asked) == 1 and replaced == []
+
+
+def test_a_checkpoints_truncated_anchor_begins_the_batch_where_the_logs_part(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A query started from its checkpoint: offset 50 of partition 0 was read in epoch 2, and
+    the new leader's log ends epoch 2 at 20. Offsets 20..49 hold other messages now."""
+    probe = ScriptedProbe((20, 2), None)
+    check, replaced = stream_check(probe)
+    start = StreamOffsets({0: 50, 1: 70}, {0: 2, 1: 2})
+    with caplog.at_level(logging.WARNING, "kspout"):
+        cuts, unanswered = check.truncations(start, {0: 4, 1: 2})
+    assert probe.asked == [{0: (50, 2), 1: (70, 2)}] and unanswered == set()
+    assert list(cuts) == [0] and (cuts[0].start, cuts[0].replaced) == (20, 30)
+    assert replaced == [(0, 30)]
+    assert (
+        "orders[0]: offsets 20-49 were replaced by an unclean leader election (leader epoch 2 -> 4)"
+        in caplog.text
+    )
+    # Spark may ask for the same batch again: the same cut, neither asked nor counted again.
+    assert check.truncations(start, {0: 4, 1: 2}) == (cuts, set())
+    assert len(probe.asked) == 1 and replaced == [(0, 30)]
+    assert caplog.text.count("unclean leader election") == 1
+
+
+def test_a_leader_that_gives_no_verdict_holds_its_partition_and_is_asked_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    probe = ScriptedProbe(SILENT, None)
+    check, _ = stream_check(probe)
+    start = StreamOffsets({0: 50}, {0: 2})
+    with caplog.at_level(logging.WARNING, "kspout"):
+        assert check.truncations(start, {0: 3}) == ({}, {0})
+    assert "orders[0]: no answer to a leader epoch check (offset 50, epoch 2)" in caplog.text
+    assert check.truncations(start, {0: 3}) == ({}, set())
+    assert len(probe.asked) == 2
 
 
 def test_truncated_end_reads_librdkafkas_text() -> None:
