@@ -30,6 +30,7 @@ from pyspark import TaskContext as SparkTaskContext
 from kspout.acker import Acker, Mark
 from kspout.bolts import Chunk, RootKey, TaskContext
 from kspout.channel.reporter import TaskReporter
+from kspout.columnar import ArrowChunk, join_chunks
 from kspout.config import TopicConfig
 from kspout.contract import ChannelAddress, PartitionTask, TaskId, TaskResult
 from kspout.executor.fetchers import fetcher_for
@@ -37,13 +38,13 @@ from kspout.executor.task import refused_by_kafka, released, run_task
 from kspout.executor.topology import (
     FetchReport,
     StageFailed,
-    StageRunner,
     Topology,
     by_partition,
     partition_results,
     root_tuples,
     run_guarded,
     run_later_stage,
+    runner_for,
     task_results,
 )
 from kspout.gc_pause import cyclic_gc_paused_until_built
@@ -102,7 +103,7 @@ class BatchSpec:
         return TaskReporter(self.channel, TaskId(self.batch, stage, index), partition)
 
 
-Item = tuple[int, Chunk | Ledger]
+Item = tuple[int, Chunk | ArrowChunk | Ledger]
 
 
 def _retried() -> bool:
@@ -170,7 +171,7 @@ def first_stage(spec: BatchSpec, index: int, tasks: Iterable[PartitionTask]) -> 
 
 def _stage_zero(
     spec: BatchSpec, index: int, task: PartitionTask, *, last: bool
-) -> tuple[Acker[RootKey], Chunk, FetchReport]:
+) -> tuple[Acker[RootKey], Chunk | ArrowChunk, FetchReport]:
     """Fetch a task's records and run the chain's first stage on them.
 
     A failure outside per-message code discards the task's ledger and output: its report
@@ -189,7 +190,7 @@ def _stage_zero(
         roots = root_tuples(fetched, acker)
         built()
         try:
-            runner = run_guarded(roots, lambda: StageRunner(stage, acker, context, last=last))
+            runner = run_guarded(roots, lambda: runner_for(stage, acker, context, last=last))
         except StageFailed as failed:
             report = FetchReport(task.partition, (), None, failed.error, refused=failed.refused)
             return Acker(), nothing, report
@@ -203,17 +204,18 @@ def later_stage(spec: BatchSpec, stage: int, index: int, items: Iterable[Item]) 
     stages = spec.topology.stages
     last = stage == len(stages) - 1
     passing: list[Item] = []
-    tuples = Chunk(stages[stage - 1].bolts[-1].outputs)
+    parts: list[Chunk | ArrowChunk] = []
     with cyclic_gc_paused_until_built() as built:
         for item in items:  # unpickling builds a few objects per tuple, all kept
-            if isinstance(item[1], Chunk):
-                tuples.rows.extend(item[1].rows)
-            else:
+            if isinstance(item[1], Ledger):
                 passing.append(item)
+            else:
+                parts.append(item[1])
+        tuples = join_chunks(stages[stage - 1].bolts[-1].outputs, parts)
         built()
         with spec.reporter(stage, index):
             output = run_later_stage(
-                tuples, acker, lambda: StageRunner(stages[stage], acker, context, last=last)
+                tuples, acker, lambda: runner_for(stages[stage], acker, context, last=last)
             )
     if not last:
         yield from _routed(spec, stage + 1, output)
@@ -221,12 +223,12 @@ def later_stage(spec: BatchSpec, stage: int, index: int, items: Iterable[Item]) 
     yield from _ledgers(spec, acker, {})
 
 
-def _routed(spec: BatchSpec, stage: int, output: Chunk) -> Iterator[Item]:
+def _routed(spec: BatchSpec, stage: int, output: Chunk | ArrowChunk) -> Iterator[Item]:
     """A stage's output cut by the next stage's grouping: one chunk per receiving task."""
     grouping = spec.topology.stages[stage].grouping
     assert grouping is not None
     for target, chunk in enumerate(grouping.split(output, len(spec.partitions))):
-        if chunk.rows:
+        if len(chunk):
             yield target, chunk
 
 
