@@ -23,22 +23,30 @@ from kspout.groupings import Fields
 class SplitWords(ColumnarBolt):
     """Each record's text -> one `(word,)` row per word, anchored to the record's row.
 
-    The text is the record's value, or with `pattern` the named group `text` of that regular
-    expression (RE2 syntax) matched against the value, e.g. `'"note":"(?P<text>[^"]*)"'` for a
-    JSON field; a value it does not match has no words.
+    The text is the record's value, or with `json_field` that string field of the JSON value
+    (written `"name":"text"`, with no escaped quote inside; a value without it has no words).
+    Words are split on ASCII whitespace, as `str.split()` splits them.
     """
 
-    outputs = ("word",)
+    outputs: tuple[str, ...] = ("word",)
 
-    def __init__(self, pattern: str | None = None) -> None:
-        self.pattern = pattern
+    def __init__(self, json_field: str | None = None) -> None:
+        self.json_field = json_field
+
+    def text(self, batch: pa.RecordBatch) -> pa.Array:
+        """Each record's text: its value, or its JSON string field `json_field`."""
+        values = batch.column("value")
+        if self.json_field is None:
+            return values
+        key = f'"{self.json_field}":"'
+        suffix = pa.scalar((key + '"').encode(), pa.binary())
+        values = pc.binary_join_element_wise(values, suffix, b"")  # now each value has the key
+        after = pc.list_element(pc.split_pattern(values, key, max_splits=1), 1)
+        return pc.list_element(pc.split_pattern(after, '"', max_splits=1), 0)
 
     def words(self, batch: pa.RecordBatch) -> tuple[pa.Array, pa.Array]:
         """Every word of the batch, and the input row each came from."""
-        text = batch.column("value")
-        if self.pattern is not None:
-            text = pc.struct_field(pc.extract_regex(text, self.pattern), "text")
-        split = pc.utf8_split_whitespace(text.cast(pa.string()))
+        split = pc.ascii_split_whitespace(self.text(batch).cast(pa.string()))
         words, rows = pc.list_flatten(split), pc.list_parent_indices(split)
         kept = pc.not_equal(words, "")  # runs of whitespace split into empty strings too
         return words.filter(kept), rows.filter(kept)
@@ -70,6 +78,6 @@ def count_words(words: pa.Array) -> dict[str, int]:
     )
 
 
-def columnar_word_count(pattern: str | None = None) -> list[ChainItem]:
+def columnar_word_count(json_field: str | None = None) -> list[ChainItem]:
     """Storm's word count topology in columns: split, group by word, count."""
-    return [SplitWords(pattern), Fields("word"), CountWords()]
+    return [SplitWords(json_field), Fields("word"), CountWords()]
