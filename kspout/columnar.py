@@ -55,6 +55,7 @@ from kspout.bolts import (
     make_tuple,
 )
 from kspout.channel.beacon import thread_beacon
+from kspout.kafka import Record
 from kspout.outcomes import FailureCatalog
 
 # The first stage's columns: each record's, as `Record` names them, with their Arrow types.
@@ -95,6 +96,18 @@ class ArrowChunk:
         batch = pa.RecordBatch.from_arrays([pa.nulls(0) for _ in fields], names=list(fields))
         none = np.zeros(0, np.int64)
         return cls(batch, none, none, np.zeros(0, np.uint64))
+
+    @classmethod
+    def of_records(cls, records: Sequence[Record]) -> ArrowChunk:
+        """Fetched records as a columnar first stage's input: `RECORD_COLUMNS`, each row its
+        own root. Their ids are 0: a root tuple's id would reach the ledger twice in the same
+        call (registered, then acked, unless failed: and a failed root's value no longer
+        matters), so a columnar first stage draws none."""
+        names = [name for name, _ in RECORD_COLUMNS]
+        arrays = [pa.array(list(map(attrgetter(n), records)), t) for n, t in RECORD_COLUMNS]
+        batch = pa.RecordBatch.from_arrays(arrays, names=names)
+        partitions = arrays[0].to_numpy().astype(np.int64)
+        return cls(batch, partitions, arrays[1].to_numpy(), np.zeros(len(records), np.uint64))
 
     @classmethod
     def of(cls, chunk: Chunk | ArrowChunk) -> ArrowChunk:

@@ -269,6 +269,16 @@ def root_tuples(fetched: FetchResult, acker: Acker[RootKey]) -> Chunk:
         return Chunk(ROOT_FIELDS, list(zip(zip(records), keys, ids, strict=True)))
 
 
+def first_input(
+    topology: Topology, fetched: FetchResult, acker: Acker[RootKey]
+) -> Chunk | ArrowChunk:
+    """The fetched records as the first stage's input: root tuples registered with `acker`,
+    or for a columnar first stage the records' columns (`ArrowChunk.of_records`)."""
+    if isinstance(topology.stages[0].bolts[0], ColumnarBolt):
+        return ArrowChunk.of_records(fetched.records)
+    return root_tuples(fetched, acker)
+
+
 _ROOT_KEY = attrgetter("partition", "offset")
 _OFFSET = itemgetter(1)
 

@@ -40,8 +40,8 @@ from kspout.executor.topology import (
     StageFailed,
     Topology,
     by_partition,
+    first_input,
     partition_results,
-    root_tuples,
     run_guarded,
     run_later_stage,
     runner_for,
@@ -187,7 +187,7 @@ def _stage_zero(
             fetched = fetcher.fetch(task.topic, task.partition, task.plan.ranges())
         except Exception as exc:
             return Acker(), nothing, FetchReport.failed(task.partition, exc)
-        roots = root_tuples(fetched, acker)
+        roots = first_input(spec.topology, fetched, acker)
         built()
         try:
             runner = run_guarded(roots, lambda: runner_for(stage, acker, context, last=last))
