@@ -14,7 +14,7 @@ from kspout.bolts import Chunk, TaskContext
 from kspout.channel.beacon import thread_beacon
 from kspout.columnar import RECORD_COLUMNS, ArrowChunk
 from kspout.errors import ChainError
-from kspout.executor.topology import Topology, root_tuples, run_guarded, runner_for
+from kspout.executor.topology import Topology, first_input, run_guarded, runner_for
 from kspout.groupings import stable_hash
 from kspout.kafka import FetchResult, Record
 from kspout_demo.word_count import CountWords, SplitWords, columnar_word_count
@@ -45,8 +45,8 @@ def records(*values: bytes) -> FetchResult:
 def run_first(bolt: ColumnarBolt, fetched: FetchResult, *, last: bool = False) -> tuple[Any, Any]:
     """Stage 0 over `fetched`: (the ledger, what the stage emitted)."""
     acker: Acker[tuple[int, int]] = Acker()
-    roots = root_tuples(fetched, acker)
     topology = Topology.of(bolt)
+    roots = first_input(topology, fetched, acker)
     context = TaskContext("t", 0, 0, 0)
     runner = run_guarded(roots, lambda: runner_for(topology.stages[0], acker, context, last=last))
     return acker, runner.chunk

@@ -38,6 +38,7 @@ from kspout.executor.topology import (
     FetchReport,
     Topology,
     by_partition,
+    first_input,
     root_tuples,
     run_guarded,
     run_later_stage,
@@ -110,13 +111,16 @@ def run_job(
     tasks: int,
     order: Sequence[int],
     plan: Plan | None = None,
+    root_rows: bool = False,
 ) -> tuple[TaskResult, list[Counter[str]]]:
     """The job over `records` as the Spark backend runs it: stage 0 in one task, its output
     routed to `tasks` count tasks (pickled in between), every ledger shipped in columns and
-    folded in `order`. Returns the result and the words each count task received."""
+    folded in `order`. Returns the result and the words each count task received. With
+    `root_rows`, stage 0 gets root tuples whatever its bolt (as the in-process executor)."""
     topology = Topology.of(job)
     first = Acker[tuple[int, int]]()
-    roots = root_tuples(FetchResult(records, []), first)
+    fetched = FetchResult(records, [])
+    roots = root_tuples(fetched, first) if root_rows else first_input(topology, fetched, first)
     context = TaskContext("t", 0, 0, 0)
     runner = run_guarded(roots, lambda: runner_for(topology.stages[0], first, context, last=False))
     grouping = topology.stages[1].grouping
@@ -187,6 +191,7 @@ def test_columnar_row_and_mixed_chains_settle_every_root_as_the_model_says(
 ) -> None:
     records = [record(o, s) for o, s in enumerate(batch)]
     order = data.draw(st.permutations(range(tasks + 1)), label="merge order")
+    root_rows = data.draw(st.booleans(), label="root tuples into a columnar first stage")
     model = {o: expected(s) for o, s in enumerate(batch)}
     settled = {o: state for o, state in model.items() if state is not RootState.PENDING}
     jobs = {
@@ -195,7 +200,7 @@ def test_columnar_row_and_mixed_chains_settle_every_root_as_the_model_says(
     }
     routes = {}
     for name, job in jobs.items():
-        result, routes[name] = run_job(job, records, tasks, order)
+        result, routes[name] = run_job(job, records, tasks, order, root_rows=root_rows)
         assert outcomes(result) == settled, name
     unheld = [record(o, s.replace("hold", "storm")) for o, s in enumerate(batch)]
     model = {o: expected(s.replace("hold", "storm")) for o, s in enumerate(batch)}
@@ -204,7 +209,7 @@ def test_columnar_row_and_mixed_chains_settle_every_root_as_the_model_says(
         "row split, columnar count": chain(RowSplit(), ColumnarCount()),
         "row, no word held": chain(RowSplit(), RowCount()),
     }.items():
-        result, routes[name] = run_job(job, unheld, tasks, order)
+        result, routes[name] = run_job(job, unheld, tasks, order, root_rows=root_rows)
         assert outcomes(result) == model, name
     assert routes["row"] == routes["columnar split, row count"], "same words, same tasks"
     assert routes["row, no word held"] == routes["columnar"] == routes["row split, columnar count"]
