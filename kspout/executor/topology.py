@@ -3,8 +3,10 @@
 `Topology.of(...)` accepts what users pass to `KafkaSpout.run`: a plain function, a bolt, or a
 list of bolts (and functions) separated by groupings. Groupings cut the chain into stages; each
 stage runs in one task per Spark partition, and the tuples it emits are repartitioned by the
-next stage's grouping. Backends (in-process, Spark) only move tuples and ledgers between
-stages; everything here is pure logic.
+next stage's grouping. A `ColumnarBolt` is a stage of its own (`ColumnarRunner`, in
+`kspout.columnar`); the other stages run their bolts tuple by tuple (`StageRunner`).
+Backends (in-process, Spark) only move tuples and ledgers between stages; everything here is
+pure logic.
 
 Every stage's task keeps an `Acker` ledger. Ledgers travel beside the tuples and are merged per
 root after the last stage; `task_results` turns the merged ledger into each partition's

@@ -13,10 +13,11 @@ again because its previous attempt died reports just that (`attempt_died`), so t
 isolate the record that kills workers instead of letting Spark replay it into the same crash.
 
 Between stages, items are `(target, payload)` pairs; `target` is the Spark partition the next
-stage reads them in. A payload is a `Chunk` of tuples for the next stage's bolts, or a
-`Ledger`: part of the batch's ack bookkeeping for one Kafka partition, merged at the end. A
-task sends one chunk per receiving task and one ledger per Kafka partition, each a few lists
-of plain values: Spark pickles a few large objects per task, not one per tuple.
+stage reads them in. A payload is a `Chunk` of tuples for the next stage's bolts (an
+`ArrowChunk` after a columnar bolt: Arrow columns and numpy arrays), or a `Ledger`: part of the
+batch's ack bookkeeping for one Kafka partition, merged at the end. A task sends one chunk per
+receiving task and one ledger per Kafka partition, each a few lists of plain values or arrays:
+Spark pickles a few large objects per task, not one per tuple.
 """
 
 from __future__ import annotations
