@@ -405,16 +405,15 @@ def _fold(acker: Acker[RootKey], partitions: Ints, offsets: Ints, values: Ids) -
     """XOR each row's value into its root's ack value, one ledger update per root."""
     if not len(values):
         return
-    if not ((partitions == partitions[0]).all() and (np.diff(offsets) >= 0).all()):
+    step, advance = np.diff(partitions), np.diff(offsets)
+    if not ((step > 0) | ((step == 0) & (advance >= 0))).all():  # not in root order yet
         order = _root_order(partitions, offsets)  # group each root's rows together
         partitions, offsets, values = partitions[order], offsets[order], values[order]
     changed = (partitions[1:] != partitions[:-1]) | (offsets[1:] != offsets[:-1])
     starts = np.flatnonzero(np.concatenate(([True], changed)))
     folded = np.bitwise_xor.reduceat(values, starts)
-    roots = zip(partitions[starts].tolist(), offsets[starts].tolist(), strict=True)
-    ledger = acker.values
-    for root, value in zip(roots, folded.tolist(), strict=True):
-        ledger[root] = ledger.get(root, 0) ^ value
+    roots = list(zip(partitions[starts].tolist(), offsets[starts].tolist(), strict=True))
+    acker.xor_each(roots, folded.tolist())  # at once into a task's fresh ledger
 
 
 def _root_order(partitions: Ints, offsets: Ints) -> Ints:
