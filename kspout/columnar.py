@@ -17,9 +17,11 @@ answers through `out` (`ColumnarOutput`):
 * an exception from `process_batch` fails every row of the batch with EXCEPTION (it cannot
   say which row was at fault): per-row faults belong in `out.fail`.
 
-The ledger sees exactly the XORs of the row path (`settle_batch`): each emitted row gets a
-random 64-bit id XORed into its roots' ack values, each acked input row its own id. So XOR
-acking per root, retries, timeouts and dead letters hold unchanged, and a chain may mix row
+The ledger gets what a `BasicBolt` would give it row by row (`settle_batch`, folded per root
+with numpy): each emitted row a random 64-bit id XORed into its root's ack value, each acked
+input row its own id (a first stage's records have none: a root's id would be registered and
+acked within the same call). So XOR acking per root, retries, timeouts and dead letters hold
+unchanged, and a chain may mix row
 and columnar stages: a `ColumnarBolt` is a stage of its own (a grouping before it unless it is
 first, one after it unless it is last). Between stages its rows travel as an `ArrowChunk` (the
 columns, each row's anchor and id); `Fields` routes it by hashing a column's values exactly as
@@ -267,19 +269,20 @@ class ColumnarOutput:
     def fail(
         self,
         rows: Sequence[int] | pa.Array | Ints,
-        reason: str | Sequence[str] | BaseException = "failed by the bolt",
+        reason: str | Sequence[str] | pa.Array | BaseException = "failed by the bolt",
     ) -> None:
         """Fail input `rows` (indices, or a boolean mask as long as the batch) with `reason`
         (one for all, or one per row; an exception: its type, text and place)."""
         indices = self._indices(rows)
-        note: Note | None = None
+        reasons: Iterator[Note]
         if isinstance(reason, BaseException):
-            note = FailureCatalog().of(reason)
+            reasons = repeat(FailureCatalog().of(reason))
         elif isinstance(reason, str):
-            note = reason
-        reasons: Iterator[Note] = (
-            repeat(note) if note is not None else iter(reason)  # type: ignore[arg-type]
-        )
+            reasons = repeat(reason)
+        elif isinstance(reason, pa.Array | pa.ChunkedArray):
+            reasons = iter(reason.to_pylist())
+        else:
+            reasons = iter(reason)
         failed = self.failed
         for row, why in zip(indices.tolist(), reasons, strict=False):
             failed.setdefault(row, why)

@@ -131,6 +131,19 @@ def test_a_mask_fails_rows_with_a_reason_each() -> None:
     ]
 
 
+def test_each_failed_row_may_have_its_own_reason() -> None:
+    def answer(batch: pa.RecordBatch, out: ColumnarOutput) -> None:
+        out.fail([2, 0], pa.array(["two", "zero"]))
+        out.fail([0], "a second reason is not kept")
+
+    acker, _ = run_first(Answer(answer), records(b"a", b"b", b"c"))
+    _, marked = acker.settled()
+    assert sorted(marked) == [
+        ((3, 10), RootState.FAILED, "zero"),
+        ((3, 12), RootState.FAILED, "two"),
+    ]
+
+
 def test_an_exception_fails_every_row_with_what_was_raised() -> None:
     def answer(batch: pa.RecordBatch, out: ColumnarOutput) -> None:
         out.emit([0], {"word": ["x"]})
