@@ -29,6 +29,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 import redis
@@ -209,9 +210,10 @@ class ColumnarSplitSentence(SplitWords):
         # one's last word carries the count bolt's failure.
         kept = pc.invert(pc.is_in(rows, pa.array(failed, pa.int64())))
         words, rows = words.filter(kept), rows.filter(kept)
-        last = pc.not_equal(rows, pc.fill_null(pc.shift(rows, -1), -1)) if len(rows) else rows
-        fail = pc.and_(pc.is_in(rows, pa.array(late, pa.int64())), last)
-        out.emit(rows, {"word": words, "fail": fail})
+        row_of = rows.to_numpy()
+        last = np.append(row_of[1:] != row_of[:-1], True)[: len(row_of)]  # a message's last word
+        fail = np.isin(row_of, late) & last
+        out.emit(rows, {"word": words, "fail": pa.array(fail)})
 
 
 class ColumnarCountWord(ColumnarBolt):

@@ -55,8 +55,8 @@ def test_word_count_with_fields_grouping_retries_failures_and_commits_the_high_w
     # first stage's through its task results, the last stage's through the merged ledgers.
     kinds = {(f.failure.kind, f.failure.message, f.failure.place) for f in progress.failures}
     assert kinds == {
-        ("RuntimeError", "injected: first attempt of a flaky sentence", "spark_jobs.py:44"),
-        ("ValueError", "poison word", "spark_jobs.py:59"),
+        ("RuntimeError", "injected: first attempt of a flaky sentence", "spark_jobs.py:56"),
+        ("ValueError", "poison word", "spark_jobs.py:71"),
     }
     assert all('spark_jobs.py", line' in f.failure.traceback for f in progress.failures)
 

@@ -214,3 +214,53 @@ def test_the_columnar_word_count_splits_like_str_split_and_counts() -> None:
     _, emitted = run_first(note, records(b'{"id":1,"note":"a day"}', b"{}"))
     assert [t["word"] for t in emitted] == ["a", "day"]
     assert len(Topology.of(columnar_word_count()).stages) == 2
+
+
+class Attempts:
+    """Redis's INCR for the demo's attempt counters (a pure-logic test of the bolt's columns)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def incr(self, key: str) -> int:
+        self.counts[key] = self.counts.get(key, 0) + 1
+        return self.counts[key]
+
+
+def test_the_demos_columnar_split_strikes_the_faults_of_the_row_split() -> None:
+    import json
+
+    from kspout_demo.jobs import ColumnarCountWord, ColumnarSplitSentence
+
+    kinds = ["none", "flaky", "late", "poison", "late"]
+    values = [
+        json.dumps({"id": n, "text": f"w{n} x y", "inject": k}, separators=(",", ":")).encode()
+        for n, k in enumerate(kinds)
+    ]
+    attempts = Attempts()
+
+    class Split(ColumnarSplitSentence):
+        def prepare(self, context: TaskContext) -> None:
+            self.redis = attempts  # type: ignore[assignment]
+
+    split = Split("redis://unused", "job", 0.0)
+    acker, emitted = run_first(split, records(*values))
+    failed = {root: str(note) for root, _, note in acker.settled()[1]}
+    assert failed == {
+        (3, 11): "injected failure of message 1, first attempt",
+        (3, 13): "poison message 3",
+    }
+    rows = [(t["word"], t["fail"], next(iter(t.roots))) for t in emitted]
+    assert rows == [
+        ("w0", False, (3, 10)), ("x", False, (3, 10)), ("y", False, (3, 10)),
+        ("w2", False, (3, 12)), ("x", False, (3, 12)), ("y", True, (3, 12)),
+        ("w4", False, (3, 14)), ("x", False, (3, 14)), ("y", True, (3, 14)),
+    ]  # fmt: skip
+    count = ColumnarCountWord("redis://unused", "job:counts")
+    count.prepare(TaskContext("t", 1, 0, 0))
+    out = ColumnarOutput((), emitted)
+    count.process_batch(emitted.batch, out)
+    assert sorted(out.failed) == [5, 8]
+    assert count.counts == {"w0": 1, "w2": 1, "w4": 1, "x": 3, "y": 1}
+    _, again = run_first(split, records(*values))  # the second attempt: only poison fails
+    assert len(again) == 12 and not any(t["fail"] for t in again)
