@@ -8,6 +8,7 @@ from kspout.bolts import (
     TaskContext,
     Tuple,
 )
+from kspout.columnar import ColumnarBolt, ColumnarOutput
 from kspout.config import TopicConfig, load_config
 from kspout.errors import KspoutError, OutputFailed
 from kspout.groupings import Fields, Global, Shuffle
@@ -25,6 +26,8 @@ __all__ = [
     "BehindPolicy",
     "Bolt",
     "Collector",
+    "ColumnarBolt",
+    "ColumnarOutput",
     "ExhaustedPolicy",
     "FailReason",
     "Fields",

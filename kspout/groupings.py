@@ -2,7 +2,9 @@
 
 `Shuffle()` (any task), `Fields(names)` (equal values of those fields go to the same task, so a
 counting bolt sees every tuple of its key), `Global()` (one task sees everything). Each routes
-a whole `Chunk` at once; `route` says where one `Tuple` goes.
+a whole `Chunk` at once, or a columnar bolt's `ArrowChunk` by its columns (`Fields` hashes a
+column's values as it hashes a tuple's, so both reach the same task); `route` says where one
+`Tuple` goes.
 """
 
 from __future__ import annotations
@@ -12,8 +14,15 @@ from collections.abc import Callable
 from operator import itemgetter
 from typing import Any
 
+import numpy as np
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.compute as pc  # type: ignore[import-untyped]
+
 from kspout.acker import new_tuple_id
 from kspout.bolts import Chunk, Tuple
+from kspout.columnar import ArrowChunk
+
+Routed = Chunk | ArrowChunk
 
 
 class Grouping:
@@ -23,14 +32,18 @@ class Grouping:
         """The index of the task that receives `tuple_`."""
         raise NotImplementedError
 
-    def split(self, chunk: Chunk, tasks: int) -> list[Chunk]:
+    def split(self, chunk: Routed, tasks: int) -> list[Routed]:
         """`chunk` cut into one chunk per receiving task, as `route` says of each tuple.
 
         The groupings here override it to route a whole chunk without a `Tuple` per row.
         """
-        parts = [Chunk(chunk.fields) for _ in range(tasks)]
+        if isinstance(chunk, ArrowChunk):
+            chunk = chunk.rows()
+        parts: list[Routed] = [Chunk(chunk.fields) for _ in range(tasks)]
         for row, tuple_ in zip(chunk.rows, chunk, strict=True):
-            parts[self.route(tuple_, tasks)].rows.append(row)
+            part = parts[self.route(tuple_, tasks)]
+            assert isinstance(part, Chunk)
+            part.rows.append(row)
         return parts
 
 
@@ -44,9 +57,12 @@ class Shuffle(Grouping):
     def route(self, tuple_: Tuple, tasks: int) -> int:
         return self._advance(1, tasks)
 
-    def split(self, chunk: Chunk, tasks: int) -> list[Chunk]:
+    def split(self, chunk: Routed, tasks: int) -> list[Routed]:
+        first = self._advance(len(chunk), tasks)
+        if isinstance(chunk, ArrowChunk):
+            size = len(chunk)
+            return [chunk.take(np.arange((t - first) % tasks, size, tasks)) for t in range(tasks)]
         rows = chunk.rows
-        first = self._advance(len(rows), tasks)
         return [Chunk(chunk.fields, rows[(task - first) % tasks :: tasks]) for task in range(tasks)]
 
     def _advance(self, count: int, tasks: int) -> int:
@@ -76,10 +92,12 @@ class Fields(Grouping):
         key = tuple(tuple_[name] for name in self.names)
         return stable_hash(key) % tasks
 
-    def split(self, chunk: Chunk, tasks: int) -> list[Chunk]:
+    def split(self, chunk: Routed, tasks: int) -> list[Routed]:
+        if not len(chunk):  # nothing to route (a stage that failed may not know its fields)
+            return [Chunk(chunk.fields) for _ in range(tasks)]
+        if isinstance(chunk, ArrowChunk):
+            return list(chunk.split(self._targets(chunk.batch, tasks), tasks))
         parts = [Chunk(chunk.fields) for _ in range(tasks)]
-        if not chunk.rows:  # nothing to route (a stage that failed may not know its fields)
-            return parts
         buckets = [part.rows for part in parts]
         key = self._key(chunk.fields)
         routes: dict[object, int] = {}  # per split: a value repeats within a task's output
@@ -92,7 +110,23 @@ class Fields(Grouping):
             else:
                 target = stable_hash(value if len(self.names) > 1 else (value,)) % tasks
             buckets[target].append(row)
-        return parts
+        return list(parts)
+
+    def _targets(self, batch: pa.RecordBatch, tasks: int) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """Each row's task, from the grouped columns: `stable_hash` once per distinct value
+        (of a one-column key) or per row (several columns), as `split` hashes a row's."""
+        for name in self.names:
+            if name not in batch.schema.names:
+                raise KeyError(f"{self!r}: the columns are {tuple(batch.schema.names)}")
+        if len(self.names) == 1:
+            column = batch.column(self.names[0])
+            encoded = pc.dictionary_encode(column, null_encoding="encode")
+            hashes = [stable_hash((v,)) % tasks for v in encoded.dictionary.to_pylist()]
+            targets: np.ndarray[Any, np.dtype[np.int64]]
+            targets = np.asarray(hashes, np.int64)[encoded.indices.to_numpy()]
+            return targets
+        keys = zip(*(batch.column(name).to_pylist() for name in self.names), strict=True)
+        return np.fromiter((stable_hash(key) % tasks for key in keys), np.int64, batch.num_rows)
 
     def _key(self, fields: tuple[str, ...]) -> Callable[[tuple[Any, ...]], Any]:
         """Picks the grouped values out of a row's values: the value itself for one name,
@@ -112,7 +146,7 @@ class Global(Grouping):
     def route(self, tuple_: Tuple, tasks: int) -> int:
         return 0
 
-    def split(self, chunk: Chunk, tasks: int) -> list[Chunk]:
+    def split(self, chunk: Routed, tasks: int) -> list[Routed]:
         return [chunk, *(Chunk(chunk.fields) for _ in range(tasks - 1))]
 
     def __repr__(self) -> str:

@@ -11,10 +11,13 @@ Each message is JSON `{"id": n, "text": "...", "inject": kind}` keyed by its id.
 * `noid`: the message has no key, so the exactly-once job cannot deduplicate it: it goes to
   the dead-letter topic there (the at-least-once job counts it like any other).
 
-Two jobs consume the stream. `demo-storm` is Storm's word count, `SplitSentence ->
-Fields("word") -> CountWord`, at least once. `demo-exactly-once` runs `count_once` behind the
-dedup bolt: a message's word counts are applied in Redis atomically with marking its id DONE.
-The report compares each job's counts with the true counts of the stream.
+Three jobs consume the stream. `demo-storm` is Storm's word count, `SplitSentence ->
+Fields("word") -> CountWord`, at least once. `demo-columnar` is the same job written with
+columnar bolts (`ColumnarSplitSentence -> Fields("word") -> ColumnarCountWord`, on
+`kspout_demo.word_count`'s): each takes its task's whole batch as Arrow columns, and the same
+failures strike it. `demo-exactly-once` runs `count_once` behind the dedup bolt: a message's
+word counts are applied in Redis atomically with marking its id DONE. The report compares each
+job's counts with the true counts of the stream.
 """
 
 from __future__ import annotations
@@ -26,11 +29,15 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.compute as pc  # type: ignore[import-untyped]
 import redis
 from confluent_kafka import Consumer, TopicPartition
 
 from dedup import Effects, IdempotencyBolt
 from kspout.bolts import BasicBolt, BasicCollector, TaskContext, Tuple
+from kspout.columnar import ColumnarBolt, ColumnarOutput
 from kspout.config import TopicConfig
 from kspout.executor.topology import ChainItem
 from kspout.groupings import Fields
@@ -40,6 +47,7 @@ from kspout.kafka.writer import TopicWriter
 from kspout.worker_clients import WorkerClients
 from kspout.zk.offsets import ZkOffsetStore
 from kspout.zk.session import ZkSession
+from kspout_demo.word_count import SplitWords, count_words
 
 WORDS = (
     "storm", "spark", "kafka", "stream", "bolt", "spout", "tuple", "offset", "partition",
@@ -93,7 +101,8 @@ def _sentences(stream: DemoStream, rng: random.Random) -> Iterator[tuple[bytes |
             stream.true_counts.update(words)
             if inject != "noid":
                 stream.keyed_counts.update(words)
-        value = json.dumps({"id": n, "text": " ".join(words), "inject": inject}).encode()
+        message = {"id": n, "text": " ".join(words), "inject": inject}
+        value = json.dumps(message, separators=(",", ":")).encode()  # SplitWords reads "text"
         yield (None if inject == "noid" else str(n).encode()), value
 
 
@@ -159,6 +168,87 @@ def word_count_chain(config: TopicConfig, job: str, slow_seconds: float) -> list
     """The Storm-style topology: split, group by word, count."""
     url = config.redis.url
     return [SplitSentence(url, job, slow_seconds), Fields("word"), CountWord(url, f"{job}:counts")]
+
+
+class ColumnarSplitSentence(SplitWords):
+    """`SplitSentence` in columns: the batch's words at once, `(word, fail)` rows; the few
+    messages with an injected failure are read one by one to apply it."""
+
+    outputs = ("word", "fail")
+
+    def __init__(self, redis_url: str, job: str, slow_seconds: float) -> None:
+        super().__init__("text")
+        self.redis_url = redis_url
+        self.job = job
+        self.slow_seconds = slow_seconds
+
+    def prepare(self, context: TaskContext) -> None:
+        self.redis = _redis.get(self.redis_url)
+
+    def process_batch(self, batch: pa.RecordBatch, out: ColumnarOutput) -> None:
+        words, rows = self.words(batch)
+        values = batch.column("value")
+        injected = pc.indices_nonzero(pc.invert(pc.match_substring(values, b'"inject":"none"')))
+        failed, late = [], []
+        for row in injected.to_pylist():
+            message = json.loads(values[row].as_py())
+            inject = message["inject"]
+            first = self.redis.incr(f"{self.job}:attempt:{message['id']}") == 1
+            if inject == "poison":
+                failed.append(row)
+                out.fail([row], f"poison message {message['id']}")
+            elif inject == "flaky" and first:
+                failed.append(row)
+                out.fail([row], f"injected failure of message {message['id']}, first attempt")
+            elif inject == "slow" and first:
+                out.working_on(row)  # this message alone times out, not the whole batch
+                time.sleep(self.slow_seconds)
+                out.working_on(None)
+            elif inject == "late" and first:
+                late.append(row)
+        # A failed message emits nothing (`SplitSentence` raises before its emits); a late
+        # one's last word carries the count bolt's failure.
+        kept = pc.invert(pc.is_in(rows, pa.array(failed, pa.int64())))
+        words, rows = words.filter(kept), rows.filter(kept)
+        row_of = rows.to_numpy()
+        last = np.append(row_of[1:] != row_of[:-1], True)[: len(row_of)]  # a message's last word
+        fail = np.isin(row_of, late) & last
+        out.emit(rows, {"word": words, "fail": pa.array(fail)})
+
+
+class ColumnarCountWord(ColumnarBolt):
+    """`CountWord` in columns: fails the rows flagged `fail`, sums the others' words in the
+    task and writes them in one round trip when it ends."""
+
+    def __init__(self, redis_url: str, key: str) -> None:
+        self.redis_url = redis_url
+        self.key = key
+
+    def prepare(self, context: TaskContext) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def process_batch(self, batch: pa.RecordBatch, out: ColumnarOutput) -> None:
+        fail = batch.column("fail")
+        out.fail(fail, "injected failure counting a word, first attempt")
+        self.counts.update(count_words(batch.column("word").filter(pc.invert(fail))))
+
+    def cleanup(self) -> None:
+        with _redis.get(self.redis_url).pipeline(transaction=True) as pipe:
+            for word, n in self.counts.items():
+                pipe.hincrby(self.key, word, n)
+            pipe.execute()
+
+
+def columnar_word_count_chain(
+    config: TopicConfig, job: str, slow_seconds: float
+) -> list[ChainItem]:
+    """The Storm-style topology with columnar bolts: split, group by word, count."""
+    url = config.redis.url
+    return [
+        ColumnarSplitSentence(url, job, slow_seconds),
+        Fields("word"),
+        ColumnarCountWord(url, f"{job}:counts"),
+    ]
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,8 @@
 
 Starts Kafka (Apache Kafka's broker), ZooKeeper and Redis (or uses `kspout dev up`'s with `--dev`),
 produces a sentence stream with injected failures, and runs a Storm-style word count on Spark
-`local[2]` (split bolt, fields grouping by word, count bolt) while showing progress. It then
+`local[2]` (split bolt, fields grouping by word, count bolt), with row bolts and again with
+columnar bolts, while showing progress. It then
 prints the counts beside the true ones, what was acked, retried, timed out and dead-lettered,
 and the commit points ZooKeeper holds, and checks them against what was produced; last, how
 long each job took (wall time and messages/s) and the demo as a whole.
@@ -34,6 +35,7 @@ from kspout.spout import KafkaSpout
 from kspout.wording import count
 from kspout_demo.jobs import (
     DemoStream,
+    columnar_word_count_chain,
     count_dead_letters,
     exactly_once_chain,
     produce_sentences,
@@ -86,6 +88,17 @@ def run_demo(config_path: str, messages: int, master: str, dev_stack: bool, as_j
         ok = report_word_count(out, storm, stream, final, took, counts)
         timings = [(job, took)]
         jobs = [job_json(job, ok, took, final)]
+
+        job = "demo-columnar" + run
+        columnar = job_config(config, job)
+        console.print(f"running {job}: the same word count with columnar bolts (Arrow batches)")
+        chain = columnar_word_count_chain(columnar, job, slow)
+        final, took = run_job(console, spark, columnar, chain)
+        counts = read_counts(columnar, f"{job}:counts")
+        passed = report_word_count(out, columnar, stream, final, took, counts)
+        timings.append((job, took))
+        jobs.append(job_json(job, passed, took, final))
+        ok = ok and passed
 
         job = "demo-exactly-once" + run
         once = job_config(config, job)

@@ -26,12 +26,13 @@ from kspout.executor.task import run_task
 from kspout.executor.topology import (
     ChainItem,
     FetchReport,
+    Runner,
     StageFailed,
-    StageRunner,
     Topology,
     root_tuples,
     run_guarded,
     run_later_stage,
+    runner_for,
     task_results,
 )
 from kspout.gc_pause import cyclic_gc_paused_until_built
@@ -169,7 +170,7 @@ class LocalExecutor:
             reports.append(FetchReport.of(task.partition, fetched))
         return roots, reports
 
-    def _runner(self, stage: int, acker: Acker[RootKey], batch: int) -> StageRunner:
+    def _runner(self, stage: int, acker: Acker[RootKey], batch: int) -> Runner:
         context = TaskContext(self._config.topic, stage, 0, batch)
         last = stage == len(self._topology.stages) - 1
-        return StageRunner(self._topology.stages[stage], acker, context, last=last)
+        return runner_for(self._topology.stages[stage], acker, context, last=last)

@@ -3,8 +3,10 @@
 `Topology.of(...)` accepts what users pass to `KafkaSpout.run`: a plain function, a bolt, or a
 list of bolts (and functions) separated by groupings. Groupings cut the chain into stages; each
 stage runs in one task per Spark partition, and the tuples it emits are repartitioned by the
-next stage's grouping. Backends (in-process, Spark) only move tuples and ledgers between
-stages; everything here is pure logic.
+next stage's grouping. A `ColumnarBolt` is a stage of its own (`ColumnarRunner`, in
+`kspout.columnar`); the other stages run their bolts tuple by tuple (`StageRunner`).
+Backends (in-process, Spark) only move tuples and ledgers between stages; everything here is
+pure logic.
 
 Every stage's task keeps an `Acker` ledger. Ledgers travel beside the tuples and are merged per
 root after the last stage; `task_results` turns the merged ledger into each partition's
@@ -18,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter, itemgetter
-from typing import Any
+from typing import Any, Protocol
 
 from kspout.acker import Acker, RootState, new_tuple_ids, reseed
 from kspout.bolts import (
@@ -32,6 +34,7 @@ from kspout.bolts import (
     Tuple,
 )
 from kspout.channel.beacon import thread_beacon
+from kspout.columnar import ArrowChunk, ColumnarBolt, ColumnarRunner
 from kspout.contract import PartitionTask, TaskResult
 from kspout.errors import ChainError, KafkaRefused
 from kspout.executor.outcome_log import OutcomeLog
@@ -104,8 +107,23 @@ class Topology:
             raise ChainError(f"the chain ends with a grouping ({grouping!r}): add a bolt after it")
         stages.append(Stage(tuple(bolts), grouping))
         topology = cls(tuple(stages))
+        topology._check_columnar()
         topology._check_fields()
         return topology
+
+    def _check_columnar(self) -> None:
+        """A `ColumnarBolt` takes a whole task's input at once: it is a stage of its own."""
+        for stage in self.stages:
+            columnar = [b for b in stage.bolts if isinstance(b, ColumnarBolt)]
+            if columnar and len(stage.bolts) > 1:
+                name = type(columnar[0]).__name__
+                raise ChainError(
+                    f"{name} is a ColumnarBolt and shares a stage with "
+                    f"{', '.join(type(b).__name__ for b in stage.bolts if b is not columnar[0])}:"
+                    " a columnar bolt takes its task's whole input at once, so it must be a "
+                    "stage of its own. Put a grouping (Shuffle() when any task will do) "
+                    f"before {name} unless it is first, and after it unless it is last"
+                )
 
     def _check_fields(self) -> None:
         upstream: tuple[str, ...] = ROOT_FIELDS
@@ -158,6 +176,25 @@ def _not_first(bolt: Bolt, position: int) -> str:
     )
 
 
+class Runner(Protocol):
+    """What runs a stage in one task: a `StageRunner`, or a `ColumnarRunner`."""
+
+    chunk: Chunk | ArrowChunk  # what the stage emitted, for the next stage's grouping
+
+    def run(self, tuples: Chunk | ArrowChunk) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def runner_for(stage: Stage, acker: Acker[RootKey], context: TaskContext, *, last: bool) -> Runner:
+    """The runner of `stage` in one task (its bolts prepared): a columnar stage's, or rows'."""
+    first = stage.bolts[0]
+    if isinstance(first, ColumnarBolt):
+        columnar: Runner = ColumnarRunner(first, acker, context, last=last)
+        return columnar
+    return StageRunner(stage, acker, context, last=last)
+
+
 class StageRunner:
     """Runs one stage's bolts over a task's input tuples, the later bolts depth first.
 
@@ -169,9 +206,10 @@ class StageRunner:
         self, stage: Stage, acker: Acker[RootKey], context: TaskContext, *, last: bool
     ) -> None:
         self._bolts = stage.bolts
-        self.chunk = Chunk(stage.bolts[-1].outputs)
+        chunk = Chunk(stage.bolts[-1].outputs)
+        self.chunk: Chunk | ArrowChunk = chunk
         self._buffers: list[list[Tuple]] = [[] for _ in stage.bolts[:-1]]
-        final_out = None if last else self.chunk
+        final_out = None if last else chunk
         self._collectors = [
             Collector(acker, bolt.outputs, buffer)
             for bolt, buffer in zip(stage.bolts, [*self._buffers, final_out], strict=True)
@@ -185,10 +223,11 @@ class StageRunner:
         """What the stage emitted, as tuples (empty in the chain's last stage)."""
         return list(self.chunk)
 
-    def run(self, tuples: Sequence[Tuple]) -> None:
+    def run(self, tuples: Chunk | ArrowChunk) -> None:
         """The stage's first bolt takes all the task's input in one batch; whatever it emits
         then runs through the next bolts, tuple by tuple."""
-        self._bolts[0].execute_batch(tuples, self._collectors[0])
+        rows = tuples.rows() if isinstance(tuples, ArrowChunk) else tuples
+        self._bolts[0].execute_batch(rows, self._collectors[0])
         self._forward(0)
 
     def _feed(self, tuple_: Tuple, index: int) -> None:
@@ -232,13 +271,23 @@ def root_tuples(fetched: FetchResult, acker: Acker[RootKey]) -> Chunk:
         return Chunk(ROOT_FIELDS, list(zip(zip(records), keys, ids, strict=True)))
 
 
+def first_input(
+    topology: Topology, fetched: FetchResult, acker: Acker[RootKey]
+) -> Chunk | ArrowChunk:
+    """The fetched records as the first stage's input: root tuples registered with `acker`,
+    or for a columnar first stage the records' columns (`ArrowChunk.of_records`)."""
+    if isinstance(topology.stages[0].bolts[0], ColumnarBolt):
+        return ArrowChunk.of_records(fetched.records)
+    return root_tuples(fetched, acker)
+
+
 _ROOT_KEY = attrgetter("partition", "offset")
 _OFFSET = itemgetter(1)
 
 
 def run_later_stage(
-    tuples: Sequence[Tuple], acker: Acker[RootKey], make_runner: Callable[[], StageRunner]
-) -> Chunk:
+    tuples: Chunk | ArrowChunk, acker: Acker[RootKey], make_runner: Callable[[], Runner]
+) -> Chunk | ArrowChunk:
     """Run tuples routed here by a grouping through a later stage; returns what it emitted.
 
     When the stage fails outside per-message code (its bolts' `prepare` included), every root
@@ -295,7 +344,7 @@ class FetchReport:
         return cls(partition, (), None, describe_error(exc), refused=refused_by_kafka(exc))
 
 
-def run_guarded(tuples: Sequence[Tuple], make_runner: Callable[[], StageRunner]) -> StageRunner:
+def run_guarded(tuples: Chunk | ArrowChunk, make_runner: Callable[[], Runner]) -> Runner:
     """Prepare a stage's bolts, run `tuples` through them, clean up; raise `StageFailed` when
     any of that raised outside per-message code (every bolt's `cleanup` still runs)."""
     try:

@@ -13,10 +13,11 @@ again because its previous attempt died reports just that (`attempt_died`), so t
 isolate the record that kills workers instead of letting Spark replay it into the same crash.
 
 Between stages, items are `(target, payload)` pairs; `target` is the Spark partition the next
-stage reads them in. A payload is a `Chunk` of tuples for the next stage's bolts, or a
-`Ledger`: part of the batch's ack bookkeeping for one Kafka partition, merged at the end. A
-task sends one chunk per receiving task and one ledger per Kafka partition, each a few lists
-of plain values: Spark pickles a few large objects per task, not one per tuple.
+stage reads them in. A payload is a `Chunk` of tuples for the next stage's bolts (an
+`ArrowChunk` after a columnar bolt: Arrow columns and numpy arrays), or a `Ledger`: part of the
+batch's ack bookkeeping for one Kafka partition, merged at the end. A task sends one chunk per
+receiving task and one ledger per Kafka partition, each a few lists of plain values or arrays:
+Spark pickles a few large objects per task, not one per tuple.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pyspark import TaskContext as SparkTaskContext
 from kspout.acker import Acker, Mark
 from kspout.bolts import Chunk, RootKey, TaskContext
 from kspout.channel.reporter import TaskReporter
+from kspout.columnar import ArrowChunk, join_chunks
 from kspout.config import TopicConfig
 from kspout.contract import ChannelAddress, PartitionTask, TaskId, TaskResult
 from kspout.executor.fetchers import fetcher_for
@@ -37,13 +39,13 @@ from kspout.executor.task import refused_by_kafka, released, run_task
 from kspout.executor.topology import (
     FetchReport,
     StageFailed,
-    StageRunner,
     Topology,
     by_partition,
+    first_input,
     partition_results,
-    root_tuples,
     run_guarded,
     run_later_stage,
+    runner_for,
     task_results,
 )
 from kspout.gc_pause import cyclic_gc_paused_until_built
@@ -102,7 +104,7 @@ class BatchSpec:
         return TaskReporter(self.channel, TaskId(self.batch, stage, index), partition)
 
 
-Item = tuple[int, Chunk | Ledger]
+Item = tuple[int, Chunk | ArrowChunk | Ledger]
 
 
 def _retried() -> bool:
@@ -170,7 +172,7 @@ def first_stage(spec: BatchSpec, index: int, tasks: Iterable[PartitionTask]) -> 
 
 def _stage_zero(
     spec: BatchSpec, index: int, task: PartitionTask, *, last: bool
-) -> tuple[Acker[RootKey], Chunk, FetchReport]:
+) -> tuple[Acker[RootKey], Chunk | ArrowChunk, FetchReport]:
     """Fetch a task's records and run the chain's first stage on them.
 
     A failure outside per-message code discards the task's ledger and output: its report
@@ -186,10 +188,10 @@ def _stage_zero(
             fetched = fetcher.fetch(task.topic, task.partition, task.plan.ranges())
         except Exception as exc:
             return Acker(), nothing, FetchReport.failed(task.partition, exc)
-        roots = root_tuples(fetched, acker)
+        roots = first_input(spec.topology, fetched, acker)
         built()
         try:
-            runner = run_guarded(roots, lambda: StageRunner(stage, acker, context, last=last))
+            runner = run_guarded(roots, lambda: runner_for(stage, acker, context, last=last))
         except StageFailed as failed:
             report = FetchReport(task.partition, (), None, failed.error, refused=failed.refused)
             return Acker(), nothing, report
@@ -203,17 +205,18 @@ def later_stage(spec: BatchSpec, stage: int, index: int, items: Iterable[Item]) 
     stages = spec.topology.stages
     last = stage == len(stages) - 1
     passing: list[Item] = []
-    tuples = Chunk(stages[stage - 1].bolts[-1].outputs)
+    parts: list[Chunk | ArrowChunk] = []
     with cyclic_gc_paused_until_built() as built:
         for item in items:  # unpickling builds a few objects per tuple, all kept
-            if isinstance(item[1], Chunk):
-                tuples.rows.extend(item[1].rows)
-            else:
+            if isinstance(item[1], Ledger):
                 passing.append(item)
+            else:
+                parts.append(item[1])
+        tuples = join_chunks(stages[stage - 1].bolts[-1].outputs, parts)
         built()
         with spec.reporter(stage, index):
             output = run_later_stage(
-                tuples, acker, lambda: StageRunner(stages[stage], acker, context, last=last)
+                tuples, acker, lambda: runner_for(stages[stage], acker, context, last=last)
             )
     if not last:
         yield from _routed(spec, stage + 1, output)
@@ -221,12 +224,12 @@ def later_stage(spec: BatchSpec, stage: int, index: int, items: Iterable[Item]) 
     yield from _ledgers(spec, acker, {})
 
 
-def _routed(spec: BatchSpec, stage: int, output: Chunk) -> Iterator[Item]:
+def _routed(spec: BatchSpec, stage: int, output: Chunk | ArrowChunk) -> Iterator[Item]:
     """A stage's output cut by the next stage's grouping: one chunk per receiving task."""
     grouping = spec.topology.stages[stage].grouping
     assert grouping is not None
     for target, chunk in enumerate(grouping.split(output, len(spec.partitions))):
-        if chunk.rows:
+        if len(chunk):
             yield target, chunk
 
 

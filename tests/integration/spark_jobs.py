@@ -12,10 +12,22 @@ import time
 from dataclasses import dataclass
 from functools import cache
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import redis
 
-from kspout import BasicBolt, BasicCollector, Bolt, Collector, TaskContext, Tuple
+from kspout import (
+    BasicBolt,
+    BasicCollector,
+    Bolt,
+    Collector,
+    ColumnarBolt,
+    ColumnarOutput,
+    TaskContext,
+    Tuple,
+)
 from kspout.kafka import Record
+from kspout_demo.word_count import SplitWords, count_words
 
 
 @cache
@@ -60,6 +72,50 @@ class Count(BasicBolt):
         redis = client(self.redis_url)
         redis.hincrby(self.key, word, 1)
         redis.sadd(f"{self.key}:pids", os.getpid())
+
+
+class ColumnarSplit(SplitWords):
+    """`Split` in columns: a `flaky` sentence fails on its first attempt, emitting nothing."""
+
+    def __init__(self, redis_url: str) -> None:
+        super().__init__()
+        self.redis_url = redis_url
+
+    def prepare(self, context: TaskContext) -> None:
+        self.topic = context.topic
+
+    def process_batch(self, batch: pa.RecordBatch, out: ColumnarOutput) -> None:
+        words, rows = self.words(batch)
+        flaky = pc.indices_nonzero(pc.match_substring(batch.column("value"), b"flaky"))
+        places = batch.take(flaky).select(["partition", "offset"]).to_pylist()
+        first = [
+            row
+            for row, place in zip(flaky.to_pylist(), places, strict=True)
+            if client(self.redis_url).incr(
+                f"{self.topic}:attempt:{place['partition']}:{place['offset']}"
+            )
+            == 1
+        ]
+        out.fail(first, "injected: first attempt of a flaky sentence")
+        kept = pc.invert(pc.is_in(rows, pa.array(first, pa.int64())))
+        out.emit(rows.filter(kept), {"word": words.filter(kept)})
+
+
+class ColumnarCount(ColumnarBolt):
+    """`Count` in columns: one HINCRBY per distinct word of the batch; fails `poison` rows."""
+
+    def __init__(self, redis_url: str, key: str) -> None:
+        self.redis_url = redis_url
+        self.key = key
+
+    def process_batch(self, batch: pa.RecordBatch, out: ColumnarOutput) -> None:
+        words = batch.column("word")
+        poison = pc.equal(words, "poison")
+        out.fail(poison, "poison word")
+        with client(self.redis_url).pipeline(transaction=False) as pipe:
+            for word, n in count_words(words.filter(pc.invert(poison))).items():
+                pipe.hincrby(self.key, word, n)
+            pipe.execute()
 
 
 class ValueOf(BasicBolt):

@@ -24,7 +24,14 @@ from kspout.devstack import DevStack
 from kspout.driver import Progress
 from kspout.executor.topology import ChainItem
 from tests.integration.helpers import PARTITIONS, highs, kspout_command, produce, stored, topic_file
-from tests.integration.spark_jobs import Count, RecordEffect, SlowOnce, Split
+from tests.integration.spark_jobs import (
+    ColumnarCount,
+    ColumnarSplit,
+    Count,
+    RecordEffect,
+    SlowOnce,
+    Split,
+)
 from tests.integration.word_count import check_word_count, sentence
 
 
@@ -48,10 +55,33 @@ def test_word_count_with_fields_grouping_retries_failures_and_commits_the_high_w
     # first stage's through its task results, the last stage's through the merged ledgers.
     kinds = {(f.failure.kind, f.failure.message, f.failure.place) for f in progress.failures}
     assert kinds == {
-        ("RuntimeError", "injected: first attempt of a flaky sentence", "spark_jobs.py:44"),
-        ("ValueError", "poison word", "spark_jobs.py:59"),
+        ("RuntimeError", "injected: first attempt of a flaky sentence", "spark_jobs.py:56"),
+        ("ValueError", "poison word", "spark_jobs.py:71"),
     }
     assert all('spark_jobs.py", line' in f.failure.traceback for f in progress.failures)
+
+
+def test_columnar_word_count_retries_dead_letters_and_counts_as_the_row_bolts_do(
+    spark: SparkSession,
+    stack: DevStack,
+    make_config: Callable[..., TopicConfig],
+    producer: Producer,
+    redis_client: redis.Redis,
+) -> None:
+    """The same job as above with columnar bolts: same counts, dead letters and commits."""
+    per_partition = 400
+    config = make_config(batch_size=400, max_retries=2, message_timeout=120.0)
+    produce(producer, config.topic, {p: range(per_partition) for p in PARTITIONS}, value=sentence)
+    url, key = stack.info.redis_url, f"{config.topic}:counts"
+    chain: list[ChainItem] = [ColumnarSplit(url), Fields("word"), ColumnarCount(url, key)]
+
+    progress = KafkaSpout(config, spark).run(chain, until_caught_up=True)
+
+    check_word_count(progress, config, stack, redis_client, per_partition)
+    assert {f.failure.message for f in progress.failures} == {
+        "injected: first attempt of a flaky sentence",
+        "poison word",
+    }
 
 
 def test_only_the_record_past_message_timeout_times_out_not_those_queued_behind_it(
