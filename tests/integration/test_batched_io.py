@@ -1,9 +1,9 @@
 """The driver's per-partition costs, batched: watermarks of many partitions in one query, a
 commit round's records in bundled transactions, pipelined (each partition fenced on its own),
 records read pipelined, and the instance report written only when it changed or as a
-heartbeat. Real processes: Apache Kafka (the stack's broker, or the shared cluster of three KRaft
-nodes, `kafka_cluster`, for a topic whose partitions are placed on chosen nodes, one of which is then
-killed) and the stack's ZooKeeper.
+heartbeat. Real processes: Apache Kafka (the stack's broker, or the shared cluster of three
+KRaft nodes, `kafka_cluster`, for a topic whose partitions are placed on chosen nodes, one of
+which is then killed) and the stack's ZooKeeper.
 """
 
 from __future__ import annotations
