@@ -118,7 +118,6 @@ local written = {} -- keys written (over a present record) after their MGET
 
 for i = 2, #KEYS do
   local key = KEYS[i]
-  local counter = string.format('%010x', base + i - 1)
   local record = false
   if not expect_absent then
     if i > fetched_to then
@@ -132,6 +131,7 @@ for i = 2, #KEYS do
     end
   end
   if record == false then
+    local counter = string.format('%010x', base + i - 1)
     record = redis.pcall('SET', key, head .. counter .. fresh_tail, 'PX', keep, 'NX', 'GET')
   end
   expect_absent = not record
@@ -165,6 +165,7 @@ for i = 2, #KEYS do
     end
     if attempts then
       code = tostring(attempts)
+      local counter = string.format('%010x', base + i - 1)
       redis.call('SET', key, head .. counter .. ':' .. code .. tail, 'PX', keep)
       written[key] = true
     end
