@@ -15,13 +15,14 @@ message could run twice). The slot map does change (a resharding, a master added
 chosen once, by the first store to use the partition, and kept in the namespace's shard map,
 the hash `{<namespace>}:shards` (partition -> tag, written by the `SHARD_TAGS` script with
 HSETNX: stores choosing at once agree on the first tag written). A store reads the map before
-it uses a partition; the cluster as it is then decides only for partitions the map lacks. A
-resharding moves slots with their keys, so a partition's shard stays whole wherever its slot
-goes (how even the spread stays is then up to where the operator moves slots). The map never
-expires (a few bytes per partition). If Redis loses it (its master lost data), the next store
-chooses again: on an unchanged cluster the same tags; on a changed one possibly others, whose
-partitions then start a new dedup window (like any loss of records; `dedup.server_checks`
-names the settings that make losses likely).
+it uses a partition (once per partition and process: while the map's master is down, a process
+that has not read a partition's tag yet cannot use that partition); the cluster as it is then
+decides only for partitions the map lacks. A resharding moves slots with their keys, so a
+partition's shard stays whole wherever its slot goes (how even the spread stays is then up to
+where the operator moves slots). The map never expires (a few bytes per partition). If Redis
+loses it (its master lost data), the next store chooses again: on an unchanged cluster the
+same tags; on a changed one possibly others, whose partitions then start a new dedup window
+(like any loss of records; `dedup.server_checks` names the settings that make losses likely).
 """
 
 from __future__ import annotations
