@@ -29,6 +29,7 @@ def _script(name: str) -> Script:
 LEASE = _script("lease.lua")  # lease a batch of one shard's ids: {status, base, runs, reasons}
 ADVANCE_EPOCH = _script("advance_epoch.lua")  # move a shard's fence on: the fence's epoch after
 SETTLE = _script("settle.lua")  # settle a batch of one shard's ids: {codes, reasons}
+SHARD_TAGS = _script("shard_tags.lua")  # fix partitions' hash tags on a cluster: their tags
 
 
 class LeaseScriptStatus(enum.IntEnum):

@@ -3,10 +3,12 @@
 Records live in shards, one Redis hash tag each, so that every script call touches one Redis
 Cluster slot. On one server there is one shard, the namespace: an id's record is the string
 `{<namespace>}:r:<id>`. On a Redis Cluster (a `redis.cluster.RedisCluster` client) there is one
-shard per Kafka partition, `{<namespace>:p<partition>}:r:<id>`, so the partitions' records spread
-over the masters and a task's batch (one partition) is still one script call. An id's record is
-then its partition's: the same id in two partitions is two messages to the store (keep a
-message's partition stable, as Kafka's default partitioner does for a key).
+shard per Kafka partition, `{<tag>}:r:<id>` with the partition's tag chosen by slot so the
+partitions spread evenly over the masters, and fixed once chosen (`dedup.shards`: `<namespace>:
+p<partition>`, with a `:<k>` suffix where needed); a task's batch (one partition) is still one
+script call. An id's record is then its partition's: the same id in two partitions is two
+messages to the store (keep a message's partition stable, as Kafka's default partitioner does
+for a key).
 
 States and transitions of a record:
 
@@ -98,6 +100,7 @@ from dedup.records import (
     remap_runs,
 )
 from dedup.scripts import ADVANCE_EPOCH, LEASE, SETTLE, LeaseScriptStatus
+from dedup.shards import ShardTags
 from dedup.wire import Call, Client, ScriptRunner
 
 COUNTER_BITS = 40  # the counter part of a token; the lease script asks for a new epoch at 2**40
@@ -171,6 +174,9 @@ class IdempotencyStore:
             wait_timeout_ms=wait_timeout_ms,
             wait_aof=wait_aof,
         )
+        self._shard_tags = (
+            ShardTags(client, self._runner, namespace) if isinstance(client, RedisCluster) else None
+        )
         self._source = epoch_source
         self._epochs: dict[str, int] = {}  # per shard tag: its fence's epoch as last seen
 
@@ -180,8 +186,9 @@ class IdempotencyStore:
         return max(self._epochs.values(), default=None)
 
     def tag(self, partition: int = 0) -> str:
-        """The hash tag of the shard that keeps `partition`'s records (without the braces)."""
-        return f"{self.namespace}:p{partition}" if self.sharded else self.namespace
+        """The hash tag of the shard that keeps `partition`'s records (without the braces); on a
+        cluster, a partition's first use reads (or chooses) it in one round trip."""
+        return self.namespace if self._shard_tags is None else self._shard_tags[partition]
 
     def key(self, id: str, partition: int = 0) -> str:
         """The Redis key of `id`'s record."""
@@ -391,8 +398,9 @@ class IdempotencyStore:
             return [(self.tag(partitions), None)]
         if len(partitions) != n:
             raise ValueError(f"{len(partitions)} partitions for {n} ids")
-        if not self.sharded or len(set(partitions)) == 1:
+        if self._shard_tags is None or len(set(partitions)) == 1:
             return [(self.tag(partitions[0] if n else 0), None)]
+        self._shard_tags.load(partitions)
         shards: dict[str, list[int]] = {}
         for position, partition in enumerate(partitions):
             shards.setdefault(self.tag(partition), []).append(position)

@@ -105,21 +105,34 @@ local runs = {}
 local run_code, run_count, run_wait = nil, 0, 0
 local reasons = {}
 -- an absent id (the common case) takes one command, SET NX GET: it writes the lease and answers
--- false, or answers the present record and writes nothing; a present one takes a GET, cheaper.
--- Each id is tried the way that fits the previous one (batches are mostly new, or mostly replays)
+-- false, or answers the present record and writes nothing. Present ids (replays) are read in
+-- bulk instead: MGET of the next PREFETCH keys, one command for many ids, and a present one that
+-- is not leased again costs nothing more. Each id is tried the way that fits the previous one
+-- (batches are mostly new, or mostly replays). A prefetched value is stale only if this call
+-- wrote the key after the MGET (the same id twice in one call): such keys are in `written` and
+-- read again; a prefetched absence goes through SET NX GET, which sees any write of this call.
+local PREFETCH = 1000 -- keys per MGET (Lua's unpack fails at about 8000)
 local expect_absent = true
+local fetched, fetched_from, fetched_to = nil, 0, 0 -- KEYS[fetched_from .. fetched_to]
+local written = {} -- keys written (over a present record) after their MGET
 
 for i = 2, #KEYS do
   local key = KEYS[i]
-  local counter = string.format('%010x', base + i - 1)
-  local record
-  if expect_absent then
-    record = redis.pcall('SET', key, head .. counter .. fresh_tail, 'PX', keep, 'NX', 'GET')
-  else
-    record = redis.pcall('GET', key)
-    if record == false then
-      redis.call('SET', key, head .. counter .. fresh_tail, 'PX', keep)
+  local record = false
+  if not expect_absent then
+    if i > fetched_to then
+      fetched_from, fetched_to = i, math.min(i + PREFETCH - 1, #KEYS)
+      fetched = redis.call('MGET', unpack(KEYS, fetched_from, fetched_to))
     end
+    if written[key] then
+      record = redis.pcall('GET', key)
+    else
+      record = fetched[i - fetched_from + 1]
+    end
+  end
+  if record == false then
+    local counter = string.format('%010x', base + i - 1)
+    record = redis.pcall('SET', key, head .. counter .. fresh_tail, 'PX', keep, 'NX', 'GET')
   end
   expect_absent = not record
   local code = '1'
@@ -152,7 +165,9 @@ for i = 2, #KEYS do
     end
     if attempts then
       code = tostring(attempts)
+      local counter = string.format('%010x', base + i - 1)
       redis.call('SET', key, head .. counter .. ':' .. code .. tail, 'PX', keep)
+      written[key] = true
     end
   end
   if code == run_code then

@@ -28,12 +28,14 @@
 -- undone.
 --
 -- All or nothing: an item with an effect Redis would refuse applies none of them and becomes
--- FAILED with the reason (REJECTED). Before an item writes an effect, each of its effects is
--- checked against the data as the item's earlier effects leave it: the key's type, a value
--- Redis parses as an integer, a sum that stays within 64 bits. Reads run under pcall and the
--- checks are exact, so no command fails after the first write (at maxmemory Redis refuses only
--- a script's first write: the call then fails with Redis's error, having written nothing): a
--- batch never stops half applied, and the items after a rejected one settle. An item whose
+-- FAILED with the reason (REJECTED). An item's only effect (the common case) runs under pcall:
+-- Redis checks a command before it writes anything, so it applies whole or not at all. An item
+-- with several has each checked, before any is written, against the data as its earlier
+-- effects leave it: the key's type, a value Redis parses as an integer, a sum that stays within
+-- 64 bits. Reads run under pcall and the checks are exact, so no command fails after the first
+-- write (at maxmemory Redis refuses only a script's first write: the call then fails with
+-- Redis's error, having written nothing): a batch never stops half applied, and the items after
+-- a rejected one settle. An item whose
 -- record key holds another type is REJECTED, untouched.
 -- Returns {digits, reasons}: digits '' if every item settled, else one digit per item
 -- (dedup.scripts.SettleCode), 0 SETTLED, 1 STALE (another token holds the record, or it is
@@ -171,6 +173,45 @@ local function problem(view, command, key, a, count)
   return nil
 end
 
+-- An item's only effect: Redis checks a command's arguments and the key's type and value before
+-- it writes anything, so running it under pcall applies it whole or not at all, with no check
+-- first. Returns nil, or why Redis refused it (its error text without the `ERR ` code).
+local function apply_alone(command, key, a, count)
+  local reason = nil
+  if count > MAX_ARGS then
+    reason = 'more than ' .. MAX_ARGS .. ' arguments'
+  else
+    local reply = redis.pcall(command, key, unpack(ARGV, a, a + count - 1))
+    if type(reply) == 'table' and reply.err then
+      reason = (string.gsub(reply.err, '^ERR ', ''))
+    end
+  end
+  return reason and command .. ' on ' .. key .. ': ' .. reason
+end
+
+-- An item's effects shapes[from, to), each checked (`problem`) against the data as the earlier
+-- ones leave it before any is written: a refusal halfway would leave the item half applied.
+-- Returns nil once all are applied, or why one would be refused (none applied).
+local function apply_checked(from, to, a, k)
+  local view = {}
+  local p, count, command = from, 0, nil
+  local first_arg, first_key = a, k
+  while p < to do
+    p, count, command = effect_at(p)
+    local reason = problem(view, command, KEYS[k], a, count)
+    if reason then
+      return command .. ' on ' .. KEYS[k] .. ': ' .. reason
+    end
+    a, k = a + count, k + 1
+  end
+  p, a, k = from, first_arg, first_key
+  while p < to do
+    p, count, command = effect_at(p)
+    redis.call(command, KEYS[k], unpack(ARGV, a, a + count - 1))
+    a, k = a + count, k + 1
+  end
+  return nil
+end
 
 local ttl = ARGV[1]
 local outcomes = ARGV[3]
@@ -235,29 +276,18 @@ for lease in string.gmatch(ARGV[2], '%S+') do
     end
   end
 
-  if not digit then
+  if not digit and from < to then
     local reason = nil
-    local view = from < to and {} -- the item's effects, if any (DONE items only)
-    local p, a, k, command, count = from, first_arg, first_key, nil, 0
-    while p < to and not reason do
-      p, count, command = effect_at(p)
-      reason = problem(view, command, KEYS[k], a, count)
-      if reason then
-        reason = command .. ' on ' .. KEYS[k] .. ': ' .. reason
-      end
-      a, k = a + count, k + 1
+    local p, count, command = effect_at(from)
+    if p == to then
+      reason = apply_alone(command, KEYS[first_key], first_arg, count)
+    else
+      reason = apply_checked(from, to, first_arg, first_key)
     end
     if reason then
       redis.call('SET', key, 'F:' .. lease .. ':rejected effect: ' .. reason, 'KEEPTTL')
       digit = '3'
       reasons[#reasons + 1] = reason
-    else
-      p, a, k = from, first_arg, first_key
-      while p < to do
-        p, count, command = effect_at(p)
-        redis.call(command, KEYS[k], unpack(ARGV, a, a + count - 1))
-        a, k = a + count, k + 1
-      end
     end
   end
   if digit then

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -30,6 +31,7 @@ from dedup import (
     SettleStatus,
     ZkEpoch,
 )
+from dedup.shards import shard_map_key
 from dedup.store import COUNTER_BITS
 from kspout.config import TopicConfig
 from kspout.devstack.components import RedisClusterServers
@@ -199,8 +201,8 @@ def test_partitions_spread_over_the_masters_each_with_its_own_fence(
     store.lease([f"m{p}" for p in partitions], "w1", partitions)
     store.lease([f"n{p}" for p in partitions[:4]], "w1", partitions[:4])
 
-    masters = {node_of(client, store.key("m", p)) for p in partitions}
-    assert masters == {node.port for node in three_masters.nodes}
+    per_master = Counter(node_of(client, store.key("m", p)) for p in partitions)
+    assert per_master == {node.port: 4 for node in three_masters.nodes}  # tags chosen by slot
     for p in partitions:  # a shard's fence lives with its records: one slot
         fence = f"{{{store.tag(p)}}}:fence"
         assert key_slot(fence.encode()) == key_slot(store.key(f"m{p}", p).encode())
@@ -208,6 +210,23 @@ def test_partitions_spread_over_the_masters_each_with_its_own_fence(
         assert seq == (2 if p < 4 else 1)  # this shard's leases only: no shared counter
         record = store.record(f"m{p}", p)
         assert record is not None and record.token == (epoch << COUNTER_BITS) + 1
+
+
+def test_a_partitions_tag_is_kept_in_the_shard_map_and_never_chosen_again(
+    three_masters: RedisClusterServers, three_client: RedisCluster, store_factory: StoreFactory
+) -> None:
+    first = store_factory(three_client)
+    tags = [first.tag(p) for p in range(6)]
+    chosen_before = f"{first.namespace}:p7:chosen-before"  # e.g. on the cluster before a reshard
+    three_client.hset(shard_map_key(first.namespace), "7", chosen_before)
+    with RedisCluster.from_url(three_masters.url) as other:  # another process's store
+        later = store_factory(other)
+        [lease] = later.lease(["m"], "w", 7)
+
+        assert [later.tag(p) for p in range(6)] == tags
+        assert lease.status is LEASED
+        assert later.key("m", 7) == f"{{{chosen_before}}}:r:m"
+        assert three_client.exists(later.key("m", 7)) == 1
 
 
 def test_a_batch_spanning_partitions_is_one_round_trip_per_master(
@@ -310,7 +329,9 @@ def test_the_bolt_applies_each_message_once_on_a_cluster(
     assert first.total("acked") == 50 * len(PARTITIONS)
     assert second.total("duplicates") == 50 * len(PARTITIONS)
     for p in PARTITIONS:
-        counts = client.hgetall(f"{{{config.spout_id}:p{p}}}:applied")
+        tag = client.hget(shard_map_key(config.spout_id), str(p))  # the partition's, by slot
+        assert tag is not None
+        counts = client.hgetall(f"{{{tag.decode()}}}:applied")
         assert counts == {keyed(p, o): b"1" for o in range(50)}
 
 
