@@ -1,6 +1,6 @@
 """kspout side by side with Spark's own Kafka source, on one real broker, topic and Spark session.
 
-    python -m bench.bench_vs_spark                     # 200,000 messages (~4 min on 2 cores)
+    python -m bench.bench_vs_spark                     # 200,000 messages (~3 min on 2 cores)
     python -m bench.bench_vs_spark --messages 40000    # a short run
     python -m bench.bench_vs_spark --json              # the figures as JSON on stdout
 
