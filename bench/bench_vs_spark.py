@@ -492,6 +492,8 @@ def report(figures: list[Figure], latencies: list[Latency]) -> None:
     headers = ["case", "how", "records/s", "CPU us/rec", *SHOWN.values()]
     headers += ["rate vs Spark", "CPU vs Spark"]
     print(table(headers, rows, "<<" + ">" * (len(headers) - 2)))
+    if not latencies:
+        return
     print()
     print(f"Latency, produce to handler, at {RATE:,} messages/s (ms)")
     print(
