@@ -362,7 +362,7 @@ GROUPS = ("this", "workers", "jvm", "broker", "other")
 KAFKA_MAIN = b"kafka.Kafka"  # the broker's main class, an argument of its own on its command line
 
 
-def _group(pid: int, cmdline: bytes) -> str:
+def _group(pid: int, cmdline: bytes, name: bytes) -> str:
     program, _, args = cmdline.partition(b"\0")
     if pid == os.getpid():
         return "this"
@@ -372,25 +372,33 @@ def _group(pid: int, cmdline: bytes) -> str:
         return "other" if b"ZooKeeperServerMain" in args else "jvm"
     if b"pyspark" in args:  # python -m pyspark.daemon, and the workers it forks
         return "workers"
+    if not cmdline and name.startswith(b"python"):  # one of Spark's that exited, not reaped yet
+        return "workers"
     return "other"
 
 
-def _read_proc(pid: str) -> tuple[int, float, bytes] | None:
-    """(parent pid, CPU seconds with reaped children, command line) of a live process."""
+def _read_proc(pid: str) -> tuple[int, float, float, bytes, bytes] | None:
+    """(parent pid, its own CPU seconds, CPU seconds of its reaped children, command line,
+    name) of a live (or exited, not yet reaped) process."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            name, _, rest = f.read().partition(b" (")[2].rpartition(b")")
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmdline = f.read()
     except OSError:
         return None  # exited meanwhile
-    return int(fields[1]), sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK"), cmdline
+    fields = rest.split()
+    tick = os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / tick
+    return int(fields[1]), own, (int(fields[13]) + int(fields[14])) / tick, cmdline, name
 
 
 def tree_cpu() -> dict[str, float]:
     """CPU seconds used so far by this process and all its descendants (the Kafka broker,
-    ZooKeeper, Spark's JVMs and Python workers) by GROUPS, from /proc; reaped children count
-    through their parent's cutime/cstime. Empty where /proc is not available."""
+    ZooKeeper, Spark's JVMs and Python workers) by GROUPS, from /proc. Reaped children count
+    through their parent's cutime/cstime: as Python workers when the parent is Spark's JVM (it
+    starts Python processes that exit, e.g. the Python data sources' planners and readers) or
+    a Python worker, else as the parent. Empty where /proc is not available."""
     try:
         names = [name for name in os.listdir("/proc") if name.isdigit()]
     except OSError:
@@ -404,8 +412,10 @@ def tree_cpu() -> dict[str, float]:
         grew = bool(found)
     spent = dict.fromkeys(GROUPS, 0.0)
     for pid in mine & procs.keys():
-        _, cpu, cmdline = procs[pid]
-        spent[_group(pid, cmdline)] += cpu
+        _, own, children, cmdline, name = procs[pid]
+        group = _group(pid, cmdline, name)
+        spent[group] += own
+        spent["workers" if group in ("jvm", "workers") else group] += children
     return spent
 
 

@@ -2,7 +2,7 @@
 # Set up a development machine from nothing: system packages the embedded stack needs
 # (Java for Kafka and ZooKeeper, Maven to fetch Kafka's jars, redis-server, PostgreSQL), a
 # virtualenv in .venv, kspout with its dev extras, and Apache Kafka's broker jars in kspout's
-# Kafka cache (deploy/kafka/pom.xml pins the release).
+# Kafka cache (deploy/kafka/pom.xml pins the release), and Spark's Kafka source for the benchmark.
 # Safe to run again: every step checks before it installs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,5 +55,20 @@ if [ ! -f "$kafka_libs/.complete" ]; then
     compgen -G "$kafka_libs/kafka_2.13-$kafka_version.jar" >/dev/null || {
         echo "setup: Maven copied no kafka_2.13-$kafka_version.jar into $kafka_libs" >&2; exit 1; }
     touch "$kafka_libs/.complete"
+fi
+
+# Spark's own Kafka source (the connector matching the installed pyspark), for the benchmark
+# beside it (bench.bench_vs_spark); the same marker guards against a half copy.
+spark_version=$(.venv/bin/python -c 'import pyspark; print(pyspark.__version__)')
+connector="${KSPOUT_SPARK_KAFKA_JARS:-${XDG_CACHE_HOME:-$HOME/.cache}/kspout/spark-kafka-$spark_version}"
+if [ ! -f "$connector/.complete" ]; then
+    echo "setup: resolving Spark $spark_version's Kafka source into $connector" >&2
+    rm -rf "$connector"
+    mvn -B -q -Dstyle.color=never -f deploy/spark-kafka/pom.xml \
+        org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
+        -DincludeScope=runtime -DoutputDirectory="$connector" -Dspark.version="$spark_version"
+    compgen -G "$connector/spark-sql-kafka-0-10_2.13-$spark_version.jar" >/dev/null || {
+        echo "setup: Maven copied no spark-sql-kafka-0-10_2.13-$spark_version.jar" >&2; exit 1; }
+    touch "$connector/.complete"
 fi
 echo "setup: ready (.venv/bin/kspout, .venv/bin/pytest; Kafka $kafka_version in $kafka_libs)" >&2
