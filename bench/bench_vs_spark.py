@@ -20,7 +20,9 @@ write it, reads the whole topic from the earliest offset, and must see all N mes
 * (c) parse the JSON values and sum `amount` by `user`: `from_json` and `groupBy` on each
   source; `KafkaSpout.run` with two row bolts (`ParseOrder`, `Fields("user")`, `SumByUser`);
 * (d) Storm's word count: `split`, `explode` and `groupBy` on each source; `KafkaSpout.run`
-  with the row bolts `SplitSentence`, `Fields("word")`, `CountWords` (from `bench_executor`);
+  with the row bolts `SplitSentence`, `Fields("word")`, `CountWords` (from `bench_executor`),
+  and with the columnar bolts `SplitWords("note")`, `Fields("word")`, `CountWords` (from
+  `kspout_demo.word_count`);
 * (e) latency, produce to handler, at a steady 5,000 messages/s for LATENCY_SECONDS: Spark's
   source with its default trigger (the next micro-batch as soon as the last one ends) and a
   `mapInArrow` handler, against `KafkaSpout.run(handler)` with kspout's defaults. Both read
@@ -77,6 +79,7 @@ from kspout.devstack import DevStack, create_topic
 from kspout.executor.fetchers import close_fetchers
 from kspout.kafka import Record
 from kspout.spark import spark_session
+from kspout_demo.word_count import columnar_word_count
 
 MASTER = "local[2]"
 PARTITIONS = 4
@@ -293,6 +296,11 @@ CASES = [
         words=True,
     ),
     Case("d word count", 'KafkaSpout.run, row bolts, Fields("word")', spout_chain(word_count())),
+    Case(
+        "d word count",
+        'KafkaSpout.run, columnar bolts, Fields("word")',
+        spout_chain(columnar_word_count("note")),
+    ),
 ]
 
 
