@@ -21,10 +21,12 @@ from collections.abc import Hashable, Iterator, Sequence
 from itertools import repeat
 from typing import Generic, TypeVar
 
+from kspout.errors import KafkaRefused
 from kspout.outcomes import Failure
 
-# What a failed root's error is: a bolt's own text, or what user code raised.
-Note = str | Failure
+# What a marked root's error is: a bolt's own text, what user code raised, or (a released
+# root's) what Kafka refused the principal, which no retry cures: it stops the run.
+Note = str | Failure | KafkaRefused
 
 RootKey = TypeVar("RootKey", bound=Hashable)
 

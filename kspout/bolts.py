@@ -23,11 +23,12 @@ from itertools import repeat
 from operator import itemgetter
 from typing import Any, overload
 
-from kspout.acker import Acker, Mark, new_tuple_id, random_bits
+from kspout.acker import Acker, Mark, Note, new_tuple_id, random_bits
 from kspout.channel.beacon import thread_beacon
+from kspout.errors import KafkaRefused
 from kspout.gc_pause import cyclic_gc_paused
 from kspout.kafka import Record
-from kspout.outcomes import Failure, FailureCatalog
+from kspout.outcomes import FailureCatalog
 
 RootKey = tuple[int, int]  # (partition, offset) of the root record
 Values = Sequence[Any]
@@ -276,9 +277,10 @@ class Collector:
         self._mark(tuple_, Mark.DEFERRED)
         self.ack(tuple_)
 
-    def release(self, tuple_: Tuple, error: str) -> None:
+    def release(self, tuple_: Tuple, error: str | KafkaRefused) -> None:
         """The task handling this tuple failed outside per-message code: its roots are
-        offered again without spending an attempt."""
+        offered again without spending an attempt (a refusal, Kafka refusing the principal,
+        also stops the run)."""
         self._mark(tuple_, Mark.RELEASED, error)
 
     def invalid(self, tuple_: Tuple, reason: str) -> None:
@@ -286,7 +288,7 @@ class Collector:
         self._mark(tuple_, Mark.INVALID, reason)
         self.ack(tuple_)
 
-    def _mark(self, tuple_: Tuple, mark: Mark, error: str | Failure | None = None) -> None:
+    def _mark(self, tuple_: Tuple, mark: Mark, error: Note | None = None) -> None:
         for root, _ in _pairs(tuple_._anchor, tuple_._id):
             self._acker.mark(root, mark, error)
 
@@ -388,14 +390,18 @@ class Bolt:
     def execute_batch(self, tuples: Sequence[Tuple], collector: Collector) -> None:
         """Execute a task's whole input at once (the first bolt of each stage is called so).
 
-        The default runs `execute` per tuple, failing the tuple whose `execute` raised. Bolts
-        that pay a round trip per call (the dedup bolt) override it to make one per batch.
+        The default runs `execute` per tuple, failing the tuple whose `execute` raised, unless
+        what it raised is `KafkaRefused` (a right the principal lost, a changed password: not
+        the message's fault, and no retry cures it): that fails the task, which stops the run.
+        Bolts that pay a round trip per call (the dedup bolt) override it to make one per batch.
         """
         beacon = thread_beacon()
         for tuple_ in tuples:
             beacon.current = tuple_
             try:
                 self.execute(tuple_, collector)
+            except KafkaRefused:
+                raise
             except Exception as exc:
                 collector.fail(tuple_, exc)
         beacon.current = None
@@ -442,6 +448,9 @@ class BasicBolt(Bolt):
             root = basic.point_at(tuple_)
             try:
                 process(tuple_, basic)
+            except KafkaRefused:
+                basic.settle(ack=False)
+                raise  # as in `Bolt.execute_batch`: the task fails, the run stops
             except Exception as exc:
                 basic.settle(ack=False)
                 collector.fail(tuple_, exc)

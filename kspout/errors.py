@@ -243,9 +243,29 @@ class NoLiveInstance(FixSetup):
 
 
 class KafkaRefused(FixSetup):
-    """Kafka refused this client's principal: its login, an operation its ACLs do not allow, or
-    a TLS handshake. Asking again never helps, so a run stops with it, even mid-run (a revoked
-    ACL, a changed password)."""
+    """Kafka refused this client's principal: its login, an operation its ACLs do not allow, a
+    TLS handshake, or a dead-letter topic it will not create. Asking again never helps, so a
+    run stops with it, even mid-run (a revoked ACL, a changed password, a deleted topic)."""
+
+
+class DeadLetterTopicMissing(KafkaRefused):
+    """The dead-letter topic does not exist, and Kafka refused to create it (no Create right
+    for the principal, a topic policy), or it was deleted while a run wrote to it."""
+
+    def __init__(self, topic: str, principal: str, brokers: str, path: str, why: str) -> None:
+        self.topic = topic
+        self.principal = principal
+        self.why = why
+        create = f"kafka-topics.sh --bootstrap-server {brokers} --create --topic {topic}"
+        grant = (
+            f"kafka-acls.sh --bootstrap-server {brokers} --add --allow-principal {principal} "
+            f"--operation Create --topic {topic}"
+        )
+        super().__init__(
+            f"the dead-letter topic {topic!r} does not exist and Kafka did not create it ({why}): "
+            f"create it (`{create}`), or grant {principal} Create on it (`{grant}`); or name "
+            f"another in `dead_letter_topic` in {path}"
+        )
 
 
 class KafkaTlsRefused(KafkaRefused):

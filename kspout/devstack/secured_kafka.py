@@ -23,6 +23,9 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     ResourcePatternType,
     ResourceType,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
 )
 
 from kspout.devstack.kafka_broker import KafkaBroker
@@ -33,6 +36,7 @@ from kspout.kafka import LIBRDKAFKA_LOG
 Acl = TypeVar("Acl", AclBinding, AclBindingFilter)
 
 MECHANISM = "SCRAM-SHA-512"
+SCRAM_ITERATIONS = 4096  # the storage tool's default, and Kafka's minimum
 LISTENER = "SASL_SSL"
 SUPER_USERS = "User:ANONYMOUS"  # the PLAINTEXT listener's clients (the controller's too)
 
@@ -124,6 +128,17 @@ def revoke(
     admin = _admin(brokers)
     filters = _acls(AclBindingFilter, principal, name, operations, kind)
     for done in admin.delete_acls(filters, request_timeout=timeout).values():
+        done.result(timeout)
+
+
+def set_password(brokers: str, user: str, password: str, *, timeout: float = 30) -> None:
+    """Give the SCRAM user `user` a new password, through the admin API on `brokers` (as
+    `grant`): a credential rotated while that user's clients run. Their sessions go on until
+    they log in again (a reconnect, or the listener's `connections.max.reauth.ms`)."""
+    admin = _admin(brokers)
+    info = ScramCredentialInfo(ScramMechanism[MECHANISM.replace("-", "_")], SCRAM_ITERATIONS)
+    change = UserScramCredentialUpsertion(user, info, password.encode())
+    for done in admin.alter_user_scram_credentials([change], request_timeout=timeout).values():
         done.result(timeout)
 
 

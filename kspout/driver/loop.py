@@ -71,6 +71,7 @@ from kspout.driver.window import StallWatch, check_start
 from kspout.driver.zk_outage import PATIENCE, ZooKeeperOutage
 from kspout.errors import KafkaRefused, KafkaUnavailable
 from kspout.kafka import EpochProbe, KafkaMetadata
+from kspout.kafka.deadletter import require_dead_letter_topic
 from kspout.kafka.rights import require_spout_rights
 from kspout.kafka.transactions import TransactionWatch
 from kspout.lifecycle import Lifecycle
@@ -210,6 +211,7 @@ class Driver(Lifecycle):
         topic = self.config.topic
         self._metadata.require_topic(topic)
         require_spout_rights(self.config)
+        require_dead_letter_topic(self.config)  # after the rights: Describe on it is known
         self._membership.start()
         self._membership.poll()
         records = self._ownership.claim(self._membership.mine())

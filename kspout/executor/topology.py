@@ -236,6 +236,8 @@ class StageRunner:
         self._beacon.current = tuple_
         try:
             self._bolts[index].execute(tuple_, collector)
+        except KafkaRefused:
+            raise  # not the tuple's fault: the task fails, the run stops (`run_guarded`)
         except Exception as exc:
             collector.fail(tuple_, exc)
         self._forward(index)
@@ -291,7 +293,9 @@ def run_later_stage(
     """Run tuples routed here by a grouping through a later stage; returns what it emitted.
 
     When the stage fails outside per-message code (its bolts' `prepare` included), every root
-    of its input is marked RELEASED on `acker`, the stage's, and nothing is emitted onward.
+    of its input is marked RELEASED on `acker`, the stage's, and nothing is emitted onward; a
+    refusal (Kafka refused the principal) goes with the marks, so that it stops the run as it
+    does in the first stage.
     """
     reseed()
     try:
@@ -299,7 +303,7 @@ def run_later_stage(
     except StageFailed as failed:
         collector = Collector(acker, (), None)
         for tuple_ in tuples:
-            collector.release(tuple_, failed.error)
+            collector.release(tuple_, failed.refused or failed.error)
         return Chunk(())
 
 
@@ -437,7 +441,7 @@ def partition_results(
             continue
         log = OutcomeLog(task)
         ledger = ledgers.get(task.partition)
-        infra_error = None if ledger is None else _settle_roots(log, ledger)
+        infra_error, refused = (None, None) if ledger is None else _settle_roots(log, ledger)
         if task.partition in reached:
             log.outcomes.extend(cut_short(task, reached[task.partition]))
         results.append(
@@ -448,22 +452,28 @@ def partition_results(
                 log.finish(missing.get(task.partition, [])),
                 out_of_range.get(task.partition),
                 infra_error,
+                refused=refused,
                 leader_epoch=epochs.get(task.partition),
             )
         )
     return results
 
 
-def _settle_roots(log: OutcomeLog, ledger: Acker[int]) -> str | None:
+def _settle_roots(log: OutcomeLog, ledger: Acker[int]) -> tuple[str | None, KafkaRefused | None]:
     """Write the outcome of each settled root of one partition to `log` (pending roots get
-    none); returns the error of the first RELEASED root, when a stage failed under some."""
+    none); returns the error of the first RELEASED root, when a stage failed under some, and
+    the first refusal such a stage met (it stops the run)."""
     complete, marked = ledger.settled()
     for lo, hi in runs(sorted(complete)):
         log.ack_run(lo, hi)
-    infra_error = None
+    infra_error = refused = None
     for offset, state, error in sorted(marked, key=itemgetter(0)):
-        if state is not RootState.PENDING:
-            log.add(offset, *_SETTLED[state], error)
-            if state is RootState.RELEASED and infra_error is None:
-                infra_error = str(error) if error else "a later stage failed"
-    return infra_error
+        if state is RootState.PENDING:
+            continue
+        if isinstance(error, KafkaRefused):
+            refused = refused or error
+            error = describe_error(error)
+        log.add(offset, *_SETTLED[state], error)
+        if state is RootState.RELEASED and infra_error is None:
+            infra_error = str(error) if error else "a later stage failed"
+    return infra_error, refused

@@ -30,7 +30,7 @@ from confluent_kafka import (
 )
 
 from kspout.config import TopicConfig
-from kspout.errors import KafkaRequestFailed, KafkaTlsRefused, KafkaUnreachable
+from kspout.errors import KafkaRefused, KafkaRequestFailed, KafkaTlsRefused, KafkaUnreachable
 from kspout.kafka.access import LOGIN_REFUSED, login_refused
 
 T = TypeVar("T")
@@ -102,11 +102,12 @@ def consumer_settings(config: TopicConfig) -> dict[str, Any]:
     )
 
 
-class _BrokerReports:
-    """librdkafka's error callback (served by `poll`): whether it found every broker down, its
-    last other error, which says why (refused, not resolved), and a refused login (a wrong SASL
-    user or password) or a failed TLS handshake (a certificate this client's CA did not sign),
-    which no wait cures."""
+class BrokerReports:
+    """librdkafka's error callback (served by `poll` and `consume`): whether it found every
+    broker down, its last other error, which says why (refused, not resolved), and a refused
+    login (a wrong SASL user or password, or one changed while the client ran: its next login,
+    on a reconnect or a re-authentication, is refused) or a failed TLS handshake (a certificate
+    this client's CA did not sign), which no wait cures."""
 
     def __init__(self) -> None:
         self.all_down = False
@@ -124,9 +125,21 @@ class _BrokerReports:
         else:
             self.last = error.str()
 
+    def raise_refused(self, config: TopicConfig) -> None:
+        """`KafkaLoginRefused` (`KafkaTlsRefused`) when a broker refused the login (the TLS
+        handshake) since the last call; the report is cleared, so a client asked again after
+        a fix is judged afresh."""
+        login, self.login_refused = self.login_refused, None
+        if login is not None:
+            raise login_refused(config, login)
+        tls, self.tls_refused = self.tls_refused, None
+        if tls is not None:
+            raise KafkaTlsRefused(config.brokers, config.path, tls)
+
 
 def connect(
     config: TopicConfig,
+    reports: BrokerReports,
     *,
     timeout: float = CONNECT_TIMEOUT,
     clock: Callable[[], float] = time.monotonic,
@@ -135,8 +148,8 @@ def connect(
     topic's metadata. `KafkaUnreachable`, naming the address and where it was set, when no
     broker answers within `timeout`, or once librdkafka finds every broker down;
     `KafkaLoginRefused` at once when a broker refuses the SASL login, `KafkaTlsRefused` when
-    the TLS handshake fails."""
-    reports = _BrokerReports()
+    the TLS handshake fails. `reports` stays the consumer's error callback: ask it later
+    (`raise_refused`) for a login refused since."""
     consumer = Consumer(consumer_settings(config) | {"error_cb": reports})
     deadline = clock() + timeout
     while True:
@@ -151,12 +164,11 @@ def connect(
                     "metadata request", config.topic, None, str(exc.args[0]), hint
                 ) from exc
         consumer.poll(0)  # serves the error callback
-        if reports.login_refused is not None:
+        try:
+            reports.raise_refused(config)
+        except KafkaRefused:
             consumer.close()
-            raise login_refused(config, reports.login_refused)
-        if reports.tls_refused is not None:
-            consumer.close()
-            raise KafkaTlsRefused(config.brokers, config.path, reports.tls_refused)
+            raise
         if reports.all_down or clock() >= deadline:
             consumer.close()
             cause = reports.last or f"no broker answered within {timeout:g}s"

@@ -5,21 +5,32 @@ headers naming where it came from and why it was given up, so an operator can in
 replay it. `write` returns only once Kafka acknowledged every letter: the caller may then count
 those offsets finished; on any failure none of them may be. A write the cluster refused this
 principal (no Write ACL on the dead-letter topic, or no right to create it) raises
-`KafkaAccessDenied`: no retry cures that, so the run stops instead of trying for ever.
+`KafkaAccessDenied`, and one to a topic that does not exist (deleted mid-run, on a cluster that
+does not create it again) `DeadLetterTopicMissing`: no retry cures either, so the run stops
+instead of trying for ever. A run creates the topic at its start when it does not exist, or
+stops there when Kafka will not have it (`require_dead_letter_topic`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from kspout.config import TopicConfig
-from kspout.errors import DeadLetterWriteFailed
-from kspout.kafka._client import client_settings
-from kspout.kafka.access import refusal
+from kspout.errors import (
+    DeadLetterTopicMissing,
+    DeadLetterWriteFailed,
+    KafkaAccessDenied,
+    KafkaRequestFailed,
+)
+from kspout.kafka._client import REQUEST_TIMEOUT, client_settings, is_transient
+from kspout.kafka.access import principal, refusal
 from kspout.kafka.records import DeadLetter
 from kspout.lifecycle import Lifecycle
 
@@ -38,6 +49,12 @@ TRACEBACK = HEADER_PREFIX + "traceback"
 # flush() waits this much longer than librdkafka's own delivery timeout, so every letter has
 # a delivery report (success or failure) by the time it returns.
 FLUSH_MARGIN = 5.0
+# Seconds a dead-letter topic created at a run's start may take to get its leaders (its
+# metadata says it is unknown, then LEADER_NOT_AVAILABLE, meanwhile); asked every CREATE_STEP.
+CREATE_WAIT = 10.0
+CREATE_STEP = 0.2
+# Seconds a failed write waits to learn whether the topic is gone (an outage answers nothing).
+GONE_CHECK = 2.0
 
 
 def letter_headers(letter: DeadLetter) -> list[tuple[str, str | bytes | None]]:
@@ -58,6 +75,88 @@ def letter_headers(letter: DeadLetter) -> list[tuple[str, str | bytes | None]]:
     if letter.traceback:
         ours[TRACEBACK] = letter.traceback
     return original + [(name, value.encode()) for name, value in ours.items()]
+
+
+def require_dead_letter_topic(
+    config: TopicConfig, *, sleep: Callable[[float], None] = time.sleep
+) -> None:
+    """Create the dead-letter topic when it does not exist, with the brokers' default
+    partitions and replication (as their auto-creation on a first write would), so that a run
+    learns at its start, not at its first dead letter retried for ever, that Kafka will not
+    have it: `DeadLetterTopicMissing` (no Create right, a topic policy)."""
+    producer = Producer(client_settings(config))
+    try:
+        try:
+            if dead_letter_topic_exists(producer, config):
+                return
+        except DeadLetterTopicMissing:
+            _create(config)
+        for _ in range(int(CREATE_WAIT / CREATE_STEP)):
+            with contextlib.suppress(DeadLetterTopicMissing):  # not in every broker's view yet
+                if dead_letter_topic_exists(producer, config):
+                    return
+            sleep(CREATE_STEP)
+        raise KafkaRequestFailed(
+            "metadata request",
+            config.dlq_topic,
+            None,
+            f"no leader after {CREATE_WAIT:g}s",
+            "check that the brokers are up",
+        )
+    finally:
+        producer.flush(0)
+
+
+def _create(config: TopicConfig) -> None:
+    """Create the dead-letter topic (one that exists meanwhile is kept as it is)."""
+    topic = config.dlq_topic
+    admin = AdminClient(client_settings(config))
+    future = admin.create_topics([NewTopic(topic)], request_timeout=REQUEST_TIMEOUT)[topic]
+    try:
+        future.result(3 * REQUEST_TIMEOUT)
+    except KafkaException as exc:
+        error: KafkaError = exc.args[0]
+        if error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+            return
+        if is_transient(error):
+            hint = "check that the brokers are up"
+            raise KafkaRequestFailed("topic creation", topic, None, error.str(), hint) from exc
+        raise DeadLetterTopicMissing(
+            topic, principal(config), config.brokers, config.path, error.str()
+        ) from None
+
+
+def dead_letter_topic_exists(
+    producer: Producer, config: TopicConfig, *, timeout: float = REQUEST_TIMEOUT
+) -> bool:
+    """True when the dead-letter topic has leaders for its partitions; False while it is
+    being created; `DeadLetterTopicMissing` when the brokers say it does not exist (asked
+    through `producer`)."""
+    topic = config.dlq_topic
+    try:
+        found = producer.list_topics(topic, timeout=timeout).topics.get(topic)
+    except KafkaException as exc:
+        raise KafkaRequestFailed(
+            "metadata request", topic, None, str(exc.args[0]), "check the brokers"
+        ) from exc
+    error = None if found is None else found.error
+    if found is None or (error is not None and error.code() in _NO_SUCH_TOPIC):
+        why = "no such topic" if error is None else error.str()
+        raise DeadLetterTopicMissing(topic, principal(config), config.brokers, config.path, why)
+    if error is not None and error.code() != KafkaError.LEADER_NOT_AVAILABLE:
+        found_refusal = refusal(config, error, "Describe", topic)
+        if found_refusal is not None:
+            raise found_refusal
+        raise KafkaRequestFailed("metadata request", topic, None, error.str(), "check the brokers")
+    return error is None and bool(found.partitions)
+
+
+# What a metadata answer says of a topic that does not exist (a principal that may Describe it
+# is told UNKNOWN_TOPIC_OR_PART; where the brokers would create it, but not for this principal,
+# TOPIC_AUTHORIZATION_FAILED).
+_NO_SUCH_TOPIC = frozenset(
+    {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED}
+)
 
 
 class IdempotentProducer(Lifecycle):
@@ -116,12 +215,22 @@ class DeadLetterWriter(IdempotentProducer):
     def write(self, letters: Sequence[DeadLetter]) -> None:
         """Produce every letter and wait for Kafka's acknowledgements.
 
-        Raises DeadLetterWriteFailed naming each letter Kafka did not acknowledge, or
-        `KafkaRefused` when Kafka refused this principal the write.
+        Raises DeadLetterWriteFailed naming each letter Kafka did not acknowledge,
+        `KafkaRefused` when Kafka refused this principal the write, `DeadLetterTopicMissing`
+        when the topic is gone (which fails a write either way).
         """
         if self._producer is None:
             raise RuntimeError("DeadLetterWriter.start() was not called")
-        producer = self._producer
+        try:
+            self._write(self._producer, letters)
+        except (KafkaAccessDenied, DeadLetterWriteFailed):
+            # A topic deleted (and not created again) fails a write either way: say that
+            # instead. Without an answer, the write's own error says enough.
+            with contextlib.suppress(KafkaRequestFailed):
+                dead_letter_topic_exists(self._producer, self._config, timeout=GONE_CHECK)
+            raise
+
+    def _write(self, producer: Producer, letters: Sequence[DeadLetter]) -> None:
         errors: dict[int, str | None] = {}  # letter index -> None when acknowledged
         refused: list[Exception] = []  # the refusal that no retry cures, once found
 
@@ -142,12 +251,12 @@ class DeadLetterWriter(IdempotentProducer):
                 on_delivery=functools.partial(report, index),
             )
         producer.flush(self._config.fetch_timeout + FLUSH_MARGIN)
-        if refused:
-            raise refused[0]
         failures: list[tuple[str, int, int, str]] = []
         for index, letter in enumerate(letters):
             error = errors.get(index, "no delivery report before the timeout")
             if error is not None:
                 failures.append((letter.topic, letter.partition, letter.offset, error))
+        if refused:
+            raise refused[0]
         if failures:
             raise DeadLetterWriteFailed(self._topic, failures)

@@ -29,7 +29,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from kspout.config import TopicConfig
 from kspout.errors import FetchTimeout, KafkaRequestFailed
 from kspout.gc_pause import cyclic_gc_paused
-from kspout.kafka._client import consumer_settings, watermarks
+from kspout.kafka._client import BrokerReports, consumer_settings, watermarks
 from kspout.kafka.access import access_denied
 from kspout.kafka.records import FetchResult, Record, RecordBuilder, make_record
 from kspout.lifecycle import Lifecycle
@@ -159,10 +159,12 @@ class PartitionFetcher(Lifecycle):
         self._config = config
         self._clock = clock
         self._consumer: Consumer | None = None
+        self._reports = BrokerReports()
 
     def start(self) -> None:
         if self._consumer is None:
-            self._consumer = Consumer(consumer_settings(self._config))
+            settings = consumer_settings(self._config) | {"error_cb": self._reports}
+            self._consumer = Consumer(settings)
 
     def close(self) -> None:
         consumer, self._consumer = self._consumer, None
@@ -173,7 +175,9 @@ class PartitionFetcher(Lifecycle):
         """Fetch the offsets in `spans` (sorted, disjoint, half-open `[start, end)` ranges).
 
         Raises FetchTimeout when the spans are not settled within `fetch_timeout` seconds,
-        KafkaRequestFailed when the broker fails for good.
+        KafkaRequestFailed when the broker fails for good, `KafkaAccessDenied` when the
+        principal may not Read the topic, `KafkaLoginRefused` when a broker refused the login
+        (a password changed while the consumer ran: its next login is refused).
         """
         if self._consumer is None:
             raise RuntimeError("PartitionFetcher.start() was not called")
@@ -210,6 +214,7 @@ class PartitionFetcher(Lifecycle):
                 read_end = progress.read_end(SEEK_GAP)
             wanted = max(1, min(PER_CONSUME, read_end - stream))
             msgs = consumer.consume(wanted, IDLE_SLICE)
+            self._reports.raise_refused(self._config)  # `consume` served the error callback
             epoch = _last_epoch(msgs, epoch)
             cursor, last = progress.cursor, progress.end - 1
             for msg in msgs:

@@ -16,6 +16,7 @@ from kspout.config import TopicConfig
 from kspout.errors import KafkaRequestFailed, TopicNotFound
 from kspout.kafka._client import (
     REQUEST_TIMEOUT,
+    BrokerReports,
     all_watermarks,
     call_kafka,
     connect,
@@ -37,11 +38,12 @@ class KafkaMetadata(Lifecycle):
     def __init__(self, config: TopicConfig) -> None:
         self._config = config
         self._consumer: Consumer | None = None
+        self._reports = BrokerReports()
 
     def start(self) -> None:
         """Connect: `KafkaUnreachable` when no broker answers (`connect`)."""
         if self._consumer is None:
-            self._consumer = connect(self._config)
+            self._consumer = connect(self._config, self._reports)
 
     def close(self) -> None:
         consumer, self._consumer = self._consumer, None
@@ -49,9 +51,14 @@ class KafkaMetadata(Lifecycle):
             consumer.close()
 
     def _client(self) -> Consumer:
-        if self._consumer is None:
+        """The consumer, once its queue is served: `KafkaLoginRefused` when a broker refused
+        its login since (the password changed while it ran), which no retry cures."""
+        consumer = self._consumer
+        if consumer is None:
             raise RuntimeError("KafkaMetadata.start() was not called")
-        return self._consumer
+        consumer.poll(0)  # librdkafka's log lines and errors, the error callback among them
+        self._reports.raise_refused(self._config)
+        return consumer
 
     def require_topic(self, topic: str) -> list[int]:
         """`partitions`, or `TopicNotFound` when the topic does not exist: every command
@@ -66,9 +73,6 @@ class KafkaMetadata(Lifecycle):
         """The topic's partition ids, sorted; [] while the topic does not exist.
         `KafkaAccessDenied` when the principal may not Describe it."""
         consumer = self._client()
-        # Also serve the consumer's queue, which nothing else here polls: librdkafka's log
-        # lines and errors would pile up in it while a broker is down.
-        consumer.poll(0)
 
         def query() -> list[int]:
             metadata = consumer.list_topics(topic, timeout=REQUEST_TIMEOUT)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from pyspark import TaskContext as SparkTaskContext
 
-from kspout.acker import Acker, Mark
+from kspout.acker import Acker, Mark, Note
 from kspout.bolts import Chunk, RootKey, TaskContext
 from kspout.channel.reporter import TaskReporter
 from kspout.columnar import ArrowChunk, join_chunks
@@ -49,7 +49,7 @@ from kspout.executor.topology import (
     task_results,
 )
 from kspout.gc_pause import cyclic_gc_paused_until_built
-from kspout.outcomes import Failure, describe_error
+from kspout.outcomes import describe_error
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +63,7 @@ class Ledger:
     partition: int
     offsets: array[int]
     values: array[int]
-    marks: tuple[tuple[int, int, str | Failure | None], ...]  # (offset, mark, error)
+    marks: tuple[tuple[int, int, Note | None], ...]  # (offset, mark, error)
     report: FetchReport | None = None
 
     @classmethod

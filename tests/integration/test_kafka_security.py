@@ -7,9 +7,12 @@ commit points mirrored to a consumer group), `KafkaSpout.run` on Spark, the stre
 and `status`, `lag` and `dlq show`; a wrong password, a principal without Read on the topic,
 one without Write on the dead-letter topic and one without Describe are stopped at once with
 an error naming the principal, the topic and what to fix; so is a client that does not trust
-the brokers' CA. A right revoked while a run goes on (Read on the topic, Write on the
-dead-letter topic or on a `KafkaOutput` topic) stops the run within seconds with the same
-error, nothing dead-lettered for it, and the commit points hold exactly what was finished.
+the brokers' CA, and a run whose missing dead-letter topic may not be created. A right revoked
+while a run goes on (Read on the topic, Write on the dead-letter topic or on a `KafkaOutput`
+topic, in a chain's later stage too), a password changed (found at the next login: the
+listener asks for one every `REAUTH_MS`) or the dead-letter topic deleted stops the run within
+seconds with the same error, nothing dead-lettered for it, and the commit points hold exactly
+what was finished.
 `produce`, `offsets`, `dlq replay` and `foreach_batch` work with the listed rights. No command
 prints the password, at `-vv` either.
 
@@ -33,30 +36,37 @@ from pathlib import Path
 import pytest
 import trustme
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 from cryptography.hazmat.primitives import serialization
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
 from kspout import KafkaSpout, load_config
 from kspout.devstack import ZooKeeperServer, create_topic
-from kspout.devstack.secured_kafka import SecuredKafkaBroker, grant, revoke
+from kspout.devstack.secured_kafka import SecuredKafkaBroker, grant, revoke, set_password
 from kspout.driver.progress import Progress
 from kspout.errors import KafkaAccessDenied
 from kspout.kafka import Record
-from tests.integration.helpers import kspout_command, read_topic
+from tests.integration.helpers import kspout_command, open_store, read_topic
 
 PASSWORD = "scram-s3cret-pw"  # every user's, but the wrong one's
-USERS = {name: PASSWORD for name in ("spout", "no-read", "no-dlq")}
+USERS = {name: PASSWORD for name in ("spout", "no-read", "no-dlq", "rotated")}
+# Milliseconds a SASL session lasts before its client must log in again (KIP-368): a password
+# changed mid-run is found within this much, without a broker restart.
+REAUTH_MS = 3000
 PARTITIONS = 2
 PER_PARTITION = 10
 FAILING = 5  # the handler fails every record whose offset is a multiple of it
 QUICK = 20.0  # seconds a refused login or a missing ACL may take to stop a command
+FETCH_TIMEOUT = 10.0  # the topic file's `fetch_timeout`: also the dead-letter writer's timeout
 
 HANDLER = f"""
 import os
 
+from kspout.bolts import BasicBolt
 from kspout.config import load_config
-from kspout.output import KafkaOutput
+from kspout.groupings import Shuffle
+from kspout.output import KafkaOutput, Publish
 
 OUTPUT = KafkaOutput(load_config(os.environ["TOPIC_FILE"]), os.environ["OUTPUT_TOPIC"])
 
@@ -66,6 +76,20 @@ def handle(record):
         raise ValueError("refused by the test")
     OUTPUT.send(record, record.value)
     OUTPUT.flush()
+
+
+class Forward(BasicBolt):
+    outputs = ("record",)
+
+    def process(self, tuple_, collector):
+        collector.emit((tuple_.record,))
+
+
+def send(record, output):
+    output.send(record, record.value)
+
+
+CHAIN = [Forward(), Shuffle(), Publish(send, OUTPUT)]  # publishes in its second stage
 """
 
 # Handlers for runs that lose a right while they go on: each record takes a little time, so the
@@ -141,7 +165,12 @@ def broker_certificate(home: Path) -> tuple[Path, Path]:
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     home = tmp_path_factory.mktemp("secured-kafka")
     certificate, ca = broker_certificate(home)
-    broker = SecuredKafkaBroker(home, certificate=certificate, users=USERS)
+    broker = SecuredKafkaBroker(
+        home,
+        certificate=certificate,
+        users=USERS,
+        settings={"connections.max.reauth.ms": str(REAUTH_MS)},
+    )
     zookeeper = ZooKeeperServer(home)
     try:
         broker.start()
@@ -168,11 +197,19 @@ MakeSpout = Callable[..., Spout]
 
 @pytest.fixture
 def make_spout(secured: Secured, tmp_path: Path) -> Iterator[MakeSpout]:
-    def make(user: str, password: str = PASSWORD, extra: str = "", ca: Path | None = None) -> Spout:
+    def make(
+        user: str,
+        password: str = PASSWORD,
+        extra: str = "",
+        ca: Path | None = None,
+        *,
+        dlq_created: bool = True,
+    ) -> Spout:
         topic = f"secured-{uuid.uuid4().hex[:8]}"
         dlq, output = f"{topic}.dlq", f"{topic}.out"
         for name, partitions in ((topic, PARTITIONS), (dlq, 1), (output, 1)):
-            create_topic(secured.setup_brokers, name, partitions)
+            if name != dlq or dlq_created:
+                create_topic(secured.setup_brokers, name, partitions)
         (tmp_path / "password").write_text(password + "\n")
         file = tmp_path / "topic.toml"
         file.write_text(
@@ -185,7 +222,7 @@ def make_spout(secured: Secured, tmp_path: Path) -> Iterator[MakeSpout]:
                 zookeeper = "{secured.zookeeper}"
                 max_retries = 0
                 commit_interval = 0.5
-                fetch_timeout = 10.0
+                fetch_timeout = {FETCH_TIMEOUT}
                 {extra}
 
                 [retry_backoff]
@@ -272,10 +309,8 @@ def test_a_principal_with_the_listed_rights_consumes_dead_letters_publishes_and_
     for line in done.stderr.splitlines():  # the group kspout never uses needs no ACL
         assert not ("GROUP_AUTHORIZATION" in line and "WARNING" in line), line
     failing = PARTITIONS * len(range(0, PER_PARTITION, FAILING))
-    published = read_topic(secured.setup_brokers, spout.output, PARTITIONS * PER_PARTITION)
-    assert len(published) == PARTITIONS * PER_PARTITION - failing
-    letters = read_topic(secured.setup_brokers, spout.dlq, failing)
-    assert len(letters) == failing
+    assert written(secured, spout.output) == PARTITIONS * PER_PARTITION - failing
+    assert written(secured, spout.dlq) == failing
 
     status = kspout(spout, "status", "--json")
     assert status.returncode == 0, status.stderr[-3000:]
@@ -409,6 +444,26 @@ def test_a_principal_without_read_on_the_topic_is_stopped_naming_the_acl_to_gran
     assert lag.returncode == 0, lag.stderr[-3000:]
 
 
+def test_write_refused_in_a_later_stage_of_a_chain_stops_the_run_dead_lettering_nothing(
+    secured: Secured, make_spout: MakeSpout
+) -> None:
+    """A chain's second stage publishes to a topic the principal may not Write: the refusal
+    stops the run as a first stage's does, instead of the backoff of an outage."""
+    spout = make_spout("spout")
+    grant(secured.setup_brokers, "User:spout", spout.topic, "DESCRIBE", "READ")
+    grant(secured.setup_brokers, "User:spout", spout.dlq, "DESCRIBE", "WRITE")
+    grant(secured.setup_brokers, "User:spout", spout.output, "DESCRIBE")
+    produce(secured, spout.topic)
+    began = time.monotonic()
+    done = kspout(spout, "run", "--handler", "secured_handler:CHAIN", "--until-caught-up")
+    assert time.monotonic() - began < QUICK, done.stderr[-3000:]
+    assert done.returncode == 1, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert f"Kafka refused User:spout Write on topic '{spout.output}'" in last, last
+    assert f"--allow-principal User:spout --operation Write --topic {spout.output}" in last, last
+    assert written(secured, spout.dlq) == 0, "a source message was dead-lettered"
+
+
 def test_a_principal_without_write_on_the_dead_letter_topic_is_stopped_before_it_claims(
     secured: Secured, make_spout: MakeSpout
 ) -> None:
@@ -428,6 +483,32 @@ def test_a_principal_without_write_on_the_dead_letter_topic_is_stopped_before_it
     assert shown.returncode == 1, shown.stderr[-3000:]
     last = shown.stderr.strip().splitlines()[-1]
     assert f"Kafka refused User:no-dlq Read on topic '{spout.dlq}'" in last, last
+
+
+def test_a_missing_dead_letter_topic_is_created_at_the_start_or_the_run_stops_there(
+    secured: Secured, make_spout: MakeSpout
+) -> None:
+    """The principal may not Create the missing dead-letter topic: the run stops at its start
+    saying how to create it or grant Create, instead of retrying its first dead letter for
+    ever. With Create, the run creates it."""
+    spout = make_spout("spout", dlq_created=False)
+    listed_rights(secured, "spout", spout)
+    produce(secured, spout.topic)
+    began = time.monotonic()
+    done = run_spout(spout)
+    assert time.monotonic() - began < QUICK
+    assert done.returncode == 1, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert f"the dead-letter topic '{spout.dlq}' does not exist" in last, last
+    assert f"--create --topic {spout.dlq}`" in last, last
+    assert f"--allow-principal User:spout --operation Create --topic {spout.dlq}`" in last, last
+    assert "`dead_letter_topic`" in last and str(spout.file) in last, last
+
+    grant(secured.setup_brokers, "User:spout", spout.dlq, "CREATE")
+    done = run_spout(spout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    failing = PARTITIONS * len(range(0, PER_PARTITION, FAILING))
+    assert written(secured, spout.dlq) == failing
 
 
 def test_a_principal_without_describe_is_refused_by_every_command(
@@ -526,11 +607,19 @@ def start_run() -> Iterator[Callable[[Spout, str], MidRun]]:
             run.process.wait()
 
 
-def committed(spout: Spout) -> list[int]:
-    """Each partition's commit point, as `kspout status` reads it (Describe is enough)."""
-    status = kspout(spout, "status", "--json")
-    assert status.returncode == 0, status.stderr[-3000:]
-    return [row["committed"] or 0 for row in json.loads(status.stdout)["partitions"]]
+def commit_points(spout: Spout) -> list[int]:
+    """Each partition's commit point, read from ZooKeeper (0 where there is no record)."""
+    with open_store(load_config(spout.file)) as store:
+        records = store.read_all()
+    return [records[p].offset if p in records else 0 for p in range(PARTITIONS)]
+
+
+def finished(spout: Spout) -> int:
+    """How many offsets the spout's ZooKeeper records hold finished: below each commit point
+    and in the finished runs listed above it."""
+    with open_store(load_config(spout.file)) as store:
+        records = store.read_all().values()
+    return sum(r.offset + sum(hi - lo for lo, hi in r.done) for r in records)
 
 
 def written(secured: Secured, topic: str) -> int:
@@ -564,10 +653,32 @@ def test_read_revoked_mid_run_stops_the_run_naming_the_grant_and_commits_what_fi
     handled = run.handled()
     assert sum(map(len, handled.values())) < PARTITIONS * MID_RUN_PER_PARTITION
     # What finished is committed, and nothing past it: every handled run starts at 0.
-    points = committed(spout)
+    points = commit_points(spout)
     for p in range(PARTITIONS):
         assert handled[p] == set(range(points[p])), (p, points[p], sorted(handled[p])[-3:])
     assert written(secured, spout.dlq) == 0, "a record was dead-lettered for a revoked right"
+
+
+def test_a_password_changed_mid_run_stops_the_run_at_its_next_login_naming_the_user(
+    secured: Secured, make_spout: MakeSpout, start_run: Callable[[Spout, str], MidRun]
+) -> None:
+    """The user's SCRAM credential changes while the run goes on: at its clients' next login
+    (the broker asks for one every `REAUTH_MS`) the run stops with the refused login, not the
+    backoff of an outage, and commits what finished."""
+    spout = make_spout("rotated", extra="batch_size = 20")
+    listed_rights(secured, "rotated", spout)
+    produce(secured, spout.topic, per_partition=MID_RUN_PER_PARTITION)
+    run = start_run(spout, "read")
+    run.wait_for(lambda: sum(map(len, run.handled().values())) >= 60, "records handled")
+    set_password(secured.setup_brokers, "rotated", "a-new-password")
+    last = run.stopped_within(REAUTH_MS / 1000 + QUICK)
+    assert "refused the login of User:rotated" in last, last
+    assert "`kafka.sasl.username`" in last and "`kafka.sasl.password`" in last, last
+    handled = run.handled()
+    assert sum(map(len, handled.values())) < PARTITIONS * MID_RUN_PER_PARTITION
+    points = commit_points(spout)
+    for p in range(PARTITIONS):
+        assert handled[p] == set(range(points[p])), (p, points[p], sorted(handled[p])[-3:])
 
 
 def test_write_on_the_dead_letter_topic_revoked_mid_run_stops_the_run_losing_no_letter(
@@ -588,12 +699,27 @@ def test_write_on_the_dead_letter_topic_revoked_mid_run_stops_the_run_losing_no_
         )
     }
     handled = run.handled()
-    points = committed(spout)
+    points = commit_points(spout)
     assert sum(points) < PARTITIONS * MID_RUN_PER_PARTITION, "the run ended before the revoke"
     for p in range(PARTITIONS):
         # Below the commit point each record finished: handled, or its letter is in the topic.
         for offset in range(points[p]):
             assert offset in handled[p] or (p, offset) in letters, (p, offset, points[p])
+
+
+def test_the_dead_letter_topic_deleted_mid_run_stops_the_run_naming_it(
+    secured: Secured, make_spout: MakeSpout, start_run: Callable[[Spout, str], MidRun]
+) -> None:
+    """Deleted while the run writes to it, on a cluster that will not create it again for
+    this principal: the run stops with the missing topic's error, not retrying for ever."""
+    spout = mid_run_spout(secured, make_spout)
+    run = start_run(spout, "fail_some")
+    run.wait_for(lambda: written(secured, spout.dlq) >= 4, "dead letters written")
+    admin = AdminClient({"bootstrap.servers": secured.setup_brokers})
+    admin.delete_topics([spout.dlq])[spout.dlq].result(30)
+    last = run.stopped_within(QUICK + FETCH_TIMEOUT)  # the letters in flight time out first
+    assert f"the dead-letter topic '{spout.dlq}' does not exist" in last, last
+    assert f"--create --topic {spout.dlq}`" in last, last
 
 
 def test_write_on_the_output_topic_revoked_mid_run_stops_the_run_dead_lettering_nothing(
@@ -606,7 +732,7 @@ def test_write_on_the_output_topic_revoked_mid_run_stops_the_run_dead_lettering_
     last = run.stopped_within(QUICK)
     assert f"Kafka refused User:spout Write on topic '{spout.output}'" in last, last
     handled = run.handled()
-    points = committed(spout)
+    points = commit_points(spout)
     for p in range(PARTITIONS):
         assert handled[p] == set(range(points[p])), (p, points[p], sorted(handled[p])[-3:])
     assert written(secured, spout.dlq) == 0, "a source message was dead-lettered"
@@ -630,7 +756,7 @@ def test_produce_offsets_and_dlq_replay_work_with_the_listed_rights(
     assert shown.returncode == 0, shown.stderr[-3000:]
     moved = kspout(spout, "offsets", "set", "--partition", "0", "--to", "earliest")
     assert moved.returncode == 0, moved.stderr[-3000:]
-    assert committed(spout)[0] == 0
+    assert commit_points(spout)[0] == 0
 
     replayed = kspout(spout, "dlq", "replay", "--all", "--json")
     assert replayed.returncode == 0, replayed.stderr[-3000:]
@@ -666,9 +792,6 @@ def slow_frame(frame: DataFrame, _batch: int) -> None:
     time.sleep(0.2)
 
 
-# Once in four full-suite runs (never alone), `[run]` ended with both commit points at 0 although
-# 40 records were acked before the revoke: not understood yet, so it gets one rerun, shown as R.
-@pytest.mark.flaky(reruns=1)
 @pytest.mark.parametrize("api", ["run", "foreach_batch"])
 def test_read_revoked_under_spark_raises_the_refusal_on_the_driver(
     secured: Secured, make_spout: MakeSpout, spark: SparkSession, api: str
@@ -707,4 +830,7 @@ def test_read_revoked_under_spark_raises_the_refusal_on_the_driver(
     assert isinstance(error, KafkaAccessDenied), error
     assert (error.principal, error.operation, error.topic) == ("User:spout", "Read", spout.topic)
     assert written(secured, spout.dlq) == 0, "a record was dead-lettered for a revoked right"
-    assert sum(committed(spout)) >= 40
+    # What was acked is recorded finished, though not always below the commit points: two
+    # batches run at once, and when the second one's job gets Spark's cores first, the first
+    # one's fetch is the one refused, its offsets unfinished below the second's.
+    assert finished(spout) >= 40

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import pickle
 
+import pytest
 from confluent_kafka import KafkaError
 
 from kspout.config import TopicConfig, parse_config
 from kspout.errors import KafkaAccessDenied, KafkaLoginRefused
+from kspout.kafka._client import BrokerReports
 from kspout.kafka.access import principal, refusal
 
 SECRET = "s3cret-pw"
@@ -71,3 +73,18 @@ def test_a_refusal_found_on_a_worker_reaches_the_driver_whole() -> None:
     assert type(copy) is KafkaAccessDenied
     assert (copy.principal, copy.operation, copy.topic) == ("User:alice", "Read", "orders")
     assert str(copy) == str(found)
+
+
+def test_a_login_refused_to_a_running_client_is_raised_once_naming_the_user() -> None:
+    """A client's error callback hears of a login refused on a reconnect (the password changed
+    while it ran): its next look raises it, once; an outage is not one."""
+    config = secured(**{"sasl.username": "alice"})
+    reports = BrokerReports()
+    reports(KafkaError(KafkaError._TRANSPORT, "Disconnected"))
+    reports.raise_refused(config)  # nothing to raise
+    reports(
+        KafkaError(KafkaError._AUTHENTICATION, "SASL authentication error: Authentication failed")
+    )
+    with pytest.raises(KafkaLoginRefused, match="refused the login of User:alice"):
+        reports.raise_refused(config)
+    reports.raise_refused(config)  # cleared: a client asked again is judged afresh

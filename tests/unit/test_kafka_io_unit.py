@@ -197,11 +197,14 @@ def test_dead_letter_headers_follow_the_original_ones() -> None:
 
 class TimeIndex:
     """Answers `offsets_for_times` as a broker's time index would, counting the calls; no other
-    method exists (a timestamp lookup must not fetch)."""
+    method exists but `poll` (a timestamp lookup must not fetch)."""
 
     def __init__(self, answers: dict[int, int]) -> None:
         self.answers = answers  # timestamp -> offset (-1: no record at or after it)
         self.calls = 0
+
+    def poll(self, timeout: float) -> None:
+        """The client's queue, served before each question: empty."""
 
     def offsets_for_times(self, asked: list[TopicPartition], timeout: float) -> list[Any]:
         self.calls += 1

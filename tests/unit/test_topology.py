@@ -34,7 +34,7 @@ from kspout.bolts import (
     root_tuple,
 )
 from kspout.contract import PartitionTask, TaskResult
-from kspout.errors import ChainError, KspoutError
+from kspout.errors import ChainError, KafkaAccessDenied, KspoutError
 from kspout.executor.task import CUT_SHORT
 from kspout.executor.topology import (
     ChainItem,
@@ -50,7 +50,7 @@ from kspout.executor.topology import (
 )
 from kspout.groupings import Fields, Global, Grouping, Shuffle, stable_hash
 from kspout.kafka import FetchResult, Record
-from kspout.outcomes import FailReason, Outcome, OutcomeKind
+from kspout.outcomes import FailReason, Outcome, OutcomeKind, describe_error
 from kspout.partition_manager import Plan, Span
 
 ACK, FAIL, GONE = OutcomeKind.ACK, OutcomeKind.FAIL, OutcomeKind.GONE
@@ -666,6 +666,44 @@ def test_a_later_stage_whose_prepare_raises_releases_the_roots_of_its_input() ->
     )
     assert not output.rows
     assert [acker.state((0, o)) for o in (0, 1)] == [RootState.RELEASED] * 2
+
+
+REFUSED = KafkaAccessDenied("User:a", "Write", "out", "k:9093", "t.toml", "not authorized")
+
+
+def publish_refused(_tuple: Tuple) -> None:
+    """A later stage's function whose `KafkaOutput` lost Write on its topic."""
+    raise REFUSED
+
+
+@pytest.mark.parametrize("refused", [True, False], ids=["refused", "other-error"])
+def test_a_refusal_in_a_later_stage_releases_its_roots_and_reaches_the_result(
+    refused: bool,
+) -> None:
+    """Kafka refusing the principal in a later stage is not the records' fault and no retry
+    cures it: their roots are RELEASED (nothing fails, nothing is dead-lettered) and the
+    partition's result carries the refusal, across a pickled ledger, as a first stage's
+    refusal does, so the run stops. Any other failure of the stage's task is a plain release."""
+    acker: Acker[RootKey] = Acker()
+    first = StageRunner(Stage((Split(),), None), acker, TaskContext("t", 0, 0, 0), last=False)
+    first.run(root_tuples(sentences(0, ["a b", "c"]), acker))
+    bolt = FunctionBolt(publish_refused, on_record=False) if refused else CountWithoutItsStore()
+    later: Acker[RootKey] = Acker()
+    run_later_stage(
+        [roundtrip(t) for t in first.output],
+        later,
+        lambda: StageRunner(Stage((bolt,), Shuffle()), later, TaskContext("t", 1, 0, 0), last=True),
+    )
+    acker.merge(roundtrip(later))
+    (result,) = task_results([task(0, Span(0, 2, 1))], acker, [FetchReport(0, (), None)])
+    assert {o.kind for o in result.outcomes} == {OutcomeKind.RELEASED}
+    if refused:
+        assert isinstance(result.refused, KafkaAccessDenied)
+        assert str(result.refused) == str(REFUSED)
+        assert result.infra_error == describe_error(REFUSED)
+    else:
+        assert result.refused is None
+        assert result.infra_error == "ConnectionError: the counts store is down"
 
 
 class FlushesInCleanup(BasicBolt):
