@@ -228,13 +228,14 @@ class Dag:
 
 def shipped_and_folded(ackers: list[Acker[RootKey]]) -> Acker[RootKey]:
     """Partial ledgers as Spark carries them: each cut per Kafka partition (`by_partition`),
-    in columns (`Ledger.of`), pickled, and folded per partition in the order given (what
+    in columns (`Ledger.of`), pickled, and merged per partition in the order given (what
     `combine` does); joined back under `(partition, offset)` keys for the checks."""
-    folded: dict[int, Acker[int]] = {}
+    shipped: dict[int, list[Ledger]] = {}
     for acker in ackers:
         for partition, part in by_partition(acker).items():
-            shipped = pickle.loads(pickle.dumps(Ledger.of(partition, part, None)))
-            shipped.fold_into(folded.setdefault(partition, Acker()))
+            ledger = pickle.loads(pickle.dumps(Ledger.of(partition, part, None)))
+            shipped.setdefault(partition, []).append(ledger)
+    folded = {partition: Ledger.merge(parts) for partition, parts in shipped.items()}
     joined: Acker[RootKey] = Acker()
     for partition, part in folded.items():
         joined.values.update(((partition, o), value) for o, value in part.values.items())

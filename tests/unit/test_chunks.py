@@ -111,9 +111,7 @@ def test_ledgers_travel_in_columns_and_fold_by_xor() -> None:
     acker.fail((1, 4), "boom")
     parts = by_partition(acker)
     ledgers = [pickle.loads(pickle.dumps(Ledger.of(p, part, None))) for p, part in parts.items()]
-    merged: Acker[int] = Acker()
-    for ledger in ledgers + ledgers:  # twice: every value cancels out, the mark stays
-        ledger.fold_into(merged)
+    merged = Ledger.merge(ledgers + ledgers)  # twice: every value cancels out, the mark stays
     assert merged.values == {5: 0, 3: 0, 4: 0}
     assert merged.state(4) is RootState.FAILED and merged.state(5) is RootState.COMPLETE
     assert list(merged.marked()) == [(4, Mark.FAILED, "boom")]
