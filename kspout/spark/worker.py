@@ -24,7 +24,9 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from operator import itemgetter
+from typing import Any
 
 import numpy as np
 from pyspark import TaskContext as SparkTaskContext
@@ -41,7 +43,6 @@ from kspout.executor.topology import (
     FetchReport,
     StageFailed,
     Topology,
-    by_partition,
     fetch_input,
     first_input,
     partition_results,
@@ -69,11 +70,28 @@ class Ledger:
     report: FetchReport | None = None
 
     @classmethod
-    def of(cls, partition: int, ledger: Acker[int], report: FetchReport | None) -> Ledger:
-        """One partition's ledger (offset -> ack value) in columns."""
-        values = ledger.values
-        marks = tuple((offset, int(mark), error) for offset, mark, error in ledger.marked())
-        return cls(partition, array("q", values), array("Q", values.values()), marks, report)
+    def cut(cls, acker: Acker[RootKey]) -> dict[int, Ledger]:
+        """`acker` cut into one ledger per Kafka partition, its columns built at once in
+        numpy (no reports: `_ledgers` adds them)."""
+        roots = acker.values
+        size = len(roots)
+        partitions = np.fromiter(map(_PARTITION, roots), np.int64, size)
+        offsets = np.fromiter(map(_OFFSET, roots), np.int64, size)
+        values = np.fromiter(roots.values(), np.uint64, size)
+        marks: dict[int, list[tuple[int, int, str | Failure | None]]] = {}
+        for (partition, offset), mark, error in acker.marked():
+            marks.setdefault(partition, []).append((offset, int(mark), error))
+        found = set(np.unique(partitions).tolist())
+        cut = {}
+        for partition in found | marks.keys():
+            mine = slice(None) if found == {partition} else partitions == partition
+            cut[partition] = cls(
+                partition,
+                _array("q", offsets[mine]),
+                _array("Q", values[mine]),
+                tuple(marks.get(partition, ())),
+            )
+        return cut
 
     @staticmethod
     def merge(parts: Sequence[Ledger]) -> Acker[int]:
@@ -92,6 +110,16 @@ class Ledger:
             for offset, mark, error in part.marks:
                 ledger.mark(offset, Mark(mark), error)
         return ledger
+
+
+def _array(code: str, column: np.ndarray[Any, Any]) -> array[int]:
+    """A numpy column as the `array` a `Ledger` pickles (one block of bytes)."""
+    result = array(code)
+    result.frombytes(column.tobytes())
+    return result
+
+
+_PARTITION, _OFFSET = itemgetter(0), itemgetter(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,8 +293,8 @@ def _ledgers(
     spec: BatchSpec, acker: Acker[RootKey], reports: dict[int, FetchReport]
 ) -> Iterator[Item]:
     """Split a task's ledger by Kafka partition, each headed for its merge target."""
-    parts = by_partition(acker)
+    parts = Ledger.cut(acker)
     for partition in reports.keys() - parts.keys():
-        parts[partition] = Acker()
+        parts[partition] = Ledger(partition, array("q"), array("Q"), ())
     for partition, part in parts.items():
-        yield spec.target_of(partition), Ledger.of(partition, part, reports.get(partition))
+        yield spec.target_of(partition), replace(part, report=reports.get(partition))

@@ -37,7 +37,6 @@ from kspout.executor.topology import (
     ChainItem,
     FetchReport,
     Topology,
-    by_partition,
     columnar_first,
     first_input,
     root_tuples,
@@ -153,9 +152,9 @@ def run_job(
         )
         ledgers.append(acker)
     shipped_ledgers = [
-        pickle.loads(pickle.dumps(Ledger.of(partition, part_ledger, None)))
+        pickle.loads(pickle.dumps(part))
         for index in order
-        for partition, part_ledger in by_partition(ledgers[index]).items()
+        for part in Ledger.cut(ledgers[index]).values()
     ]
     merged = Ledger.merge(shipped_ledgers)
     whole = Acker[tuple[int, int]]()
