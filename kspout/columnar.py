@@ -58,6 +58,7 @@ from kspout.bolts import (
 )
 from kspout.channel.beacon import thread_beacon
 from kspout.kafka import Record
+from kspout.kafka.records import RecordColumns
 from kspout.outcomes import FailureCatalog
 
 # The first stage's columns: each record's, as `Record` names them, with their Arrow types.
@@ -110,6 +111,22 @@ class ArrowChunk:
         batch = pa.RecordBatch.from_arrays(arrays, names=names)
         partitions = arrays[0].to_numpy().astype(np.int64)
         return cls(batch, partitions, arrays[1].to_numpy(), np.zeros(len(records), np.uint64))
+
+    @classmethod
+    def of_columns(cls, columns: RecordColumns) -> ArrowChunk:
+        """`of_records`, from the columns `PartitionFetcher.fetch_columns` read."""
+        size = len(columns.offsets)
+        offsets = np.array(columns.offsets, np.int64)
+        arrays = [
+            pa.array(np.full(size, columns.partition, np.int32)),
+            pa.array(offsets),
+            pa.array(columns.keys, pa.binary()),
+            pa.array(columns.values, pa.binary()),
+            pa.array(columns.timestamps, pa.int64()),
+        ]
+        batch = pa.RecordBatch.from_arrays(arrays, names=[name for name, _ in RECORD_COLUMNS])
+        partitions = np.full(size, columns.partition, np.int64)
+        return cls(batch, partitions, offsets, np.zeros(size, np.uint64))
 
     @classmethod
     def of(cls, chunk: Chunk | ArrowChunk) -> ArrowChunk:

@@ -41,7 +41,7 @@ from kspout.executor.outcome_log import OutcomeLog
 from kspout.executor.task import Handler, cut_short, refused_by_kafka, released
 from kspout.gc_pause import cyclic_gc_paused
 from kspout.groupings import Fields, Grouping
-from kspout.kafka import FetchResult
+from kspout.kafka import FetchResult, PartitionFetcher
 from kspout.outcomes import FailReason, OutcomeKind, describe_error
 from kspout.ranges import runs
 
@@ -277,10 +277,25 @@ def first_input(
     topology: Topology, fetched: FetchResult, acker: Acker[RootKey]
 ) -> Chunk | ArrowChunk:
     """The fetched records as the first stage's input: root tuples registered with `acker`,
-    or for a columnar first stage the records' columns (`ArrowChunk.of_records`)."""
-    if isinstance(topology.stages[0].bolts[0], ColumnarBolt):
+    or for a columnar first stage the records' columns (`ArrowChunk.of_records`, or
+    `of_columns` when `fetch_input` fetched them as columns)."""
+    if fetched.columns is not None:
+        return ArrowChunk.of_columns(fetched.columns)
+    if columnar_first(topology):
         return ArrowChunk.of_records(fetched.records)
     return root_tuples(fetched, acker)
+
+
+def columnar_first(topology: Topology) -> bool:
+    """Whether the chain's first stage is a `ColumnarBolt`'s."""
+    return isinstance(topology.stages[0].bolts[0], ColumnarBolt)
+
+
+def fetch_input(topology: Topology, fetcher: PartitionFetcher, task: PartitionTask) -> FetchResult:
+    """A task's planned records, fetched in the form the chain's first stage reads: columns,
+    with no `Record` per message, for a columnar one."""
+    fetch = fetcher.fetch_columns if columnar_first(topology) else fetcher.fetch
+    return fetch(task.topic, task.partition, task.plan.ranges())
 
 
 _ROOT_KEY = attrgetter("partition", "offset")

@@ -23,6 +23,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
@@ -31,7 +33,7 @@ from kspout.errors import FetchTimeout, KafkaRequestFailed
 from kspout.gc_pause import cyclic_gc_paused
 from kspout.kafka._client import BrokerReports, consumer_settings, watermarks
 from kspout.kafka.access import access_denied
-from kspout.kafka.records import FetchResult, Record, RecordBuilder, make_record
+from kspout.kafka.records import FetchResult, Record, RecordBuilder, RecordColumns, make_record
 from kspout.lifecycle import Lifecycle
 from kspout.ranges import append
 
@@ -179,6 +181,27 @@ class PartitionFetcher(Lifecycle):
         principal may not Read the topic, `KafkaLoginRefused` when a broker refused the login
         (a password changed while the consumer ran: its next login is refused).
         """
+        return self._fetch(topic, partition, spans, raw=False)
+
+    def fetch_columns(
+        self, topic: str, partition: int, spans: Sequence[tuple[int, int]]
+    ) -> FetchResult:
+        """`fetch`, with the records as columns (`FetchResult.columns`) and no `Record` built
+        per message: a columnar first stage's input, at about half the cost."""
+        fetched = self._fetch(topic, partition, spans, raw=True)
+        messages: list[Message] = fetched.records  # type: ignore[assignment]
+        columns = RecordColumns(
+            partition,
+            [m.offset() for m in messages],  # type: ignore[misc]
+            [m.key() for m in messages],
+            [m.value() for m in messages],
+            [m.timestamp()[1] for m in messages],
+        )
+        return replace(fetched, records=[], columns=columns)
+
+    def _fetch(
+        self, topic: str, partition: int, spans: Sequence[tuple[int, int]], *, raw: bool
+    ) -> FetchResult:
         if self._consumer is None:
             raise RuntimeError("PartitionFetcher.start() was not called")
         wanted = _validated(spans)
@@ -186,21 +209,26 @@ class PartitionFetcher(Lifecycle):
             return FetchResult([], [])
         try:
             with cyclic_gc_paused():
-                return self._read(self._consumer, topic, partition, wanted)
+                return self._read(self._consumer, topic, partition, wanted, raw)
         finally:
             # Stop prefetching: an idle assigned partition would fill librdkafka's queue
             # (up to 64 MB) and long-poll the broker at high for nothing.
             self._consumer.unassign()
 
     def _read(
-        self, consumer: Consumer, topic: str, partition: int, spans: list[tuple[int, int]]
+        self,
+        consumer: Consumer,
+        topic: str,
+        partition: int,
+        spans: list[tuple[int, int]],
+        raw: bool,
     ) -> FetchResult:
         """Consume `PER_CONSUME` messages at a time until every offset in `spans` is returned or
-        known missing."""
+        known missing. With `raw` the result's records are the client's messages themselves."""
         timeout = self._config.fetch_timeout
         deadline = self._clock() + timeout
         progress = _Progress(spans)
-        records: list[Record] = []
+        records: list[Any] = []
         append = records.append
         build = RecordBuilder
         stream = -1  # the offset the consumer delivers next; -1 forces the first assign
@@ -221,6 +249,10 @@ class PartitionFetcher(Lifecycle):
                 offset = msg.offset()
                 if offset == cursor and offset < last and msg.error() is None:
                     # Hot path: the next requested offset, not the last of its span.
+                    if raw:
+                        append(msg)
+                        cursor = stream = offset + 1
+                        continue
                     headers = msg.headers()
                     kind, timestamp = msg.timestamp()
                     record = build(
@@ -234,7 +266,7 @@ class PartitionFetcher(Lifecycle):
                         kind - 1,  # as in `_record`
                     )
                     record.__class__ = Record  # type: ignore[assignment]
-                    append(record)  # type: ignore[arg-type]
+                    append(record)
                     cursor = stream = offset + 1
                     continue
                 progress.cursor = cursor
@@ -242,7 +274,7 @@ class PartitionFetcher(Lifecycle):
                 if error is None:
                     if offset is not None:  # always set on a record
                         if progress.take(offset):
-                            append(_record(topic, partition, offset, msg))
+                            append(msg if raw else _record(topic, partition, offset, msg))
                         stream = offset + 1
                 elif error.code() == KafkaError._AUTO_OFFSET_RESET:
                     bounds = watermarks(consumer, topic, partition)

@@ -32,6 +32,19 @@ class Record:
 
 
 @dataclass(frozen=True, slots=True)
+class RecordColumns:
+    """Fetched records of one partition as columns (`PartitionFetcher.fetch_columns`): the
+    fields a columnar first stage reads, one list each, in offset order, with no `Record`
+    built per message."""
+
+    partition: int
+    offsets: list[int]
+    keys: list[bytes | None]
+    values: list[bytes | None]
+    timestamps: list[int]
+
+
+@dataclass(frozen=True, slots=True)
 class FetchResult:
     """What one `PartitionFetcher.fetch` call found for the spans it was asked for.
 
@@ -44,12 +57,14 @@ class FetchResult:
     * `leader_epoch`: `(position, epoch)` of the highest record fetched (at `position - 1`,
       written in leader epoch `epoch`), None when no record came or the broker sent no epoch:
       what the driver validates against Kafka to detect a truncated log.
+    * `columns`: from `fetch_columns`, the records as columns instead (`records` is empty).
     """
 
     records: list[Record]
     missing: list[tuple[int, int]]
     out_of_range: tuple[int, int] | None = None
     leader_epoch: tuple[int, int] | None = None
+    columns: RecordColumns | None = None
 
     def reached(self, start: int) -> int:
         """The first requested offset at or after `start` the fetch did not account for
@@ -57,6 +72,8 @@ class FetchResult:
         ends = [start]
         if self.records:
             ends.append(self.records[-1].offset + 1)
+        if self.columns is not None and self.columns.offsets:
+            ends.append(self.columns.offsets[-1] + 1)
         if self.missing:
             ends.append(self.missing[-1][1])
         return max(ends)

@@ -157,6 +157,23 @@ def test_fetch_returns_exactly_the_requested_offsets_in_order(
     assert fetcher.fetch(topic_name, 0, []) == FetchResult([], [])
 
 
+def test_fetch_columns_returns_what_fetch_returns_as_columns(
+    fetcher: PartitionFetcher, produce: Produce, topic_name: str
+) -> None:
+    produce(topic_name, values(2000), key=b"k")
+    spans = [(3, 4), (10, 12), (100, 600), (1998, 2005)]  # read through, re-position, past high
+    rows = fetcher.fetch(topic_name, 0, spans)
+    columnar = fetcher.fetch_columns(topic_name, 0, spans)
+    columns = columnar.columns
+    assert columns is not None and columnar.records == []
+    assert columns.partition == 0 and columns.offsets == offsets(rows)
+    assert columns.values == [r.value for r in rows.records]
+    assert columns.keys == [b"k"] * len(rows.records)
+    assert columns.timestamps == [r.timestamp for r in rows.records]
+    assert (columnar.missing, columnar.out_of_range) == (rows.missing, (0, 2000))
+    assert columnar.reached(0) == rows.reached(0) == 2000
+
+
 def test_compressed_batches_never_return_offsets_below_the_request(
     brokers: str, fetcher: PartitionFetcher, topic_name: str
 ) -> None:

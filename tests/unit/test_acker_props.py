@@ -37,7 +37,7 @@ from hypothesis.stateful import (
 from kspout.acker import Acker, Mark, RootState, new_tuple_id
 from kspout.bolts import Collector, RootKey, Tuple, root_tuple
 from kspout.contract import PartitionTask
-from kspout.executor.topology import FetchReport, by_partition, task_results
+from kspout.executor.topology import FetchReport, task_results
 from kspout.kafka import Record
 from kspout.outcomes import FailReason, OutcomeKind
 from kspout.partition_manager import DONE, InFlight, PartitionManager, Waiting
@@ -227,14 +227,14 @@ class Dag:
 
 
 def shipped_and_folded(ackers: list[Acker[RootKey]]) -> Acker[RootKey]:
-    """Partial ledgers as Spark carries them: each cut per Kafka partition (`by_partition`),
-    in columns (`Ledger.of`), pickled, and folded per partition in the order given (what
-    `combine` does); joined back under `(partition, offset)` keys for the checks."""
-    folded: dict[int, Acker[int]] = {}
+    """Partial ledgers as Spark carries them: each cut per Kafka partition in columns
+    (`Ledger.cut`), pickled, and merged per partition in the order given (what `combine`
+    does); joined back under `(partition, offset)` keys for the checks."""
+    shipped: dict[int, list[Ledger]] = {}
     for acker in ackers:
-        for partition, part in by_partition(acker).items():
-            shipped = pickle.loads(pickle.dumps(Ledger.of(partition, part, None)))
-            shipped.fold_into(folded.setdefault(partition, Acker()))
+        for partition, part in Ledger.cut(acker).items():
+            shipped.setdefault(partition, []).append(pickle.loads(pickle.dumps(part)))
+    folded = {partition: Ledger.merge(parts) for partition, parts in shipped.items()}
     joined: Acker[RootKey] = Acker()
     for partition, part in folded.items():
         joined.values.update(((partition, o), value) for o, value in part.values.items())

@@ -19,7 +19,7 @@ from kspout.bolts import (
     Tuple,
     make_tuple,
 )
-from kspout.executor.topology import by_partition, root_tuples
+from kspout.executor.topology import root_tuples
 from kspout.gc_pause import cyclic_gc_paused_until_built
 from kspout.groupings import Fields, Global, Grouping, Shuffle
 from kspout.kafka import FetchResult, Record
@@ -109,11 +109,8 @@ def test_ledgers_travel_in_columns_and_fold_by_xor() -> None:
     acker.xor((0, 5), 2**64 - 1)
     acker.xor((1, 3), 6)
     acker.fail((1, 4), "boom")
-    parts = by_partition(acker)
-    ledgers = [pickle.loads(pickle.dumps(Ledger.of(p, part, None))) for p, part in parts.items()]
-    merged: Acker[int] = Acker()
-    for ledger in ledgers + ledgers:  # twice: every value cancels out, the mark stays
-        ledger.fold_into(merged)
+    ledgers = [pickle.loads(pickle.dumps(part)) for part in Ledger.cut(acker).values()]
+    merged = Ledger.merge(ledgers + ledgers)  # twice: every value cancels out, the mark stays
     assert merged.values == {5: 0, 3: 0, 4: 0}
     assert merged.state(4) is RootState.FAILED and merged.state(5) is RootState.COMPLETE
     assert list(merged.marked()) == [(4, Mark.FAILED, "boom")]

@@ -17,6 +17,7 @@ from kspout.errors import ChainError
 from kspout.executor.topology import Topology, first_input, run_guarded, runner_for
 from kspout.groupings import stable_hash
 from kspout.kafka import FetchResult, Record
+from kspout.kafka.records import RecordColumns
 from kspout_demo.word_count import CountWords, SplitWords, columnar_word_count
 
 
@@ -264,3 +265,24 @@ def test_the_demos_columnar_split_strikes_the_faults_of_the_row_split() -> None:
     assert count.counts == {"w0": 1, "w2": 1, "w4": 1, "x": 3, "y": 1}
     _, again = run_first(split, records(*values))  # the second attempt: only poison fails
     assert len(again) == 12 and not any(t["fail"] for t in again)
+
+
+def test_fetched_columns_make_the_same_first_stage_input_as_records() -> None:
+    fetched = records(b"a b", b"", b"c")
+    columns = RecordColumns(
+        3,
+        [r.offset for r in fetched.records],
+        [r.key for r in fetched.records],
+        [r.value for r in fetched.records],
+        [r.timestamp for r in fetched.records],
+    )
+    acker: Acker[tuple[int, int]] = Acker()
+    topology = Topology.of(SplitWords())
+    from_records = first_input(topology, fetched, acker)
+    from_columns = first_input(topology, FetchResult([], [], columns=columns), acker)
+    assert isinstance(from_records, ArrowChunk) and isinstance(from_columns, ArrowChunk)
+    assert from_columns.batch.equals(from_records.batch)
+    assert from_columns.partitions.tolist() == from_records.partitions.tolist() == [3, 3, 3]
+    assert from_columns.offsets.tolist() == from_records.offsets.tolist() == [10, 11, 12]
+    assert from_columns.ids.tolist() == [0, 0, 0] and not acker.values
+    assert FetchResult([], [], columns=columns).reached(0) == 13

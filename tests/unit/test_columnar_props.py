@@ -37,7 +37,7 @@ from kspout.executor.topology import (
     ChainItem,
     FetchReport,
     Topology,
-    by_partition,
+    columnar_first,
     first_input,
     root_tuples,
     run_guarded,
@@ -47,6 +47,7 @@ from kspout.executor.topology import (
 )
 from kspout.groupings import Fields
 from kspout.kafka import FetchResult, Record
+from kspout.kafka.records import RecordColumns
 from kspout.outcomes import FailReason, OutcomeKind
 from kspout.partition_manager import DONE, PartitionManager, Plan
 from kspout.policy import Backoff, PartitionPolicy
@@ -105,6 +106,17 @@ def chain(split: Bolt, count: Bolt) -> list[ChainItem]:
     return [split, Fields("word"), count]
 
 
+def columns_of(records: list[Record]) -> RecordColumns:
+    """`records` (of partition 0) as `PartitionFetcher.fetch_columns` reads them."""
+    return RecordColumns(
+        0,
+        [r.offset for r in records],
+        [r.key for r in records],
+        [r.value for r in records],
+        [r.timestamp for r in records],
+    )
+
+
 def run_job(
     job: Sequence[ChainItem],
     records: list[Record],
@@ -120,6 +132,8 @@ def run_job(
     topology = Topology.of(job)
     first = Acker[tuple[int, int]]()
     fetched = FetchResult(records, [])
+    if columnar_first(topology) and not root_rows:  # as the Spark backend fetches them
+        fetched = FetchResult([], [], columns=columns_of(records))
     roots = root_tuples(fetched, first) if root_rows else first_input(topology, fetched, first)
     context = TaskContext("t", 0, 0, 0)
     runner = run_guarded(roots, lambda: runner_for(topology.stages[0], first, context, last=False))
@@ -137,11 +151,12 @@ def run_job(
             shipped, acker, lambda a=acker, c=later: runner_for(topology.stages[1], a, c, last=True)
         )
         ledgers.append(acker)
-    merged = Acker[int]()
-    for index in order:
-        for partition, part_ledger in by_partition(ledgers[index]).items():
-            shipped_ledger = pickle.loads(pickle.dumps(Ledger.of(partition, part_ledger, None)))
-            shipped_ledger.fold_into(merged)
+    shipped_ledgers = [
+        pickle.loads(pickle.dumps(part))
+        for index in order
+        for part in Ledger.cut(ledgers[index]).values()
+    ]
+    merged = Ledger.merge(shipped_ledgers)
     whole = Acker[tuple[int, int]]()
     for offset, value, mark, error in merged.entries():
         whole.add((0, offset), value, mark, error)
