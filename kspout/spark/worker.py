@@ -78,7 +78,7 @@ class Ledger:
         partitions = np.fromiter(map(_PARTITION, roots), np.int64, size)
         offsets = np.fromiter(map(_OFFSET, roots), np.int64, size)
         values = np.fromiter(roots.values(), np.uint64, size)
-        marks: dict[int, list[tuple[int, int, str | Failure | None]]] = {}
+        marks: dict[int, list[tuple[int, int, Note | None]]] = {}
         for (partition, offset), mark, error in acker.marked():
             marks.setdefault(partition, []).append((offset, int(mark), error))
         found = set(np.unique(partitions).tolist())
