@@ -77,7 +77,9 @@ def test_watermarks_of_many_partitions_are_one_query_and_match_each_partitions_o
         batched = metadata.watermarks_of(many.topic, partitions)
         calls = dict(counting.calls)
     assert batched == one_by_one == {p: (0, p % 7) for p in partitions}
-    # Two calls (the earliest offsets, then the latest), whatever the number of partitions.
+    # Two requests (the earliest offsets, then the latest), whatever the number of partitions;
+    # `poll(0)` only serves the client's queue (a refused login's callback), asking nothing.
+    calls.pop("poll", None)
     assert calls == {"offsets_for_times": 2}
 
 
