@@ -25,6 +25,9 @@ from kspout.devstack.kafka_broker import KafkaBroker
 JOB = "bench.nemesis.job:bolt"
 REPO = Path(__file__).resolve().parents[2]
 STOP_GRACE = 60.0  # seconds an instance gets to finish its batches and commit after SIGTERM
+# Seconds a Kafka node restarted by a fault may take to answer: a long run keeps a 2-core machine
+# saturated, and a node once took more than the default 60 s (the run then stopped, unjudged).
+BROKER_START_TIMEOUT = 300.0
 
 
 class Servers:
@@ -33,7 +36,9 @@ class Servers:
     def __init__(self, workdir: Path, brokers: int) -> None:
         # A follower that stops fetching leaves the ISR after 2 s (the default is 30 s).
         settings = {"replica.lag.time.max.ms": "2000"}
-        self.kafka = KafkaCluster(workdir / "kafka", brokers, settings=settings)
+        self.kafka = KafkaCluster(
+            workdir / "kafka", brokers, settings=settings, start_timeout=BROKER_START_TIMEOUT
+        )
         self.stack = DevStack(workdir / "stack", components=("zookeeper", "redis"))
 
     @property

@@ -42,7 +42,9 @@ def test_every_fault_strikes_and_every_message_is_applied_once_or_dead_lettered(
     assert report["checks"] and all(report["checks"].values()), report["checks"]
     assert not report["crashes"], report["crashes"]
     assert report["figures"]["dead_letters"] >= report["figures"]["own_fault"] > 0
-    assert report["figures"]["commits_refused"] >= 1  # the zombie's, once it woke
+    # A zombie's refused commit is not asserted: one woken with nothing finished since its last
+    # commit writes none. What holds either way is checked above (its partitions moved while
+    # it was stopped) and in the checks (no commit point past what was applied).
     assert done.returncode == 0
     # What a user reads: the table's header, a row per fault, and every check OK.
     lines = done.stderr.splitlines()
