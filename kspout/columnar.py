@@ -57,6 +57,7 @@ from kspout.bolts import (
     make_tuple,
 )
 from kspout.channel.beacon import thread_beacon
+from kspout.errors import KafkaRefused
 from kspout.kafka import Record
 from kspout.kafka.records import RecordColumns
 from kspout.outcomes import FailureCatalog
@@ -106,11 +107,10 @@ class ArrowChunk:
         own root. Their ids are 0: a root tuple's id would reach the ledger twice in the same
         call (registered, then acked, unless failed: and a failed root's value no longer
         matters), so a columnar first stage draws none."""
-        names = [name for name, _ in RECORD_COLUMNS]
-        arrays = [pa.array(list(map(attrgetter(n), records)), t) for n, t in RECORD_COLUMNS]
-        batch = pa.RecordBatch.from_arrays(arrays, names=names)
-        partitions = arrays[0].to_numpy().astype(np.int64)
-        return cls(batch, partitions, arrays[1].to_numpy(), np.zeros(len(records), np.uint64))
+        batch = _record_batch(records)
+        partitions = batch.column(0).to_numpy().astype(np.int64)
+        offsets = batch.column(1).to_numpy()
+        return cls(batch, partitions, offsets, np.zeros(len(records), np.uint64))
 
     @classmethod
     def of_columns(cls, columns: RecordColumns) -> ArrowChunk:
@@ -136,18 +136,14 @@ class ArrowChunk:
             return chunk
         rows = chunk.rows
         values = list(map(_FIRST, rows))
-        if chunk.fields == ROOT_FIELDS:
-            records = list(map(_FIRST, values))
-            names = [name for name, _ in RECORD_COLUMNS]
-            arrays = [pa.array(list(map(attrgetter(n), records)), t) for n, t in RECORD_COLUMNS]
-        else:
-            names = list(chunk.fields)
-            arrays = [_column(name, [v[i] for v in values]) for i, name in enumerate(names)]
-        batch = pa.RecordBatch.from_arrays(arrays, names=names)
         ids = np.fromiter(map(_THIRD, rows), np.uint64, len(rows))
         if chunk.fields == ROOT_FIELDS:  # a root tuple's root is its record's place
-            partitions = arrays[0].to_numpy().astype(np.int64)
-            return cls(batch, partitions, arrays[1].to_numpy(), ids, {}, chunk)
+            batch = _record_batch(list(map(_FIRST, values)))
+            partitions = batch.column(0).to_numpy().astype(np.int64)
+            return cls(batch, partitions, batch.column(1).to_numpy(), ids, {}, chunk)
+        names = list(chunk.fields)
+        arrays = [_column(name, [v[i] for v in values]) for i, name in enumerate(names)]
+        batch = pa.RecordBatch.from_arrays(arrays, names=names)
         anchors = list(map(_SECOND, rows))
         if all(type(anchor) is tuple for anchor in anchors):
             partitions = np.fromiter(map(_FIRST, anchors), np.int64, len(rows))
@@ -249,6 +245,12 @@ def join_chunks(fields: tuple[str, ...], parts: Sequence[Chunk | ArrowChunk]) ->
         rows = piece.rows() if isinstance(piece, ArrowChunk) else piece
         joined.rows.extend(rows.rows)
     return joined
+
+
+def _record_batch(records: Sequence[Record]) -> pa.RecordBatch:
+    """Records as `RECORD_COLUMNS`."""
+    arrays = [pa.array(list(map(attrgetter(n), records)), t) for n, t in RECORD_COLUMNS]
+    return pa.RecordBatch.from_arrays(arrays, names=[name for name, _ in RECORD_COLUMNS])
 
 
 def _column(name: str, values: list[Any]) -> pa.Array:
@@ -472,6 +474,8 @@ class ColumnarRunner:
         out = ColumnarOutput(self._bolt.outputs, input_)
         try:
             self._bolt.process_batch(input_.batch, out)
+        except KafkaRefused:
+            raise  # as a row bolt's: not the rows' fault, no retry cures it; the run stops
         except Exception as exc:
             out.fail(np.arange(len(input_)), exc)
         finally:

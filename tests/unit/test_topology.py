@@ -33,6 +33,7 @@ from kspout.bolts import (
     Tuple,
     root_tuple,
 )
+from kspout.columnar import ColumnarBolt, ColumnarOutput
 from kspout.contract import PartitionTask, TaskResult
 from kspout.errors import ChainError, KafkaAccessDenied, KspoutError
 from kspout.executor.task import CUT_SHORT
@@ -46,6 +47,7 @@ from kspout.executor.topology import (
     root_tuples,
     run_guarded,
     run_later_stage,
+    runner_for,
     task_results,
 )
 from kspout.groupings import Fields, Global, Grouping, Shuffle, stable_hash
@@ -676,9 +678,18 @@ def publish_refused(_tuple: Tuple) -> None:
     raise REFUSED
 
 
-@pytest.mark.parametrize("refused", [True, False], ids=["refused", "other-error"])
+class PublishRefusedColumns(ColumnarBolt):
+    """A later columnar stage whose output lost Write on its topic."""
+
+    def process_batch(self, batch: Any, out: ColumnarOutput) -> None:
+        raise REFUSED
+
+
+@pytest.mark.parametrize(
+    "refusing", ["row", "columnar", None], ids=["refused", "refused-columnar", "other-error"]
+)
 def test_a_refusal_in_a_later_stage_releases_its_roots_and_reaches_the_result(
-    refused: bool,
+    refusing: str | None,
 ) -> None:
     """Kafka refusing the principal in a later stage is not the records' fault and no retry
     cures it: their roots are RELEASED (nothing fails, nothing is dead-lettered) and the
@@ -687,17 +698,22 @@ def test_a_refusal_in_a_later_stage_releases_its_roots_and_reaches_the_result(
     acker: Acker[RootKey] = Acker()
     first = StageRunner(Stage((Split(),), None), acker, TaskContext("t", 0, 0, 0), last=False)
     first.run(root_tuples(sentences(0, ["a b", "c"]), acker))
-    bolt = FunctionBolt(publish_refused, on_record=False) if refused else CountWithoutItsStore()
+    bolts: dict[str | None, Bolt] = {
+        "row": FunctionBolt(publish_refused, on_record=False),
+        "columnar": PublishRefusedColumns(),
+        None: CountWithoutItsStore(),
+    }
+    stage = Stage((bolts[refusing],), Shuffle())
     later: Acker[RootKey] = Acker()
     run_later_stage(
-        [roundtrip(t) for t in first.output],
+        roundtrip(first.chunk),  # as a grouping hands it over
         later,
-        lambda: StageRunner(Stage((bolt,), Shuffle()), later, TaskContext("t", 1, 0, 0), last=True),
+        lambda: runner_for(stage, later, TaskContext("t", 1, 0, 0), last=True),
     )
     acker.merge(roundtrip(later))
     (result,) = task_results([task(0, Span(0, 2, 1))], acker, [FetchReport(0, (), None)])
     assert {o.kind for o in result.outcomes} == {OutcomeKind.RELEASED}
-    if refused:
+    if refusing is not None:
         assert isinstance(result.refused, KafkaAccessDenied)
         assert str(result.refused) == str(REFUSED)
         assert result.infra_error == describe_error(REFUSED)
