@@ -20,7 +20,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from kspout.config import TopicConfig
 from kspout.errors import (
@@ -32,6 +31,7 @@ from kspout.errors import (
 from kspout.kafka._client import REQUEST_TIMEOUT, client_settings, is_transient
 from kspout.kafka.access import principal, refusal
 from kspout.kafka.records import DeadLetter
+from kspout.kafka.topics import try_create_topic
 from kspout.lifecycle import Lifecycle
 
 HEADER_PREFIX = "kspout."
@@ -110,20 +110,13 @@ def require_dead_letter_topic(
 def _create(config: TopicConfig) -> None:
     """Create the dead-letter topic (one that exists meanwhile is kept as it is)."""
     topic = config.dlq_topic
-    admin = AdminClient(client_settings(config))
-    future = admin.create_topics([NewTopic(topic)], request_timeout=REQUEST_TIMEOUT)[topic]
-    try:
-        future.result(3 * REQUEST_TIMEOUT)
-    except KafkaException as exc:
-        error: KafkaError = exc.args[0]
-        if error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-            return
-        if is_transient(error):
-            hint = "check that the brokers are up"
-            raise KafkaRequestFailed("topic creation", topic, None, error.str(), hint) from exc
-        raise DeadLetterTopicMissing(
-            topic, principal(config), config.brokers, config.path, error.str()
-        ) from None
+    error = try_create_topic(config, topic)
+    if error is None:
+        return
+    if is_transient(error):
+        hint = "check that the brokers are up"
+        raise KafkaRequestFailed("topic creation", topic, None, error.str(), hint)
+    raise DeadLetterTopicMissing(topic, principal(config), config.brokers, config.path, error.str())
 
 
 def dead_letter_topic_exists(

@@ -1,4 +1,4 @@
-"""Create a topic through the admin API, with the topic file's connection settings."""
+"""Create topics through the admin API, with the topic file's connection settings."""
 
 from __future__ import annotations
 
@@ -15,17 +15,32 @@ def ensure_topic(
 ) -> None:
     """Create the config's topic with `partitions` partitions (the brokers' default replication
     factor); a topic that exists is kept as it is."""
+    error = try_create_topic(config, config.topic, partitions, timeout=timeout)
+    if error is not None:
+        raise KafkaRequestFailed(
+            "topic creation",
+            config.topic,
+            None,
+            str(error),
+            "check the brokers and that this client may create topics",
+        )
+
+
+def try_create_topic(
+    config: TopicConfig,
+    topic: str,
+    partitions: int = -1,
+    *,
+    timeout: float = 3 * REQUEST_TIMEOUT,
+) -> KafkaError | None:
+    """Ask Kafka to create `topic` (`partitions` -1: the brokers' default, as their own
+    auto-creation would; their default replication factor): None once it exists, created now
+    or before, else Kafka's error, for the caller to say what it means to it."""
     admin = AdminClient(client_settings(config))
-    future = admin.create_topics([NewTopic(config.topic, partitions)])[config.topic]
+    futures = admin.create_topics([NewTopic(topic, partitions)], request_timeout=REQUEST_TIMEOUT)
     try:
-        future.result(timeout)
+        futures[topic].result(timeout)
     except KafkaException as exc:
         error: KafkaError = exc.args[0]
-        if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise KafkaRequestFailed(
-                "topic creation",
-                config.topic,
-                None,
-                str(error),
-                "check the brokers and that this client may create topics",
-            ) from exc
+        return None if error.code() == KafkaError.TOPIC_ALREADY_EXISTS else error
+    return None
