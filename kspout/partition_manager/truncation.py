@@ -80,17 +80,32 @@ def roll_back(
     cut = Truncation(at, position, emitted, min(at, cp), epoch, new_epoch)
     restart(cut.start)
     ledger.counts.replaced += cut.replaced
+    report(ledger.topic, ledger.partition, cut)
+    return cut
+
+
+def cut_at(anchor: Anchor, end: int, new_epoch: int | None) -> Truncation | None:
+    """The truncation of a log read up to `anchor` whose leader ends the anchor's epoch at
+    `end` (None when nothing read was replaced), for a reader with no ledger behind it (a
+    stream's batch, which begins at the anchor): it starts over at `end`."""
+    position, epoch = anchor
+    if end >= position:
+        return None
+    return Truncation(end, position, position, end, epoch, new_epoch)
+
+
+def report(topic: str, partition: int | str, cut: Truncation) -> None:
+    """Log the exact range `cut` replaced, at WARNING."""
     log.warning(
         "%s[%s]: offsets %d-%d were replaced by an unclean leader election (leader epoch %d "
         "-> %s): %s handed out before were lost from Kafka; the new messages at those offsets "
         "are processed now, from offset %d",
-        ledger.topic,
-        ledger.partition,
-        at,
-        position - 1,
-        epoch,
-        "?" if new_epoch is None else new_epoch,
+        topic,
+        partition,
+        cut.end,
+        cut.seen - 1,
+        cut.old_epoch,
+        "?" if cut.new_epoch is None else cut.new_epoch,
         count_of(cut.replaced, "message"),
         cut.start,
     )
-    return cut

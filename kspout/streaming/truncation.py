@@ -15,13 +15,13 @@ KIP-320) when
 
 When the leader's log ends the anchor's epoch below the anchor, an unclean election truncated
 it: the batch begins at that end instead, the replaced range is logged with both epochs
-(`PartitionManager.on_truncation`), the planner counts it (`replaced` in the ZooKeeper copy),
-and the new messages at those offsets are read; none is skipped. A leader that gives no verdict
-within `VERDICT_TIMEOUT` keeps its partition out of the next batch, and is asked again (a batch
-that Spark runs again from its offset log after a restart reads its range unchecked: its end
-is checked with the batch after it). Offsets without an epoch (checkpoints written before
-kspout kept them, a broker that sent none) are not checked: the `out_of_range` policy sees them
-as before.
+(`partition_manager.truncation.report`, as for `KafkaSpout.run`), the planner counts it
+(`replaced` in the ZooKeeper copy), and the new messages at those offsets are read; none is
+skipped. A leader that gives no verdict within `VERDICT_TIMEOUT` keeps its partition out of
+the next batch, and is asked again (a batch that Spark runs again from its offset log after a
+restart reads its range unchecked: its end is checked with the batch after it). Offsets without
+an epoch (checkpoints written before kspout kept them, a broker that sent none) are not
+checked: the `out_of_range` policy sees them as before.
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ from collections.abc import Callable, Mapping
 from kspout.config import TopicConfig
 from kspout.kafka import EpochProbe
 from kspout.kafka.epochs import VERDICT_TIMEOUT
-from kspout.partition_manager import PartitionManager
-from kspout.partition_manager.truncation import Anchor, Truncation
+from kspout.partition_manager.truncation import Anchor, Truncation, cut_at, report
 from kspout.streaming.positions import StreamOffsets
 
 log = logging.getLogger(__name__)
@@ -105,15 +104,9 @@ class EpochCheck:
             if end is None:
                 self._valid[p] = (anchor, now)
                 continue
-            pm = PartitionManager(
-                self._config.partition_policy(),
-                anchor[0],
-                topic=self._config.topic,
-                partition=p,
-                leader_epoch=anchor,
-            )
-            cut = pm.on_truncation(*end, now)  # logs the replaced range
+            cut = cut_at(anchor, end[0], now)
             if cut is not None:
+                report(self._config.topic, p, cut)
                 cuts[p] = cut
                 self._cut[p] = (anchor, now, cut)
                 self._replaced(p, cut.replaced)
