@@ -166,7 +166,6 @@ class IdempotencyStore:
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = wait_timeout_ms
         self.wait_aof = wait_aof
-        self.sharded = isinstance(client, RedisCluster)
         self._client = client
         self._runner = ScriptRunner(
             client,
@@ -174,11 +173,17 @@ class IdempotencyStore:
             wait_timeout_ms=wait_timeout_ms,
             wait_aof=wait_aof,
         )
+        # On a cluster, each partition's hash tag (`dedup.shards`); None on one server.
         self._shard_tags = (
             ShardTags(client, self._runner, namespace) if isinstance(client, RedisCluster) else None
         )
         self._source = epoch_source
         self._epochs: dict[str, int] = {}  # per shard tag: its fence's epoch as last seen
+
+    @property
+    def sharded(self) -> bool:
+        """Whether records are sharded per partition (a Redis Cluster)."""
+        return self._shard_tags is not None
 
     @property
     def epoch(self) -> int | None:
@@ -188,7 +193,7 @@ class IdempotencyStore:
     def tag(self, partition: int = 0) -> str:
         """The hash tag of the shard that keeps `partition`'s records (without the braces); on a
         cluster, a partition's first use reads (or chooses) it in one round trip."""
-        return self.namespace if self._shard_tags is None else self._shard_tags[partition]
+        return self._shard_tags[partition] if self._shard_tags is not None else self.namespace
 
     def key(self, id: str, partition: int = 0) -> str:
         """The Redis key of `id`'s record."""
