@@ -58,7 +58,7 @@ BatchFunction = Callable[[DataFrame, int], object]
 
 
 @dataclass(frozen=True, slots=True)
-class FetchReport:
+class FrameReport:
     """What evaluations of a frame fetched of one partition's planned offsets: what they did
     not return, and the leader epoch of the highest record.
 
@@ -82,7 +82,7 @@ class FetchReport:
     leader_epoch: tuple[int, int] | None = None
 
     @classmethod
-    def of(cls, spans: Sequence[tuple[int, int]], fetched: FetchResult) -> FetchReport:
+    def of(cls, spans: Sequence[tuple[int, int]], fetched: FetchResult) -> FrameReport:
         """What one fetch of `spans` (sorted, disjoint ranges) did not return, and its epoch."""
         missing = union(fetched.missing)
         epoch = fetched.leader_epoch
@@ -92,14 +92,14 @@ class FetchReport:
         cut = tuple((lo, hi) for lo, hi, _ in subtract(spans, got))
         return cls(cut, missing, fetched.out_of_range, leader_epoch=epoch)
 
-    def merge(self, other: FetchReport) -> FetchReport:
+    def merge(self, other: FrameReport) -> FrameReport:
         """What neither evaluation missed is what both fetched: the union of the rest."""
         if self.bounds is None or other.bounds is None:
             bounds = self.bounds or other.bounds
         else:
             bounds = (max(self.bounds[0], other.bounds[0]), max(self.bounds[1], other.bounds[1]))
         epochs = [e for e in (self.leader_epoch, other.leader_epoch) if e is not None]
-        return FetchReport(
+        return FrameReport(
             union(self.cut, other.cut),
             union(self.missing, other.missing),
             bounds,
@@ -109,16 +109,16 @@ class FetchReport:
 
 
 # Keyed by (batch, partition): one accumulator serves every batch of a FrameExecutor.
-FetchReports = dict[tuple[int, int], FetchReport]
+FrameReports = dict[tuple[int, int], FrameReport]
 
 
-class FetchReportsParam(AccumulatorParam[FetchReports]):
-    """Merges the `FetchReport`s of a frame's evaluations, per batch and partition."""
+class FrameReportsParam(AccumulatorParam[FrameReports]):
+    """Merges the `FrameReport`s of a frame's evaluations, per batch and partition."""
 
-    def zero(self, value: FetchReports) -> FetchReports:
+    def zero(self, value: FrameReports) -> FrameReports:
         return {}
 
-    def addInPlace(self, value1: FetchReports, value2: FetchReports) -> FetchReports:
+    def addInPlace(self, value1: FrameReports, value2: FrameReports) -> FrameReports:
         for key, report in value2.items():
             known = value1.get(key)
             value1[key] = report if known is None else known.merge(report)
@@ -127,7 +127,7 @@ class FetchReportsParam(AccumulatorParam[FetchReports]):
 
 def fetch_rows(
     config: TopicConfig,
-    reports: Accumulator[FetchReports],
+    reports: Accumulator[FrameReports],
     batch: int,
     tasks: Iterable[PartitionTask],
 ) -> Iterator[tuple[object, ...]]:
@@ -142,9 +142,9 @@ def fetch_rows(
         try:
             fetched = fetcher.fetch(task.topic, task.partition, spans)
         except KafkaRefused as exc:  # raised, it would fail the job and lose the report
-            reports.add({(batch, task.partition): FetchReport(refused=exc)})
+            reports.add({(batch, task.partition): FrameReport(refused=exc)})
             continue
-        reports.add({(batch, task.partition): FetchReport.of(spans, fetched)})
+        reports.add({(batch, task.partition): FrameReport.of(spans, fetched)})
         for record in fetched.records:
             yield to_row(record)
 
@@ -170,7 +170,7 @@ class FrameExecutor(SparkJobs):
         super().__init__(spark, config.model_copy(update={"max_batches_in_flight": 1}))
         self._function = function
         self._metadata = KafkaMetadata(config)
-        self._reports = spark.sparkContext.accumulator({}, FetchReportsParam())
+        self._reports = spark.sparkContext.accumulator({}, FrameReportsParam())
 
     def _start(self) -> None:
         self._metadata.start()
@@ -205,7 +205,7 @@ class FrameExecutor(SparkJobs):
             results.append(self._acked(task) if report is None else settle_fetched(task, report))
         return results
 
-    def _take_reports(self, batch: int) -> dict[int, FetchReport]:
+    def _take_reports(self, batch: int) -> dict[int, FrameReport]:
         """This batch's reports by partition, removed (with any late ones of earlier batches)."""
         value = self._reports.value
         # Jobs `f` left running could still add reports from Spark's accumulator thread:
@@ -222,7 +222,7 @@ class FrameExecutor(SparkJobs):
         return _settled(task, low=low, high=high)
 
 
-def settle_fetched(task: PartitionTask, report: FetchReport) -> TaskResult:
+def settle_fetched(task: PartitionTask, report: FrameReport) -> TaskResult:
     """A task whose frame `f` evaluated and returned from, settled by what was fetched.
 
     Planned offsets every evaluation fetched are acked (counted runs at their span's attempt);

@@ -18,7 +18,7 @@ from kspout.executor.task import CUT_SHORT
 from kspout.kafka import FetchResult, Record
 from kspout.outcomes import FailReason, Failure, Outcome, OutcomeKind
 from kspout.partition_manager import Plan, Span
-from kspout.spark.frames import FetchReport, FetchReportsParam, _settled, settle_fetched
+from kspout.spark.frames import FrameReport, FrameReportsParam, _settled, settle_fetched
 
 ACK, FAIL, GONE = OutcomeKind.ACK, OutcomeKind.FAIL, OutcomeKind.GONE
 TASK = PartitionTask("t", 2, Plan((Span(0, 4, 2), Span(4, 10, 1)), generation=5))
@@ -37,13 +37,13 @@ def fetch(
     return FetchResult(records(offsets), list(missing), out_of_range)
 
 
-def report(task: PartitionTask, fetched: FetchResult) -> FetchReport:
-    return FetchReport.of(task.plan.ranges(), fetched)
+def report(task: PartitionTask, fetched: FetchResult) -> FrameReport:
+    return FrameReport.of(task.plan.ranges(), fetched)
 
 
-def evaluations(task: PartitionTask, *fetches: FetchResult) -> FetchReport:
+def evaluations(task: PartitionTask, *fetches: FetchResult) -> FrameReport:
     """What the driver's accumulator holds after one evaluation per fetch (any order)."""
-    param = FetchReportsParam()
+    param = FrameReportsParam()
     value = param.zero({})
     for fetched in fetches:
         value = param.addInPlace(value, {(7, task.partition): report(task, fetched)})
@@ -94,7 +94,7 @@ def test_low_moving_past_the_start_of_the_plan_acks_nothing() -> None:
     """Retention moved low to 150 before the fetch reached 100: 100..149 are gone, 150..999
     were never read. None of it was in the frame, so none of it is acked."""
     unfetched = evaluations(WIDE, fetch([], out_of_range=(150, 2000)))
-    assert unfetched == FetchReport(((100, 1000),), (), (150, 2000))
+    assert unfetched == FrameReport(((100, 1000),), (), (150, 2000))
 
     result = settle_fetched(WIDE, unfetched)
     assert result.outcomes == [cut(100, 1000)]
@@ -151,7 +151,7 @@ def test_offsets_kafka_never_had_are_gone_not_acked() -> None:
 def test_missing_offsets_before_a_cut_are_gone_and_the_rest_unsettled() -> None:
     fetched = fetch([100, 101, 105], missing=[(102, 105)], out_of_range=(300, 2000))
     unfetched = evaluations(WIDE, fetched)
-    assert unfetched == FetchReport(((106, 1000),), ((102, 105),), (300, 2000))
+    assert unfetched == FrameReport(((106, 1000),), ((102, 105),), (300, 2000))
     result = settle_fetched(WIDE, unfetched)
     assert result.outcomes == [
         Outcome(100, ACK, 1, count=2),
@@ -193,7 +193,7 @@ def test_the_highest_records_leader_epoch_goes_to_the_driver_with_the_result() -
 
 def test_reports_counted_twice_change_nothing_and_stay_apart_by_batch_and_partition() -> None:
     """Spark may rerun a task (and its accumulator update); batches share one accumulator."""
-    param = FetchReportsParam()
+    param = FrameReportsParam()
     cut = report(WIDE, fetch(range(100, 130), out_of_range=(200, 2000)))
     whole = report(WIDE, fetch(range(100, 1000)))
     value = param.addInPlace(param.zero({}), {(1, 0): cut, (1, 3): whole})
@@ -207,11 +207,11 @@ def test_a_refused_fetch_is_kept_through_merges_and_pickles() -> None:
     """A fetch Kafka refused the principal reports the refusal, whatever else the partition's
     evaluations found, so the batch is released and the run stops."""
     refused = KafkaAccessDenied("User:a", "Read", "t", "k:9093", "t.toml", "not authorized")
-    param = FetchReportsParam()
+    param = FrameReportsParam()
     whole = report(WIDE, fetch(range(100, 1000)))
     value = param.addInPlace(param.zero({}), {(1, 0): whole})
     value = param.addInPlace(
-        value, pickle.loads(pickle.dumps({(1, 0): FetchReport(refused=refused)}))
+        value, pickle.loads(pickle.dumps({(1, 0): FrameReport(refused=refused)}))
     )
     kept = value[(1, 0)].refused
     assert isinstance(kept, KafkaAccessDenied) and str(kept) == str(refused)
