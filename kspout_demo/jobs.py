@@ -138,12 +138,10 @@ class SplitSentence(BasicBolt):
             collector.emit((word, inject == "late" and first and i == len(words) - 1))
 
 
-class CountWord(BasicBolt):
-    """Adds one to the word's count in a Redis hash (at least once: replays count again).
-
-    Counts are summed in the task and written in one round trip when it ends: a task's acks
-    reach the driver only after `cleanup` returned, so a failed write acks nothing.
-    """
+class WordCountsInRedis:
+    """A count bolt's running counts per word, summed in the task and written to a Redis hash
+    in one round trip when it ends: a task's acks reach the driver only after `cleanup`
+    returned, so a failed write acks nothing (at least once: replays count again)."""
 
     def __init__(self, redis_url: str, key: str) -> None:
         self.redis_url = redis_url
@@ -152,16 +150,20 @@ class CountWord(BasicBolt):
     def prepare(self, context: TaskContext) -> None:
         self.counts: Counter[str] = Counter()
 
-    def process(self, tuple_: Tuple, collector: BasicCollector) -> None:
-        if tuple_["fail"]:
-            raise RuntimeError(f"injected failure counting {tuple_['word']!r}, first attempt")
-        self.counts[tuple_["word"]] += 1
-
     def cleanup(self) -> None:
         with _redis.get(self.redis_url).pipeline(transaction=True) as pipe:
             for word, n in self.counts.items():
                 pipe.hincrby(self.key, word, n)
             pipe.execute()
+
+
+class CountWord(WordCountsInRedis, BasicBolt):
+    """Adds one to the word's count, failing a word flagged `fail` (`WordCountsInRedis`)."""
+
+    def process(self, tuple_: Tuple, collector: BasicCollector) -> None:
+        if tuple_["fail"]:
+            raise RuntimeError(f"injected failure counting {tuple_['word']!r}, first attempt")
+        self.counts[tuple_["word"]] += 1
 
 
 def word_count_chain(config: TopicConfig, job: str, slow_seconds: float) -> list[ChainItem]:
@@ -216,27 +218,13 @@ class ColumnarSplitSentence(SplitWords):
         out.emit(rows, {"word": words, "fail": pa.array(fail)})
 
 
-class ColumnarCountWord(ColumnarBolt):
-    """`CountWord` in columns: fails the rows flagged `fail`, sums the others' words in the
-    task and writes them in one round trip when it ends."""
-
-    def __init__(self, redis_url: str, key: str) -> None:
-        self.redis_url = redis_url
-        self.key = key
-
-    def prepare(self, context: TaskContext) -> None:
-        self.counts: Counter[str] = Counter()
+class ColumnarCountWord(WordCountsInRedis, ColumnarBolt):
+    """`CountWord` in columns: fails the rows flagged `fail`, counts the others' words."""
 
     def process_batch(self, batch: pa.RecordBatch, out: ColumnarOutput) -> None:
         fail = batch.column("fail")
         out.fail(fail, "injected failure counting a word, first attempt")
         self.counts.update(count_words(batch.column("word").filter(pc.invert(fail))))
-
-    def cleanup(self) -> None:
-        with _redis.get(self.redis_url).pipeline(transaction=True) as pipe:
-            for word, n in self.counts.items():
-                pipe.hincrby(self.key, word, n)
-            pipe.execute()
 
 
 def columnar_word_count_chain(

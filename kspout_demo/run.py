@@ -80,25 +80,28 @@ def run_demo(config_path: str, messages: int, master: str, dev_stack: bool, as_j
         stack.callback(spark.stop)
 
         slow = config.message_timeout + 4  # replays find the original still running
-        job = "demo-storm" + run
-        storm = job_config(config, job)
-        console.print(f"running {job}: split -> fields(word) -> count, at least once")
-        final, took = run_job(console, spark, storm, word_count_chain(storm, job, slow))
-        counts = read_counts(storm, f"{job}:counts")
-        ok = report_word_count(out, storm, stream, final, took, counts)
-        timings = [(job, took)]
-        jobs = [job_json(job, ok, took, final)]
-
-        job = "demo-columnar" + run
-        columnar = job_config(config, job)
-        console.print(f"running {job}: the same word count with columnar bolts (Arrow batches)")
-        chain = columnar_word_count_chain(columnar, job, slow)
-        final, took = run_job(console, spark, columnar, chain)
-        counts = read_counts(columnar, f"{job}:counts")
-        passed = report_word_count(out, columnar, stream, final, took, counts)
-        timings.append((job, took))
-        jobs.append(job_json(job, passed, took, final))
-        ok = ok and passed
+        timings: list[tuple[str, float]] = []
+        jobs: list[dict[str, object]] = []
+        ok = True
+        word_counts = [
+            ("demo-storm", "split -> fields(word) -> count, at least once", word_count_chain),
+            (
+                "demo-columnar",
+                "the same word count with columnar bolts (Arrow batches)",
+                columnar_word_count_chain,
+            ),
+        ]
+        for name, what, chain_of in word_counts:
+            job = name + run
+            job_settings = job_config(config, job)
+            console.print(f"running {job}: {what}")
+            chain = chain_of(job_settings, job, slow)
+            final, took = run_job(console, spark, job_settings, chain)
+            counts = read_counts(job_settings, f"{job}:counts")
+            passed = report_word_count(out, job_settings, stream, final, took, counts)
+            timings.append((job, took))
+            jobs.append(job_json(job, passed, took, final))
+            ok = ok and passed
 
         job = "demo-exactly-once" + run
         once = job_config(config, job)
