@@ -295,6 +295,15 @@ def run_spout(spout: Spout) -> subprocess.CompletedProcess[str]:
     return kspout(spout, "run", "--handler", "secured_handler:handle", "--until-caught-up")
 
 
+def refused_run(spout: Spout) -> str:
+    """Run the spout, which must stop within QUICK seconds, failing: its last line of stderr."""
+    began = time.monotonic()
+    done = run_spout(spout)
+    assert time.monotonic() - began < QUICK
+    assert done.returncode == 1, done.stderr[-3000:]
+    return done.stderr.strip().splitlines()[-1]
+
+
 def test_a_principal_with_the_listed_rights_consumes_dead_letters_publishes_and_reports(
     secured: Secured, make_spout: MakeSpout
 ) -> None:
@@ -428,11 +437,7 @@ def test_a_principal_without_read_on_the_topic_is_stopped_naming_the_acl_to_gran
     grant(secured.setup_brokers, "User:no-read", spout.topic, "DESCRIBE")
     grant(secured.setup_brokers, "User:no-read", spout.dlq, "DESCRIBE", "WRITE")
     produce(secured, spout.topic)
-    began = time.monotonic()
-    done = run_spout(spout)
-    assert time.monotonic() - began < QUICK
-    assert done.returncode == 1, done.stderr[-3000:]
-    last = done.stderr.strip().splitlines()[-1]
+    last = refused_run(spout)
     assert f"Kafka refused User:no-read Read on topic '{spout.topic}'" in last, last
     assert f"--allow-principal User:no-read --operation Read --topic {spout.topic}" in last
     assert "`kafka.sasl.username`" in last, last
@@ -471,11 +476,7 @@ def test_a_principal_without_write_on_the_dead_letter_topic_is_stopped_before_it
     grant(secured.setup_brokers, "User:no-dlq", spout.topic, "DESCRIBE", "READ")
     grant(secured.setup_brokers, "User:no-dlq", spout.dlq, "DESCRIBE")
     produce(secured, spout.topic)
-    began = time.monotonic()
-    done = run_spout(spout)
-    assert time.monotonic() - began < QUICK
-    assert done.returncode == 1, done.stderr[-3000:]
-    last = done.stderr.strip().splitlines()[-1]
+    last = refused_run(spout)
     assert f"Kafka refused User:no-dlq Write on topic '{spout.dlq}'" in last, last
     assert "it may Describe" in last, last
     produce(secured, spout.dlq, partitions=1)  # something `dlq show` must read
@@ -494,11 +495,7 @@ def test_a_missing_dead_letter_topic_is_created_at_the_start_or_the_run_stops_th
     spout = make_spout("spout", dlq_created=False)
     listed_rights(secured, "spout", spout)
     produce(secured, spout.topic)
-    began = time.monotonic()
-    done = run_spout(spout)
-    assert time.monotonic() - began < QUICK
-    assert done.returncode == 1, done.stderr[-3000:]
-    last = done.stderr.strip().splitlines()[-1]
+    last = refused_run(spout)
     assert f"the dead-letter topic '{spout.dlq}' does not exist" in last, last
     assert f"--create --topic {spout.dlq}`" in last, last
     assert f"--allow-principal User:spout --operation Create --topic {spout.dlq}`" in last, last

@@ -32,7 +32,7 @@ from tests.integration.spark_jobs import (
     SlowOnce,
     Split,
 )
-from tests.integration.word_count import check_word_count, sentence
+from tests.integration.word_count import check_word_count, word_count_topic
 
 
 def test_word_count_with_fields_grouping_retries_failures_and_commits_the_high_watermark(
@@ -43,9 +43,7 @@ def test_word_count_with_fields_grouping_retries_failures_and_commits_the_high_w
     redis_client: redis.Redis,
 ) -> None:
     per_partition = 750  # 3,000 sentences
-    config = make_config(batch_size=400, max_retries=2, message_timeout=120.0)
-    produce(producer, config.topic, {p: range(per_partition) for p in PARTITIONS}, value=sentence)
-    url, key = stack.info.redis_url, f"{config.topic}:counts"
+    config, url, key = word_count_topic(make_config, producer, stack, per_partition, 400)
     chain: list[ChainItem] = [Split(url), Fields("word"), Count(url, key)]
 
     progress = KafkaSpout(config, spark).run(chain, until_caught_up=True)
@@ -70,9 +68,7 @@ def test_columnar_word_count_retries_dead_letters_and_counts_as_the_row_bolts_do
 ) -> None:
     """The same job as above with columnar bolts: same counts, dead letters and commits."""
     per_partition = 400
-    config = make_config(batch_size=400, max_retries=2, message_timeout=120.0)
-    produce(producer, config.topic, {p: range(per_partition) for p in PARTITIONS}, value=sentence)
-    url, key = stack.info.redis_url, f"{config.topic}:counts"
+    config, url, key = word_count_topic(make_config, producer, stack, per_partition, 400)
     chain: list[ChainItem] = [ColumnarSplit(url), Fields("word"), ColumnarCount(url, key)]
 
     progress = KafkaSpout(config, spark).run(chain, until_caught_up=True)

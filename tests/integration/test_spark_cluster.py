@@ -27,9 +27,8 @@ from kspout.devstack.spark_cluster import SparkStandalone
 from kspout.errors import StackError
 from kspout.executor.topology import ChainItem
 from tests.integration import spark_jobs
-from tests.integration.helpers import PARTITIONS, produce
 from tests.integration.spark_jobs import Count, Split
-from tests.integration.word_count import check_word_count, sentence
+from tests.integration.word_count import check_word_count, word_count_topic
 
 pytestmark = pytest.mark.integration
 
@@ -132,9 +131,7 @@ def test_kspout_runs_a_grouped_word_count_on_the_cluster(
 ) -> None:
     """The production shape: the driver here, bolts in the worker's executor processes."""
     per_partition = 500
-    config = make_config(batch_size=500, max_retries=2, message_timeout=120.0)
-    produce(producer, config.topic, {p: range(per_partition) for p in PARTITIONS}, value=sentence)
-    url, key = stack.info.redis_url, f"{config.topic}:counts"
+    config, url, key = word_count_topic(make_config, producer, stack, per_partition, 500)
     _stop_spark()
     # The bolts live in a test module that executors cannot import: ship them by value.
     cloudpickle.register_pickle_by_value(spark_jobs)

@@ -8,13 +8,15 @@ fails it). `check_word_count` verifies a finished run against what was produced.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 import redis
+from confluent_kafka import Producer
 
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack
 from kspout.driver import Progress
-from tests.integration.helpers import PARTITIONS, dead_letter_headers, highs, stored
+from tests.integration.helpers import PARTITIONS, dead_letter_headers, highs, produce, stored
 
 WORDS = ("alpha", "beta", "gamma", "delta", "epsilon")
 
@@ -28,6 +30,20 @@ def sentence(partition: int, offset: int) -> bytes:
     if n % 251 == 7:
         words.append("poison")
     return " ".join(words).encode()
+
+
+def word_count_topic(
+    make_config: Callable[..., TopicConfig],
+    producer: Producer,
+    stack: DevStack,
+    per_partition: int,
+    batch_size: int,
+) -> tuple[TopicConfig, str, str]:
+    """A topic of `per_partition` sentences in each partition for a word-count run: its config
+    (two retries, a timeout no sentence reaches), the Redis URL and the counts' key."""
+    config = make_config(batch_size=batch_size, max_retries=2, message_timeout=120.0)
+    produce(producer, config.topic, {p: range(per_partition) for p in PARTITIONS}, value=sentence)
+    return config, stack.info.redis_url, f"{config.topic}:counts"
 
 
 def expected_counts(per_partition: int, attempts: int) -> tuple[Counter[str], int]:
