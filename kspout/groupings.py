@@ -39,12 +39,10 @@ class Grouping:
         """
         if isinstance(chunk, ArrowChunk):
             chunk = chunk.rows()
-        parts: list[Routed] = [Chunk(chunk.fields) for _ in range(tasks)]
+        parts = [Chunk(chunk.fields) for _ in range(tasks)]
         for row, tuple_ in zip(chunk.rows, chunk, strict=True):
-            part = parts[self.route(tuple_, tasks)]
-            assert isinstance(part, Chunk)
-            part.rows.append(row)
-        return parts
+            parts[self.route(tuple_, tasks)].rows.append(row)
+        return list(parts)  # typed as the wider list
 
 
 class Shuffle(Grouping):
