@@ -19,7 +19,10 @@ import os
 import random
 from collections.abc import Hashable, Iterator, Sequence
 from itertools import repeat
-from typing import Generic, TypeVar
+from operator import itemgetter
+from typing import Any, Generic, TypeVar, cast
+
+import numpy as np
 
 from kspout.errors import KafkaRefused
 from kspout.outcomes import Failure
@@ -29,6 +32,9 @@ from kspout.outcomes import Failure
 Note = str | Failure | KafkaRefused
 
 RootKey = TypeVar("RootKey", bound=Hashable)
+Ints = np.ndarray[Any, np.dtype[np.int64]]
+Ids = np.ndarray[Any, np.dtype[np.uint64]]
+RootColumns = tuple[Ints, Ints, Ids]  # partitions, offsets, ack values: a row per root
 
 _rng = random.Random()
 # `random_bits(64) or 1` is `new_tuple_id()` without the call, for loops that make an id each.
@@ -90,13 +96,17 @@ class Acker(Generic[RootKey]):
     """The XOR ledger for a set of roots.
 
     `values` maps each root to its ack value: a plain dict of ints, which the bolt API's hot
-    loops update in place (`values[root] = values.get(root, 0) ^ tuple_id` is `xor`).
+    loops update in place (`values[root] = values.get(root, 0) ^ tuple_id` is `xor`). A
+    columnar stage adds its values as arrays instead (`xor_columns`), with no dict entry per
+    root; a root's ack value is its dict value XOR its rows in those arrays. `root_columns`
+    reads both as arrays; every other reader folds the arrays into the dict first.
     """
 
-    __slots__ = ("_errors", "_marks", "values")
+    __slots__ = ("_columns", "_errors", "_marks", "values")
 
     def __init__(self) -> None:
         self.values: dict[RootKey, int] = {}
+        self._columns: list[RootColumns] = []
         self._marks: dict[RootKey, Mark] = {}
         self._errors: dict[RootKey, Note] = {}  # a bolt's text, or what it raised
 
@@ -116,6 +126,40 @@ class Acker(Generic[RootKey]):
             values.clear()  # a root came twice: its ids must cancel out, not overwrite
         for root, value in zip(roots, ids, strict=True):
             values[root] = values.get(root, 0) ^ value
+
+    def xor_columns(
+        self: Acker[tuple[int, int]], partitions: Ints, offsets: Ints, values: Ids
+    ) -> None:
+        """Fold ack values given as columns (roots `(partitions[i], offsets[i])`) in as they
+        are: a ledger keyed by `(partition, offset)` ships them on as arrays (`root_columns`)
+        without a Python object per root."""
+        self._columns.append((partitions, offsets, values))
+
+    def root_columns(self: Acker[tuple[int, int]]) -> RootColumns:
+        """Every root's ack value as columns, the dict's entries first; a root may be on
+        several rows, whose values XOR to its ack value (marks are not in them: `marked`)."""
+        values = self.values
+        parts = list(self._columns)
+        if values or not parts:
+            size = len(values)
+            partitions = np.fromiter(map(_PARTITION, values), np.int64, size)
+            offsets = np.fromiter(map(_OFFSET, values), np.int64, size)
+            parts.insert(0, (partitions, offsets, np.fromiter(values.values(), np.uint64, size)))
+        if len(parts) == 1:
+            return parts[0]
+        all_partitions, all_offsets, all_values = (
+            np.concatenate(c) for c in zip(*parts, strict=True)
+        )
+        return all_partitions, all_offsets, all_values
+
+    def flat(self) -> dict[RootKey, int]:
+        """`values`, with the columns folded in: every root's ack value in one dict."""
+        if self._columns:
+            columns, self._columns = self._columns, []
+            for partitions, offsets, values in columns:
+                roots = zip(partitions.tolist(), offsets.tolist(), strict=True)
+                self.xor_each(cast(list[RootKey], list(roots)), values.tolist())
+        return self.values
 
     def mark(self, root: RootKey, mark: Mark, error: Note | None = None) -> None:
         """Record what a bolt said about `root`; a higher mark overrides a lower one."""
@@ -144,7 +188,7 @@ class Acker(Generic[RootKey]):
         mark = self._marks.get(root, Mark.NONE)
         if mark >= Mark.DEFERRED:
             return _MARKED[mark]
-        if self.values.get(root, 0):
+        if self.flat().get(root, 0):
             return RootState.PENDING
         return RootState.DUPLICATE if mark is Mark.DUPLICATE else RootState.COMPLETE
 
@@ -152,7 +196,7 @@ class Acker(Generic[RootKey]):
         """The complete roots (unmarked, value zero), and every marked root with its state
         and error (the unmarked roots with a value are pending: they have no outcome yet)."""
         marks, errors = self._marks, self._errors
-        complete = [root for root, value in self.values.items() if not value and root not in marks]
+        complete = [root for root, value in self.flat().items() if not value and root not in marks]
         marked = [(root, self.state(root), errors.get(root)) for root in marks]
         return complete, marked
 
@@ -165,8 +209,11 @@ class Acker(Generic[RootKey]):
     def entries(self) -> Iterator[tuple[RootKey, int, Mark, Note | None]]:
         """`(root, ack value, mark, error)` per root: what `merge` folds into another ledger."""
         marks, errors = self._marks, self._errors
-        for root, value in self.values.items():
+        for root, value in self.flat().items():
             yield root, value, marks.get(root, Mark.NONE), errors.get(root)
 
     def __len__(self) -> int:
-        return len(self.values)
+        return len(self.flat())
+
+
+_PARTITION, _OFFSET = itemgetter(0), itemgetter(1)

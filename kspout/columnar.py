@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 
-from kspout.acker import Acker, Mark, Note, new_tuple_id
+from kspout.acker import Acker, Ids, Ints, Mark, Note, new_tuple_id
 from kspout.bolts import (
     ROOT_FIELDS,
     Anchor,
@@ -72,8 +72,6 @@ RECORD_COLUMNS = (
 )
 NO_ROOT = -1  # `ArrowChunk.partitions` of a row without exactly one root (see `several`)
 _FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
-Ints = np.ndarray[Any, np.dtype[np.int64]]
-Ids = np.ndarray[Any, np.dtype[np.uint64]]
 
 
 @dataclass(slots=True)
@@ -424,7 +422,8 @@ def settle_batch(
 
 
 def _fold(acker: Acker[RootKey], partitions: Ints, offsets: Ints, values: Ids) -> None:
-    """XOR each row's value into its root's ack value, one ledger update per root."""
+    """XOR each row's value into its root's ack value: folded per root in numpy, handed to
+    `acker` as columns."""
     if not len(values):
         return
     step, advance = np.diff(partitions), np.diff(offsets)
@@ -433,9 +432,7 @@ def _fold(acker: Acker[RootKey], partitions: Ints, offsets: Ints, values: Ids) -
         partitions, offsets, values = partitions[order], offsets[order], values[order]
     changed = (partitions[1:] != partitions[:-1]) | (offsets[1:] != offsets[:-1])
     starts = np.flatnonzero(np.concatenate(([True], changed)))
-    folded = np.bitwise_xor.reduceat(values, starts)
-    roots = list(zip(partitions[starts].tolist(), offsets[starts].tolist(), strict=True))
-    acker.xor_each(roots, folded.tolist())  # at once into a task's fresh ledger
+    acker.xor_columns(partitions[starts], offsets[starts], np.bitwise_xor.reduceat(values, starts))
 
 
 def _root_order(partitions: Ints, offsets: Ints) -> Ints:

@@ -406,7 +406,7 @@ def task_results(
 
 def by_partition(acker: Acker[RootKey]) -> dict[int, Acker[int]]:
     """`acker` cut into one ledger per Kafka partition, keyed by offset."""
-    values = acker.values
+    values = acker.flat()
     parts: dict[int, Acker[int]] = {p: Acker() for p in {partition for partition, _ in values}}
     if len(parts) == 1:  # a first-stage task's: all of its partition, at once
         [part] = parts.values()

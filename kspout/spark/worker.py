@@ -25,7 +25,6 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -73,11 +72,7 @@ class Ledger:
     def cut(cls, acker: Acker[RootKey]) -> dict[int, Ledger]:
         """`acker` cut into one ledger per Kafka partition, its columns built at once in
         numpy (no reports: `_ledgers` adds them)."""
-        roots = acker.values
-        size = len(roots)
-        partitions = np.fromiter(map(_PARTITION, roots), np.int64, size)
-        offsets = np.fromiter(map(_OFFSET, roots), np.int64, size)
-        values = np.fromiter(roots.values(), np.uint64, size)
+        partitions, offsets, values = acker.root_columns()
         marks: dict[int, list[tuple[int, int, Note | None]]] = {}
         for (partition, offset), mark, error in acker.marked():
             marks.setdefault(partition, []).append((offset, int(mark), error))
@@ -117,9 +112,6 @@ def _array(code: str, column: np.ndarray[Any, Any]) -> array[int]:
     result = array(code)
     result.frombytes(column.tobytes())
     return result
-
-
-_PARTITION, _OFFSET = itemgetter(0), itemgetter(1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,9 @@ merged in random orders (and shapes) and must always agree with the model:
 * PENDING otherwise; the highest mark wins (INVALID > FAILED > DEFERRED > DUPLICATE), and a
   DUPLICATE root still waits for its tree like an unmarked one,
 
-with exactly one ledger entry per root however many tuples the tree holds.
+with exactly one ledger entry per root however many tuples the tree holds. Acks also arrive
+as a columnar stage gives them, as columns (`Acker.xor_columns`), read back through the dict
+(`merge`) and as columns (`Ledger.cut`).
 
 A second property runs the acker's outcome through `task_results` into a real
 `PartitionManager` on a fake clock: pending roots get no outcome and time out after
@@ -24,6 +26,7 @@ from __future__ import annotations
 import pickle
 from dataclasses import dataclass, field
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -183,6 +186,18 @@ class Dag:
         self.collectors[part].ack(t)
         self.model.ack(index)
 
+    def ack_as_columns(self, indices: list[int], part: int) -> None:
+        """Ack tuples as a columnar stage does: their ids handed to the ledger as columns, a
+        row per (tuple, root), with no `Collector` in between."""
+        rows = [(root, id_) for i in indices for root, id_ in self.tuples[i].roots.items()]
+        self.ackers[part].xor_columns(
+            np.array([partition for (partition, _), _ in rows], np.int64),
+            np.array([offset for (_, offset), _ in rows], np.int64),
+            np.array([id_ for _, id_ in rows], np.uint64),
+        )
+        for index in indices:
+            self.model.ack(index)
+
     def fail(self, index: int, part: int) -> None:
         error = f"boom {index}"
         self.collectors[part].fail(self.tuples[index], error)
@@ -303,6 +318,19 @@ class AckerMachine(RuleBasedStateMachine):
     def ack(self, data: st.DataObject, ship: bool) -> None:
         """Any unsettled tuple, in any order: children before parents, across roots."""
         self.dag.ack(self._unsettled(data), self._part(data), ship=ship)
+
+    @precondition(lambda self: bool(self.dag.model.unsettled()))
+    @rule(data=st.data())
+    def ack_as_columns(self, data: st.DataObject) -> None:
+        """Several unsettled tuples at once, as columns (a root may be on several rows)."""
+        candidates = self.dag.model.unsettled()
+        indices = data.draw(
+            st.lists(st.sampled_from(candidates), min_size=1, max_size=4, unique=True),
+            label="tuples",
+        )
+        self.dag.ack_as_columns(indices, self._part(data))
+        # Shipped before any reader folded the columns into the dict (as Spark ships them).
+        self.dag.check(shipped_and_folded(self.dag.ackers))
 
     @precondition(lambda self: bool(self.dag.model.unsettled()))
     @rule(data=st.data())
