@@ -4,6 +4,7 @@ on one server, and several clients on one server and on Redis Clusters, in one r
     python -m bench.bench_dedup            # 10**6 ids per case (a few minutes)
     python -m bench.bench_dedup --quick    # 10**5 ids per case
     python -m bench.bench_dedup --clients 4 --partitions 12 --masters 1,3,6
+    python -m bench.bench_dedup -n 600000 --clients 12 --partitions 48 --masters 3,6 --rounds 3
 
 Every server is its own `redis-server` on a free loopback port, append-only file on with
 `appendfsync everysec`, as in production; the clusters are local `--cluster-enabled yes` masters
@@ -14,8 +15,11 @@ the server process's `used_cpu_sys + used_cpu_user` (INFO cpu) over the case, di
 ids: parsing, scripts, the append-only file's buffer, everything but a rewrite's child; the
 scripts' own share (INFO commandstats) is printed beside it. Part two runs `--clients`
 processes at once, each leasing and settling batches of one Kafka partition at a time (its
-share of `--partitions`), against one server, then each cluster of `--masters`, and prints each
-one's rate over the one server's and the Redis CPU per id of all its servers together. Part
+share of `--partitions`), against one server, then each cluster of `--masters` (all of them
+started at first and measured in turn, `--rounds` times over: a figure is the median of its
+rounds, a ratio the median of each round's ratio to the one server in that round, since a
+server's CPU per id moves from run to run), and prints each one's rate over the one server's
+and the Redis CPU per id of all its servers together. Part
 three prints how the partitions' shards spread over each cluster's masters (exact: where the
 store's hash tags land) for the run's partition count and for 12, 48 and 192, in a fresh
 namespace each. The fences are set to epoch 1 before a case starts, so the epoch source is never
@@ -43,6 +47,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from statistics import median
 from threading import Barrier
 from typing import NamedTuple
 
@@ -305,28 +310,36 @@ def spread(url: str, partitions: Sequence[int]) -> Spread:
 
 
 def scaling(
-    workdir: Path, clients: int, partitions: int, n: int, masters: Sequence[int]
-) -> tuple[dict[str, ScaleRow], dict[int, Spread]]:
-    """The many-clients case on one server and each cluster of `masters`; and each cluster's
-    shard spread."""
-    rows: dict[str, ScaleRow] = {}
-    spreads: dict[int, Spread] = {}
-    server = RedisServer(workdir / "one-server", appendonly=True, appendfsync="everysec")
-    server.start()
+    workdir: Path, clients: int, partitions: int, n: int, masters: Sequence[int], rounds: int
+) -> tuple[dict[str, list[ScaleRow]], dict[int, Spread]]:
+    """The many-clients case on one server and each cluster of `masters`, all started at once
+    and measured in turn, `rounds` times over (each round: every one of them once, in the same
+    order, a fresh namespace each time); and each cluster's shard spread."""
+    one = RedisServer(workdir / "one-server", appendonly=True, appendfsync="everysec")
+    clusters = {
+        count: RedisClusterServers(workdir / f"cluster-{count}", count) for count in masters
+    }
+    targets: dict[str, tuple[str, bool, list[int]]] = {}
     try:
-        rows["one server"] = many_clients(server.url, False, [server.port], clients, partitions, n)
-    finally:
-        server.stop()
-    for count in masters:
-        servers = RedisClusterServers(workdir / f"cluster-{count}", count)
-        servers.start()
-        try:
+        one.start()
+        targets["one server"] = (one.url, False, [one.port])
+        for count, servers in clusters.items():
+            servers.start()
             ports = [node.port for node in servers.nodes]
-            rows[f"{count}-master cluster"] = many_clients(
-                servers.url, True, ports, clients, partitions, n
-            )
-            spreads[count] = spread(servers.url, sorted({partitions, *SPREAD_PARTITIONS}))
-        finally:
+            targets[f"{count}-master cluster"] = (servers.url, True, ports)
+        rows: dict[str, list[ScaleRow]] = {name: [] for name in targets}
+        for round_ in range(rounds):
+            for name, (url, cluster, ports) in targets.items():
+                print(f"part two, round {round_ + 1} of {rounds}: {name}", file=sys.stderr)
+                for port in ports:
+                    with redis.Redis(host="127.0.0.1", port=port) as client:
+                        wait_for_rewrite(client)
+                rows[name].append(many_clients(url, cluster, ports, clients, partitions, n))
+        counts = sorted({partitions, *SPREAD_PARTITIONS})
+        spreads = {count: spread(servers.url, counts) for count, servers in clusters.items()}
+    finally:
+        one.stop()
+        for servers in clusters.values():
             servers.stop()
     return rows, spreads
 
@@ -342,13 +355,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=3, help="client processes in part two")
     parser.add_argument("--partitions", type=int, default=12, help="Kafka partitions, part two")
     parser.add_argument("--masters", default="1,3", help="cluster sizes of part two, e.g. 1,3,6")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="part two's rounds (medians; the servers in turn)"
+    )
     args = parser.parse_args(argv)
     n = args.n or (10**5 if args.quick else 10**6)
     masters = [int(m) for m in args.masters.split(",")]
 
     with tempfile.TemporaryDirectory(prefix="bench-dedup-") as workdir:
         baseline, rows = one_client(Path(workdir), n)
-        scale, spreads = scaling(Path(workdir), args.clients, args.partitions, n, masters)
+        scale, spreads = scaling(
+            Path(workdir), args.clients, args.partitions, n, masters, args.rounds
+        )
 
     print(
         f"dedup lease+settle, batches of {BATCH}: {n:,} ids per case; redis-server with "
@@ -403,39 +421,44 @@ def one_client_table(rows: list[OneClientRow], n: int, baseline: float) -> str:
     )
 
 
-def scale_table(scale: dict[str, ScaleRow], clients: int, partitions: int) -> str:
-    """Part two's table: rates, Redis CPU per id (all servers; the busiest), shards."""
+def scale_table(scale: dict[str, list[ScaleRow]], clients: int, partitions: int) -> str:
+    """Part two's table: rates, Redis CPU per id (all servers; the busiest), shards; with
+    several rounds, each figure is the median of the rounds, a ratio that of each round's own
+    ratios (one server measured in the same round), and `rounds` lists those ratios."""
     one = scale["one server"]
     lines = [
-        f"{clients} client processes at once, {partitions} partitions; ratio = ids/s / one "
-        "server's; Redis CPU = all its servers' CPU per id (the busiest server's); shards = "
-        "the partitions' shards per master",
+        f"{clients} client processes at once, {partitions} partitions, {len(one)} round(s); "
+        "ratio = ids/s / one server's in the same round; Redis CPU = all its servers' CPU per "
+        "id (the busiest server's); shards = the partitions' shards per master; median of the "
+        "rounds",
         table(
-            ["servers", "ids/s", "ratio", "Redis CPU", "busiest", "shards"],
+            ["servers", "ids/s", "ratio", "Redis CPU", "busiest", "shards", "rounds"],
             [
                 [
                     name,
-                    f"{row.rate:,.0f}",
-                    f"{row.rate / one.rate:.2f}x",
-                    f"{sum(row.cpu_us):.2f} us",
-                    f"{max(row.cpu_us):.2f} us",
-                    "/".join(map(str, row.shards)),
+                    f"{median(row.rate for row in rows):,.0f}",
+                    f"{median(rate_ratios(rows, one)):.2f}x",
+                    f"{median(sum(row.cpu_us) for row in rows):.2f} us",
+                    f"{median(max(row.cpu_us) for row in rows):.2f} us",
+                    "/".join(map(str, rows[0].shards)),
+                    " ".join(f"{r:.2f}x" for r in rate_ratios(rows, one)),
                 ]
-                for name, row in scale.items()
+                for name, rows in scale.items()
             ],
-            "<>>>><",
+            "<>>>><<",
         ),
     ]
-    for name, row in scale.items():
+    one_cpu = median(sum(row.cpu_us) for row in one)
+    for name, rows in scale.items():
         if name == "one server":
             continue
-        more = sum(row.cpu_us) / sum(one.cpu_us)
-        masters = len(row.shards)
+        more = median(sum(row.cpu_us) for row in rows) / one_cpu
+        masters = len(rows[0].shards)
         line = f"{name}: Redis CPU per id {more:.2f}x one server's (aim <= 1.00x: "
         line += f"{verdict(more <= 1)})"
         if masters in SCALE_AIMS:
             cores = os.cpu_count() or 1
-            got = row.rate / one.rate
+            got = median(rate_ratios(rows, one))
             aim = SCALE_AIMS[masters]
             line += f"; {got:.2f}x its rate (aim {aim}x: {verdict(got >= aim)}"
             if cores < masters + clients:
@@ -445,6 +468,11 @@ def scale_table(scale: dict[str, ScaleRow], clients: int, partitions: int) -> st
             line += ")"
         lines.append(line)
     return "\n".join(lines)
+
+
+def rate_ratios(rows: list[ScaleRow], one: list[ScaleRow]) -> list[float]:
+    """Each round's rate over the one server's in the same round."""
+    return [row.rate / base.rate for row, base in zip(rows, one, strict=True)]
 
 
 def spread_table(spreads: dict[int, Spread]) -> str:
