@@ -43,6 +43,14 @@ class RecordColumns:
     values: list[bytes | None]
     timestamps: list[int]
 
+    def add(self, record: Record) -> None:
+        """One more record, after those already in (the fetch's slow path; its hot loop
+        appends to the lists itself)."""
+        self.offsets.append(record.offset)
+        self.keys.append(record.key)
+        self.values.append(record.value)
+        self.timestamps.append(record.timestamp)
+
 
 @dataclass(frozen=True, slots=True)
 class FetchResult:
