@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from operator import attrgetter, itemgetter
 from typing import Any, Protocol
 
-from kspout.acker import Acker, RootState, new_tuple_ids, reseed
+from kspout.acker import Acker, Note, RootState, new_tuple_ids, reseed
 from kspout.bolts import (
     ROOT_FIELDS,
     Bolt,
@@ -419,9 +419,18 @@ def by_partition(acker: Acker[RootKey]) -> dict[int, Acker[int]]:
     return parts
 
 
+class PartitionLedger(Protocol):
+    """One partition's whole ledger, keyed by offset, as `partition_results` settles it: an
+    `Acker[int]`, or the Spark merge's `MergedLedger`."""
+
+    def settled(self) -> tuple[Sequence[int], Sequence[tuple[int, RootState, Note | None]]]:
+        """The complete roots, and every marked root with its state and error."""
+        ...
+
+
 def partition_results(
     tasks: Sequence[PartitionTask],
-    ledgers: Mapping[int, Acker[int]],
+    ledgers: Mapping[int, PartitionLedger],
     reports: Iterable[FetchReport],
 ) -> list[TaskResult]:
     """One `TaskResult` per task from its partition's merged ledger (offset -> ack value)."""
@@ -474,7 +483,9 @@ def partition_results(
     return results
 
 
-def _settle_roots(log: OutcomeLog, ledger: Acker[int]) -> tuple[str | None, KafkaRefused | None]:
+def _settle_roots(
+    log: OutcomeLog, ledger: PartitionLedger
+) -> tuple[str | None, KafkaRefused | None]:
     """Write the outcome of each settled root of one partition to `log` (pending roots get
     none); returns the error of the first RELEASED root, when a stage failed under some, and
     the first refusal such a stage met (it stops the run)."""

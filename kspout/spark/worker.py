@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from pyspark import TaskContext as SparkTaskContext
 
-from kspout.acker import Acker, Mark, Note
+from kspout.acker import Acker, Ids, Ints, Mark, Note, RootState
 from kspout.bolts import Chunk, RootKey, TaskContext
 from kspout.channel.reporter import TaskReporter
 from kspout.columnar import ArrowChunk, join_chunks
@@ -89,22 +89,48 @@ class Ledger:
         return cut
 
     @staticmethod
-    def merge(parts: Sequence[Ledger]) -> Acker[int]:
-        """The parts of one partition's bookkeeping as one ledger (offset -> ack value): the
-        values XORed per offset all at once in numpy, then the marks, in order."""
-        ledger: Acker[int] = Acker()
+    def merge(parts: Sequence[Ledger]) -> MergedLedger:
+        """The parts of one partition's bookkeeping as one ledger: the values XORed per
+        offset all at once in numpy, then the marks, in order."""
         offsets = np.concatenate([np.frombuffer(part.offsets, np.int64) for part in parts])
         values = np.concatenate([np.frombuffer(part.values, np.uint64) for part in parts])
         if len(offsets):
             order = np.argsort(offsets, kind="stable")
             offsets, values = offsets[order], values[order]
             starts = np.flatnonzero(np.concatenate(([True], offsets[1:] != offsets[:-1])))
-            folded = np.bitwise_xor.reduceat(values, starts)
-            ledger.values.update(zip(offsets[starts].tolist(), folded.tolist(), strict=True))
+            offsets, values = offsets[starts], np.bitwise_xor.reduceat(values, starts)
+        marked: Acker[int] = Acker()
         for part in parts:
             for offset, mark, error in part.marks:
-                ledger.mark(offset, Mark(mark), error)
-        return ledger
+                marked.mark(offset, Mark(mark), error)
+        if marked.values:
+            roots = np.fromiter(marked.values, np.int64, len(marked.values))
+            at = np.minimum(np.searchsorted(offsets, roots), max(len(offsets) - 1, 0))
+            held = offsets[at] == roots if len(offsets) else np.zeros(len(roots), bool)
+            marked.values.update(zip(roots[held].tolist(), values[at[held]].tolist(), strict=True))
+        return MergedLedger(offsets, values, marked)
+
+
+@dataclass(frozen=True, slots=True)
+class MergedLedger:
+    """One partition's ledger merged from its parts (`Ledger.merge`): every root's ack value
+    as columns, `offsets` ascending and each once, and the marked roots apart, as a small
+    `Acker` (their marks, errors and values). It settles in numpy, with no Python object per
+    unmarked root but those it hands back complete."""
+
+    offsets: Ints
+    values: Ids
+    marked: Acker[int]
+
+    def settled(self) -> tuple[list[int], list[tuple[int, RootState, Note | None]]]:
+        """`Acker.settled`: the complete roots (ascending here), and the marked ones with
+        their states and errors."""
+        _, marked = self.marked.settled()
+        complete = self.values == 0
+        if marked:
+            roots = np.fromiter((root for root, _, _ in marked), np.int64, len(marked))
+            complete &= ~np.isin(self.offsets, roots)
+        return self.offsets[complete].tolist(), marked
 
 
 def _array(code: str, column: np.ndarray[Any, Any]) -> array[int]:

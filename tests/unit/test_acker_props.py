@@ -241,19 +241,28 @@ class Dag:
             assert len(acker) <= len(model.live)
 
 
-def shipped_and_folded(ackers: list[Acker[RootKey]]) -> Acker[RootKey]:
+def shipped_and_folded(ackers: list[Acker[RootKey]], model: DagModel) -> Acker[RootKey]:
     """Partial ledgers as Spark carries them: each cut per Kafka partition in columns
     (`Ledger.cut`), pickled, and merged per partition in the order given (what `combine`
-    does); joined back under `(partition, offset)` keys for the checks."""
+    does). Each partition's merged ledger settles as the model says (what `combine` settles
+    by); the ledgers are joined back under `(partition, offset)` keys for the other checks."""
     shipped: dict[int, list[Ledger]] = {}
     for acker in ackers:
         for partition, part in Ledger.cut(acker).items():
             shipped.setdefault(partition, []).append(pickle.loads(pickle.dumps(part)))
     folded = {partition: Ledger.merge(parts) for partition, parts in shipped.items()}
+    for partition, part in folded.items():
+        complete, marked = part.settled()
+        mine = [root for root in model.live if root[0] == partition]
+        expected = {offset: model.expected((p, offset)) for p, offset in mine}
+        assert complete == sorted(o for o, state in expected.items() if state is RootState.COMPLETE)
+        marks = {offset for p, offset in model.marks if p == partition}
+        assert {offset: state for offset, state, _ in marked} == {o: expected[o] for o in marks}
     joined: Acker[RootKey] = Acker()
     for partition, part in folded.items():
-        joined.values.update(((partition, o), value) for o, value in part.values.items())
-        for offset, mark, error in part.marked():
+        pairs = zip(part.offsets.tolist(), part.values.tolist(), strict=True)
+        joined.values.update(((partition, offset), value) for offset, value in pairs)
+        for offset, mark, error in part.marked.marked():
             joined.mark((partition, offset), mark, error)
     return joined
 
@@ -330,7 +339,7 @@ class AckerMachine(RuleBasedStateMachine):
         )
         self.dag.ack_as_columns(indices, self._part(data))
         # Shipped before any reader folded the columns into the dict (as Spark ships them).
-        self.dag.check(shipped_and_folded(self.dag.ackers))
+        self.dag.check(shipped_and_folded(self.dag.ackers, self.dag.model))
 
     @precondition(lambda self: bool(self.dag.model.unsettled()))
     @rule(data=st.data())
@@ -363,7 +372,8 @@ class AckerMachine(RuleBasedStateMachine):
         right.merge(left)
         self.dag.check(right)
         # Shipped and folded as Spark's combine step does, it agrees too.
-        self.dag.check(shipped_and_folded([self.dag.ackers[i] for i in order]))
+        ackers = [self.dag.ackers[i] for i in order]
+        self.dag.check(shipped_and_folded(ackers, self.dag.model))
 
     @invariant()
     def merged_ledger_matches_model(self) -> None:

@@ -111,9 +111,12 @@ def test_ledgers_travel_in_columns_and_fold_by_xor() -> None:
     acker.fail((1, 4), "boom")
     ledgers = [pickle.loads(pickle.dumps(part)) for part in Ledger.cut(acker).values()]
     merged = Ledger.merge(ledgers + ledgers)  # twice: every value cancels out, the mark stays
-    assert merged.values == {5: 0, 3: 0, 4: 0}
-    assert merged.state(4) is RootState.FAILED and merged.state(5) is RootState.COMPLETE
-    assert list(merged.marked()) == [(4, Mark.FAILED, "boom")]
+    assert merged.offsets.tolist() == [3, 4, 5] and merged.values.tolist() == [0, 0, 0]
+    assert merged.settled() == ([3, 5], [(4, RootState.FAILED, "boom")])
+    assert list(merged.marked.marked()) == [(4, Mark.FAILED, "boom")]
+    once = Ledger.merge(ledgers)
+    assert once.values.tolist() == [6, 0, 2**64 - 1], "offsets ascending, each once"
+    assert once.settled() == ([], [(4, RootState.FAILED, "boom")]), "3 and 5 are pending"
 
 
 def test_root_tuples_register_every_record_once() -> None:

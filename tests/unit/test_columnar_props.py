@@ -158,8 +158,11 @@ def run_job(
     ]
     merged = Ledger.merge(shipped_ledgers)
     whole = Acker[tuple[int, int]]()
-    for offset, value, mark, error in merged.entries():
-        whole.add((0, offset), value, mark, error)
+    whole.values.update(
+        ((0, o), v) for o, v in zip(merged.offsets.tolist(), merged.values.tolist(), strict=True)
+    )
+    for offset, mark, error in merged.marked.marked():
+        whole.mark((0, offset), mark, error)
     plan = plan or PartitionManager(PartitionPolicy(), 0).plan(len(records), len(records))
     (result,) = task_results([PartitionTask("t", 0, plan)], whole, [FetchReport(0, (), None)])
     return result, received
