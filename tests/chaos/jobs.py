@@ -10,8 +10,10 @@ counts the id once, so at the end every id must hold exactly 1. It goes to one o
   answers other than APPLIED are counted in `<topic>:sink` (a plain write), to show that zombies
   and replays after a commit really met the fence.
 
-Faults strike on a message's first lease only (`effects.attempt == 1`), so every message can
-finish:
+A fault strikes on the first run of its message's handler only, whatever attempt that is
+(`HSETNX <topic>:struck-ids <id>`), so every message can finish, and every planned fault
+strikes: a message whose first lease died with its worker or its driver before the handler
+ran it still strikes on the attempt that runs it:
 
 * `raise`: the handler raises (a plain EXCEPTION failure, retried).
 * `slow`: sleeps past `message_timeout`, then succeeds: replays meet its live lease (DEFERRED)
@@ -54,7 +56,8 @@ class ChaosHandler:
     with a `sink`, in PostgreSQL.
 
     Each fault that strikes is also counted in `<topic>:struck` (a plain write, not an effect),
-    so the test can show the faults really happened.
+    so the test can show the faults really happened; `<topic>:struck-ids` holds the ids whose
+    fault struck.
     """
 
     topic: str
@@ -64,9 +67,13 @@ class ChaosHandler:
 
     def __call__(self, record: Record, effects: Effects) -> None:
         message = json.loads(record.value or b"{}")
-        fault = message["fault"] if effects.attempt == 1 else "none"
+        fault = message["fault"]
         if fault != "none":
-            _redis(self.redis_url).hincrby(f"{self.topic}:struck", fault, 1)
+            client = _redis(self.redis_url)
+            if client.hsetnx(f"{self.topic}:struck-ids", message["id"], 1):
+                client.hincrby(f"{self.topic}:struck", fault, 1)
+            else:
+                fault = "none"  # it struck on an earlier run
         if fault == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         if fault in ("slow", "slow_raise"):
