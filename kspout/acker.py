@@ -216,4 +216,11 @@ class Acker(Generic[RootKey]):
         return len(self.flat())
 
 
+def xor_runs(changed: np.ndarray[Any, np.dtype[np.bool_]], values: Ids) -> tuple[Ints, Ids]:
+    """Rows sorted by root (at least one), folded per root: where each root's run of rows
+    starts (`changed[i]`: row i + 1 has another root than row i), and each run's values XORed."""
+    starts = np.flatnonzero(np.concatenate(([True], changed)))
+    return starts, np.bitwise_xor.reduceat(values, starts)
+
+
 _PARTITION, _OFFSET = itemgetter(0), itemgetter(1)

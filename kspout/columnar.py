@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 
-from kspout.acker import Acker, Ids, Ints, Mark, Note, new_tuple_id
+from kspout.acker import Acker, Ids, Ints, Mark, Note, new_tuple_id, xor_runs
 from kspout.bolts import (
     ROOT_FIELDS,
     Anchor,
@@ -431,8 +431,8 @@ def _fold(acker: Acker[RootKey], partitions: Ints, offsets: Ints, values: Ids) -
         order = _root_order(partitions, offsets)  # group each root's rows together
         partitions, offsets, values = partitions[order], offsets[order], values[order]
     changed = (partitions[1:] != partitions[:-1]) | (offsets[1:] != offsets[:-1])
-    starts = np.flatnonzero(np.concatenate(([True], changed)))
-    acker.xor_columns(partitions[starts], offsets[starts], np.bitwise_xor.reduceat(values, starts))
+    starts, folded = xor_runs(changed, values)
+    acker.xor_columns(partitions[starts], offsets[starts], folded)
 
 
 def _root_order(partitions: Ints, offsets: Ints) -> Ints:

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from pyspark import TaskContext as SparkTaskContext
 
-from kspout.acker import Acker, Ids, Ints, Mark, Note, RootState
+from kspout.acker import Acker, Ids, Ints, Mark, Note, RootState, xor_runs
 from kspout.bolts import Chunk, RootKey, TaskContext
 from kspout.channel.reporter import TaskReporter
 from kspout.columnar import ArrowChunk, join_chunks
@@ -97,17 +97,17 @@ class Ledger:
         if len(offsets):
             order = np.argsort(offsets, kind="stable")
             offsets, values = offsets[order], values[order]
-            starts = np.flatnonzero(np.concatenate(([True], offsets[1:] != offsets[:-1])))
-            offsets, values = offsets[starts], np.bitwise_xor.reduceat(values, starts)
+            starts, values = xor_runs(offsets[1:] != offsets[:-1], values)
+            offsets = offsets[starts]
         marked: Acker[int] = Acker()
         for part in parts:
             for offset, mark, error in part.marks:
                 marked.mark(offset, Mark(mark), error)
-        if marked.values:
-            roots = np.fromiter(marked.values, np.int64, len(marked.values))
-            at = np.minimum(np.searchsorted(offsets, roots), max(len(offsets) - 1, 0))
-            held = offsets[at] == roots if len(offsets) else np.zeros(len(roots), bool)
-            marked.values.update(zip(roots[held].tolist(), values[at[held]].tolist(), strict=True))
+        roots = np.fromiter(marked.values, np.int64, len(marked.values))
+        at = np.searchsorted(offsets, roots)  # where each marked root's value is, if it has one
+        held = at < len(offsets)
+        held[held] = offsets[at[held]] == roots[held]
+        marked.values.update(zip(roots[held].tolist(), values[at[held]].tolist(), strict=True))
         return MergedLedger(offsets, values, marked)
 
 
