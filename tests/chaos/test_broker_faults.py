@@ -62,6 +62,7 @@ from kspout.devstack.kafka_broker import KafkaBroker, KafkaCluster
 from kspout.driver import Driver, Progress
 from kspout.executor.local import LocalExecutor
 from kspout.kafka import KafkaMetadata
+from kspout.kafka.rights import require_spout_rights
 from kspout.outcomes import describe_error
 from kspout.output import ID_HEADER, KafkaOutput
 from tests.chaos.broker_faults_jobs import PublishOnce, encode
@@ -485,6 +486,27 @@ def test_a_broker_sigstopped_past_the_request_timeouts_costs_no_message(
     # The run saw it: a partition's breaker opened, or output sends in flight were refused.
     assert run.breakers or refused(redis_client, job), "the run never saw the broker hang"
     verify(job, redis_client, progress, "freeze")
+
+
+@pytest.mark.timeout(120)
+def test_the_start_up_rights_check_waits_out_a_broker_sigstopped_past_the_request_timeout(
+    stack: DevStack, own_broker: KafkaBroker
+) -> None:
+    """`kspout run` first asks the broker which rights it has (describe_topics); a broker that
+    hangs meanwhile (in the nemesis, a controller election) is asked again once the request
+    times out, and the run starts, instead of dying of the timeout."""
+    job = make_job(stack, own_broker.address, "rights")
+    own_broker.freeze()
+    thaw = threading.Timer(FREEZE, own_broker.thaw)
+    started = time.monotonic()
+    thaw.start()
+    try:
+        require_spout_rights(job.config)  # Read and Write: the broker has no authorizer
+    finally:
+        thaw.join()
+    waited = time.monotonic() - started
+    print(f"\nrights check: broker SIGSTOPped for {FREEZE:.0f} s; answered after {waited:.1f} s")
+    assert waited >= FREEZE, "the check never waited on the frozen broker"
 
 
 @pytest.mark.timeout(300)
