@@ -223,14 +223,10 @@ class SparkStandalone(Lifecycle):
             return
         self.stop(grace=0)  # one of the two died: start both afresh
         if not self._ports:
-            # Picked together so that no two are the same; each is free right now (see free_port).
             names = ["master", "master_webui"]
             for i in range(len(self._workers)):
                 names += [f"worker_{i}", f"worker_webui_{i}"]
-            ports: set[int] = set()
-            while len(ports) < len(names):
-                ports.add(free_port())
-            self._ports = dict(zip(names, sorted(ports), strict=True))
+            self._ports = {name: free_port() for name in names}  # distinct, free right now
         try:
             self._start_master()
             for i in range(len(self._workers)):

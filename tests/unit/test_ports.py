@@ -1,0 +1,28 @@
+"""free_port: a server's port is drawn where no outgoing connection can take it first."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from kspout.devstack import ports
+
+
+def test_ports_are_distinct_bindable_and_outside_the_kernels_ephemeral_range() -> None:
+    low, high = (int(field) for field in ports.EPHEMERAL_RANGE.read_text().split())
+    picked = [ports.free_port() for _ in range(50)]
+    assert len(set(picked)) == len(picked)
+    assert all(not low <= port <= high for port in picked)
+    with socket.socket() as sock:  # each is free: a server can bind it
+        sock.bind((ports.LOOPBACK, picked[-1]))
+
+
+def test_a_port_something_listens_on_is_not_handed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as server:
+        server.bind((ports.LOOPBACK, ports.free_port()))
+        server.listen()
+        taken = server.getsockname()[1]
+        ports._handed_out.discard(taken)  # as if another process had picked it
+        monkeypatch.setattr(ports, "_outside_ephemeral_range", lambda: range(taken, taken + 2))
+        assert ports.free_port() == taken + 1
