@@ -346,12 +346,20 @@ class KafkaRequestFailed(KafkaUnavailable):
     """A metadata, watermark or timestamp request failed for good (fatal, or retries spent)."""
 
     def __init__(
-        self, operation: str, topic: str, partition: int | None, error: str, hint: str
+        self,
+        operation: str,
+        topic: str,
+        partition: int | None,
+        error: str,
+        hint: str,
+        *,
+        transient: bool = False,
     ) -> None:
         self.operation = operation
         self.topic = topic
         self.partition = partition
         self.error = error
+        self.transient = transient  # the cluster answered, but could not serve yet: ask later
         where = topic if partition is None else f"{topic}[{partition}]"
         super().__init__(f"{where}: {operation} failed: {error}. {hint}")
 

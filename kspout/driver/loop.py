@@ -47,6 +47,7 @@ from kspout.channel.listener import OutcomeChannel
 from kspout.config import TopicConfig
 from kspout.contract import Executor, TaskResult
 from kspout.driver.batches import BatchTracker, Ended, RunningBatch
+from kspout.driver.cluster_checks import check_cluster
 from kspout.driver.commits import Committer
 from kspout.driver.dead_letter_handoff import DeadLetterHandoff
 from kspout.driver.dead_letters import DeadLetterWorker
@@ -71,8 +72,6 @@ from kspout.driver.window import StallWatch, check_start
 from kspout.driver.zk_outage import PATIENCE, ZooKeeperOutage
 from kspout.errors import KafkaRefused, KafkaUnavailable
 from kspout.kafka import EpochProbe, KafkaMetadata
-from kspout.kafka.deadletter import require_dead_letter_topic
-from kspout.kafka.rights import require_spout_rights
 from kspout.kafka.transactions import TransactionWatch
 from kspout.lifecycle import Lifecycle
 from kspout.outcomes import describe_error
@@ -209,9 +208,7 @@ class Driver(Lifecycle):
         self._outlets.start()  # first: a port taken is a config error, found before any claim
         self._transactions.start()
         topic = self.config.topic
-        self._metadata.require_topic(topic)
-        require_spout_rights(self.config)
-        require_dead_letter_topic(self.config)  # after the rights: Describe on it is known
+        check_cluster(self.config, self._metadata)
         self._membership.start()
         self._membership.poll()
         records = self._ownership.claim(self._membership.mine())

@@ -213,7 +213,9 @@ def call_kafka(
             hint = f"gave up after {attempts} tries; check that the brokers are reachable"
         else:
             hint = "check the brokers, the topic and the [kafka] security settings"
-        raise KafkaRequestFailed(operation, topic, partition, str(error), hint) from exc
+        raise KafkaRequestFailed(
+            operation, topic, partition, str(error), hint, transient=is_transient(error)
+        ) from exc
 
 
 def watermarks(

@@ -102,6 +102,7 @@ def require_dead_letter_topic(
             None,
             f"no leader after {CREATE_WAIT:g}s",
             "check that the brokers are up",
+            transient=True,
         )
     finally:
         producer.flush(0)
@@ -115,7 +116,7 @@ def _create(config: TopicConfig) -> None:
         return
     if is_transient(error):
         hint = "check that the brokers are up"
-        raise KafkaRequestFailed("topic creation", topic, None, error.str(), hint)
+        raise KafkaRequestFailed("topic creation", topic, None, error.str(), hint, transient=True)
     raise DeadLetterTopicMissing(topic, principal(config), config.brokers, config.path, error.str())
 
 
@@ -129,8 +130,14 @@ def dead_letter_topic_exists(
     try:
         found = producer.list_topics(topic, timeout=timeout).topics.get(topic)
     except KafkaException as exc:
+        cause: KafkaError = exc.args[0]
         raise KafkaRequestFailed(
-            "metadata request", topic, None, str(exc.args[0]), "check the brokers"
+            "metadata request",
+            topic,
+            None,
+            str(cause),
+            "check the brokers",
+            transient=is_transient(cause),
         ) from exc
     error = None if found is None else found.error
     if found is None or (error is not None and error.code() in _NO_SUCH_TOPIC):
@@ -140,7 +147,14 @@ def dead_letter_topic_exists(
         found_refusal = refusal(config, error, "Describe", topic)
         if found_refusal is not None:
             raise found_refusal
-        raise KafkaRequestFailed("metadata request", topic, None, error.str(), "check the brokers")
+        raise KafkaRequestFailed(
+            "metadata request",
+            topic,
+            None,
+            error.str(),
+            "check the brokers",
+            transient=is_transient(error),
+        )
     return error is None and bool(found.partitions)
 
 

@@ -60,9 +60,9 @@ from kspout.config import TopicConfig, parse_config
 from kspout.devstack import DevStack, create_topic
 from kspout.devstack.kafka_broker import KafkaBroker, KafkaCluster
 from kspout.driver import Driver, Progress
+from kspout.driver.cluster_checks import check_cluster
 from kspout.executor.local import LocalExecutor
 from kspout.kafka import KafkaMetadata
-from kspout.kafka.rights import require_spout_rights
 from kspout.outcomes import describe_error
 from kspout.output import ID_HEADER, KafkaOutput
 from tests.chaos.broker_faults_jobs import PublishOnce, encode
@@ -489,24 +489,26 @@ def test_a_broker_sigstopped_past_the_request_timeouts_costs_no_message(
 
 
 @pytest.mark.timeout(120)
-def test_the_start_up_rights_check_waits_out_a_broker_sigstopped_past_the_request_timeout(
+def test_the_start_up_checks_wait_out_a_broker_sigstopped_past_the_request_timeout(
     stack: DevStack, own_broker: KafkaBroker
 ) -> None:
-    """`kspout run` first asks the broker which rights it has (describe_topics); a broker that
-    hangs meanwhile (in the nemesis, a controller election) is asked again once the request
-    times out, and the run starts, instead of dying of the timeout."""
-    job = make_job(stack, own_broker.address, "rights")
-    own_broker.freeze()
-    thaw = threading.Timer(FREEZE, own_broker.thaw)
-    started = time.monotonic()
-    thaw.start()
-    try:
-        require_spout_rights(job.config)  # Read and Write: the broker has no authorizer
-    finally:
-        thaw.join()
+    """`kspout run`, connected, first asks the broker for the topic, its rights
+    (describe_topics) and the dead-letter topic; a broker that hangs meanwhile (in the
+    nemesis, a controller election) is asked again once the request times out, and the run
+    starts, instead of dying of the timeout."""
+    job = make_job(stack, own_broker.address, "checks")
+    with KafkaMetadata(job.config) as metadata:
+        own_broker.freeze()
+        thaw = threading.Timer(FREEZE, own_broker.thaw)
+        started = time.monotonic()
+        thaw.start()
+        try:
+            check_cluster(job.config, metadata)  # Read and Write: the broker has no authorizer
+        finally:
+            thaw.join()
     waited = time.monotonic() - started
-    print(f"\nrights check: broker SIGSTOPped for {FREEZE:.0f} s; answered after {waited:.1f} s")
-    assert waited >= FREEZE, "the check never waited on the frozen broker"
+    print(f"\nstart-up checks: broker SIGSTOPped for {FREEZE:.0f} s; passed after {waited:.1f} s")
+    assert waited >= FREEZE, "the checks never waited on the frozen broker"
 
 
 @pytest.mark.timeout(300)
