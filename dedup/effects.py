@@ -1,4 +1,5 @@
-"""The effects a settlement may apply with DONE: the allowlist, and the check of one effect.
+"""The effects a settlement may apply with DONE: the allowlist, the check of one effect, and
+which increments of a batch may be applied as one sum.
 
 Effects atomic with DONE run in the settle script, so on a cluster their keys must be in the
 record's slot: the rule is that an effect key carries its record's hash tag
@@ -9,6 +10,7 @@ allowed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from dedup.errors import EffectNotAllowed
@@ -16,6 +18,8 @@ from dedup.records import Effect, text
 
 MAX_EFFECT_ARGS = 1000  # arguments of one effect; settle.lua's MAX_ARGS (Lua's unpack)
 INT64 = range(-(2**63), 2**63)  # increments Redis accepts
+_TEXT = (str, bytes)  # isinstance with a tuple: faster than with a union, once per effect
+_ARGUMENT = (str, bytes, int, float)
 
 
 class _EffectSpec(NamedTuple):
@@ -55,7 +59,7 @@ def check_effect(
     """`(code, key, args)` of an allowed effect (code: its letter in settle.lua), or
     `EffectNotAllowed` saying what is wrong. With `tag` (a Redis Cluster), the effect key must
     carry that hash tag, its record's, to be in the record's slot."""
-    if isinstance(effect, str | bytes) or len(effect) < 2:
+    if isinstance(effect, _TEXT) or len(effect) < 2:
         raise EffectNotAllowed(
             id, effect, f"give (command, key, args...); allowed: {_ALLOWED_TEXT}"
         )
@@ -69,10 +73,10 @@ def check_effect(
         raise EffectNotAllowed(id, effect, f"wrong number of arguments; allowed: {_ALLOWED_TEXT}")
     if len(args) > MAX_EFFECT_ARGS:
         raise EffectNotAllowed(id, effect, f"more than {MAX_EFFECT_ARGS} arguments: split it")
-    if not isinstance(key, str | bytes):
+    if not isinstance(key, _TEXT):
         raise EffectNotAllowed(id, effect, "the key must be str or bytes")
     for position, arg in enumerate(args):
-        if isinstance(arg, bool) or not isinstance(arg, str | bytes | int | float):
+        if isinstance(arg, bool) or not isinstance(arg, _ARGUMENT):
             raise EffectNotAllowed(id, effect, f"argument {arg!r} is not str, bytes, int or float")
         if position in integers and (not isinstance(arg, int) or arg not in INT64):
             raise EffectNotAllowed(id, effect, f"the increment {arg!r} must be a 64-bit int")
@@ -85,3 +89,82 @@ def check_effect(
             f"e.g. {{{tag}}}:{text(key)})",
         )
     return code, key, args
+
+
+CheckedEffect = tuple[str, str | bytes, list[str | bytes | int | float]]  # check_effect's answer
+INCREMENTS = {"I": 0, "H": 1}  # code -> position of the increment among the arguments
+
+
+class Sum(NamedTuple):
+    """The increments of one key (and field) that several items of a settle call add, applied
+    by the script as one INCRBY or HINCRBY (see `summable`)."""
+
+    code: str  # "I" (INCRBY key) or "H" (HINCRBY key field)
+    key: str | bytes
+    field: str | bytes | int | float  # "" for INCRBY
+    positions: list[int]  # its items, in order
+    increments: list[int]  # theirs, in the same order
+
+    @property
+    def total(self) -> int:
+        return sum(self.increments)
+
+
+def summable(items: Sequence[Sequence[CheckedEffect]]) -> list[Sum]:
+    """The increments a settle call may apply as sums, one per key (and field), in the order of
+    each one's first item (`items`: each item's checked effects; a FAILED item has none).
+
+    A batch of word counts or totals increments a few counters many times; one INCRBY or
+    HINCRBY per counter, in the same settle script, leaves what one per item would, when:
+
+    * the item's only effect is the increment (an item's effects apply whole or not at all);
+    * at least two items increment that key (and field, for HINCRBY);
+    * no other effect of the batch touches the key (applied after the items' own writes, a
+      sum must not pass a SET of the key, nor an INCRBY pass an HINCRBY);
+    * the increments have one sign and their total is a 64-bit integer. Then the running value
+      only moves one way, so the total overflows exactly when applying them one by one would,
+      and the script applies them one by one then, to refuse the very items Redis would.
+    """
+    # grouped by the values given (their types too: 7 and 7.0 are sent as "7" and "7.0")
+    grouped: dict[tuple[object, ...], Sum] = {}
+    other_keys: set[tuple[type, str | bytes]] = set()  # keys of the effects that are no increment
+    for position, effects in enumerate(items):
+        if len(effects) == 1 and effects[0][0] in INCREMENTS:
+            code, key, args = effects[0]
+            field = args[0] if code == "H" else ""
+            name = (code, type(key), key, type(field), field)
+            found = grouped.get(name)
+            if found is None:
+                found = grouped[name] = Sum(code, key, field, [], [])
+            found.positions.append(position)
+            found.increments.append(int(args[INCREMENTS[code]]))
+        else:
+            other_keys.update((type(key), key) for _, key, _ in effects)
+    # as Redis sees them: a key another effect writes, or one field given two ways (7, "7"), is
+    # left to the items one by one
+    others = {_wire(key) for _, key in other_keys}
+    seen: dict[tuple[str, bytes, bytes], int] = {}
+    kinds: dict[bytes, set[str]] = {}
+    for found in grouped.values():
+        wired = (found.code, _wire(found.key), _wire(found.field))
+        seen[wired] = seen.get(wired, 0) + 1
+        kinds.setdefault(wired[1], set()).add(found.code)
+    return [
+        found
+        for found in grouped.values()
+        if len(found.positions) > 1
+        and (raw := _wire(found.key)) not in others
+        and len(kinds[raw]) == 1
+        and seen[(found.code, raw, _wire(found.field))] == 1
+        and found.total in INT64
+        and (min(found.increments) >= 0 or max(found.increments) <= 0)
+    ]
+
+
+def _wire(value: str | bytes | int | float) -> bytes:
+    """`value` as the Redis client sends it (so equal sums compare equal)."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, float):
+        return repr(value).encode()
+    return str(value).encode()

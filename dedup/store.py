@@ -84,7 +84,7 @@ from typing import Protocol
 from redis.cluster import RedisCluster
 from redis.typing import EncodableT
 
-from dedup.effects import check_effect
+from dedup.effects import CheckedEffect, check_effect, summable
 from dedup.errors import EffectNotAllowed, EpochConflict, NotDurable
 from dedup.records import (
     SETTLED,
@@ -353,27 +353,38 @@ class IdempotencyStore:
             "%x:%d " * len(items) % tuple(chain.from_iterable(zip(tokens, attempts, strict=True)))
         )
         if all(dones) and not any(effects):
-            return Call(SETTLE, keys, [self.done_ttl_ms, leases, "D" * len(items), ""])
+            return Call(SETTLE, keys, [self.done_ttl_ms, leases, "D" * len(items), "", 0])
         required = tag if self.sharded else None
+        checked: list[list[CheckedEffect]] = []
+        for id, _, done, _, item_effects, _ in items:
+            if item_effects and not done:
+                raise EffectNotAllowed(id, item_effects[0], "effects apply only to DONE items")
+            checked.append([check_effect(id, effect, required) for effect in item_effects])
+        sums = summable(checked)
+        summed = {position for found in sums for position in found.positions}
+        keys += [found.key for found in sums]
         outcomes: list[str] = []
         shapes: list[str] = []
-        stream: list[EncodableT] = []  # per item: error text or effect arguments
-        for id, _, done, error, item_effects, _ in items:
-            if done:
-                outcomes.append("D")
-                for effect in item_effects:
-                    code, key, rest = check_effect(id, effect, required)
-                    shapes.append(f"{code}{len(rest)}")
-                    keys.append(key)
-                    stream += rest
-            elif item_effects:
-                raise EffectNotAllowed(id, item_effects[0], "effects apply only to DONE items")
-            else:
+        stream: list[EncodableT] = []  # per sum its increments; per item, the rest
+        for found in sums:
+            increments = " ".join(map(str, found.increments))
+            positions = " ".join(str(position + 1) for position in found.positions)
+            stream += [found.code, found.field, found.total, increments, positions]
+        for position, (item, item_checked) in enumerate(zip(items, checked, strict=True)):
+            if not item.done:
                 outcomes.append("F")
-                stream.append((error or "")[:MAX_ERROR_CHARS])
+                stream.append((item.error or "")[:MAX_ERROR_CHARS])
+            else:
+                outcomes.append("D")
+                if position not in summed:
+                    for code, key, rest in item_checked:
+                        shapes.append(f"{code}{len(rest)}")
+                        keys.append(key)
+                        stream += rest
             shapes.append(",")
-        effect_shapes = "".join(shapes) if len(keys) > len(items) else ""
-        args = [self.done_ttl_ms, leases, "".join(outcomes), effect_shapes, *stream]
+        # no shapes when every effect is in a sum: each item then reads as one without any
+        effect_shapes = "".join(shapes) if len(keys) > len(items) + len(sums) else ""
+        args = [self.done_ttl_ms, leases, "".join(outcomes), effect_shapes, len(sums), *stream]
         return Call(SETTLE, keys, args)
 
     # -- inspection -----------------------------------------------------------------------------

@@ -60,7 +60,7 @@ end
 local function parse(record)
   local state = string.byte(record, 1)
   if state == 68 then -- 'D'
-    if string.match(record, '^D:%x+:%d+$') then
+    if string.find(record, '^D:%x+:%d+$') then -- find: no match string is made
       return 'D'
     end
   elseif state == 70 then -- 'F'

@@ -2,19 +2,24 @@
 -- current token, and apply each DONE item's side effects with it.
 --
 -- KEYS[1..n]   record keys `{tag}:r:<id>` (record layout: see lease.lua)
--- KEYS[n+1..]  the effects' keys (the caller's own keys), in order; on a Redis Cluster they
---              carry the records' hash tag, so the call touches one slot
+-- KEYS[n+1..]  the sums' keys (see below), then the other effects' keys (the caller's own
+--              keys), in order; on a Redis Cluster they carry the records' hash tag, so the
+--              call touches one slot
 -- ARGV[1]      how long DONE and FAILED records are kept at least, ms
 -- ARGV[2]      per item, in KEYS order, `<token hex>:<attempts>` as the caller's lease answered
 --              them (attempts 0: unknown), space-separated
 -- ARGV[3]      n characters, one per item: 'D' for DONE, 'F' for FAILED
--- ARGV[4]      the effects' shapes, '' if no item has any: per item, one letter and an
---              argument count per effect, then ','; e.g. 'H2,,A2S1,' is HINCRBY (field, n) for
---              item 1, nothing for item 2, SADD with two members and SET for item 3. Letters:
---              S SET, I INCRBY, H HINCRBY, A SADD, T HSET; any other character is an error
---              reply before anything is written
--- ARGV[5..]    per item in order: the error text of a FAILED item, the effects' arguments
---              (after the key) of a DONE item
+-- ARGV[4]      the effects' shapes, '' if no item has any (a sum's increment aside): per
+--              item, one letter and an argument count per effect, then ','; e.g. 'H2,,A2S1,'
+--              is HINCRBY (field, n) for item 1, nothing for item 2, SADD with two members and
+--              SET for item 3. Letters: S SET, I INCRBY, H HINCRBY, A SADD, T HSET; any other
+--              character is an error reply before anything is written. An item whose effect is
+--              a sum's increment (see below) has none here
+-- ARGV[5]      how many sums
+-- ARGV[6..]    per sum: 'I' or 'H', the field ('' for INCRBY), the total, the increments and
+--              its items' positions (from 1), both space-separated in item order; then per
+--              item in order: the error text of a FAILED item, the effects' arguments (after
+--              the key) of a DONE item whose effect is in no sum
 --
 -- An item settles only if its record is IN_FLIGHT with exactly that token (a lease that ran out
 -- still settles if nobody leased the id since: the work is done and no newer token exists).
@@ -35,8 +40,17 @@
 -- 64 bits. Reads run under pcall and the checks are exact, so no command fails after the first
 -- write (at maxmemory Redis refuses only a script's first write: the call then fails with
 -- Redis's error, having written nothing): a batch never stops half applied, and the items after
--- a rejected one settle. An item whose
--- record key holds another type is REJECTED, untouched.
+-- a rejected one settle. An item whose record key holds another type is REJECTED, untouched.
+--
+-- A sum (dedup.effects.summable: the increments of one key and field by two or more items,
+-- each its item's only effect, all of one sign, and no other effect of the call on that key) is
+-- applied after every item's record is written: one INCRBY or HINCRBY of the total when all its
+-- items settled and Redis takes it, else its settled items' increments one by one in item order
+-- (so where the total would overflow, the items Redis refuses one by one are the ones
+-- REJECTED). Nothing else in the call touches its key, so applying it last, or at once, leaves
+-- what applying each increment with its item would; a batch of counts sends each key and field
+-- once, not once per item.
+--
 -- Returns {digits, reasons}: digits '' if every item settled, else one digit per item
 -- (dedup.scripts.SettleCode), 0 SETTLED, 1 STALE (another token holds the record, or it is
 -- already settled), 2 LOST (no record: it expired or Redis lost it), 3 REJECTED; reasons, an
@@ -173,6 +187,15 @@ local function problem(view, command, key, a, count)
   return nil
 end
 
+-- Why Redis refused a command, from its pcall reply (the error text without the `ERR ` code),
+-- or nil if it ran.
+local function refusal(reply)
+  if type(reply) == 'table' and reply.err then
+    return (string.gsub(reply.err, '^ERR ', ''))
+  end
+  return nil
+end
+
 -- An item's only effect: Redis checks a command's arguments and the key's type and value before
 -- it writes anything, so running it under pcall applies it whole or not at all, with no check
 -- first. Returns nil, or why Redis refused it (its error text without the `ERR ` code).
@@ -181,10 +204,7 @@ local function apply_alone(command, key, a, count)
   if count > MAX_ARGS then
     reason = 'more than ' .. MAX_ARGS .. ' arguments'
   else
-    local reply = redis.pcall(command, key, unpack(ARGV, a, a + count - 1))
-    if type(reply) == 'table' and reply.err then
-      reason = (string.gsub(reply.err, '^ERR ', ''))
-    end
+    reason = refusal(redis.pcall(command, key, unpack(ARGV, a, a + count - 1)))
   end
   return reason and command .. ' on ' .. key .. ': ' .. reason
 end
@@ -216,11 +236,36 @@ end
 local ttl = ARGV[1]
 local outcomes = ARGV[3]
 local pos = 1 -- next character of shapes
-local at = 5 -- next ARGV of the stream
-local key_at = #outcomes + 1 -- next effect key
 local out = {} -- the digit of each item not settled
+local why = {} -- the reason of each REJECTED item
 local refused = false
-local reasons = {}
+
+local sums = {}
+for c = 1, tonumber(ARGV[5]) do
+  local a = 6 + 5 * (c - 1)
+  sums[c] = {command = COMMANDS[ARGV[a]], key = KEYS[#outcomes + c], field = ARGV[a + 1],
+    total = ARGV[a + 2], increments = ARGV[a + 3], positions = ARGV[a + 4]}
+end
+local at = 6 + 5 * #sums -- next ARGV of the stream
+local key_at = #outcomes + #sums + 1 -- next effect key
+local leases = {} -- each item's lease as settled (a sum's rejected item is written again)
+
+-- a settled item's effect turned down: the item becomes FAILED with the reason (REJECTED)
+local function reject(i, lease, reason)
+  redis.call('SET', KEYS[i], 'F:' .. lease .. ':rejected effect: ' .. reason, 'KEEPTTL')
+  out[i] = '3'
+  why[i] = reason
+  refused = true
+end
+
+-- `increment` (a number's text) on the sum: the reply
+local function increment_by(sum, increment)
+  if sum.command == 'HINCRBY' then
+    return redis.pcall('HINCRBY', sum.key, sum.field, increment)
+  end
+  return redis.pcall('INCRBY', sum.key, increment)
+end
+
 local i = 0
 for lease in string.gmatch(ARGV[2], '%S+') do
   i = i + 1
@@ -255,7 +300,7 @@ for lease in string.gmatch(ARGV[2], '%S+') do
       return old
     end
     digit = '3'
-    reasons[#reasons + 1] = key .. ': ' .. old.err
+    why[i] = key .. ': ' .. old.err
   elseif not old then
     redis.call('DEL', key) -- the SET made it
     digit = '2'
@@ -276,7 +321,13 @@ for lease in string.gmatch(ARGV[2], '%S+') do
     end
   end
 
-  if not digit and from < to then
+  if #sums > 0 then
+    leases[i] = lease
+  end
+  if digit then
+    out[i] = digit
+    refused = true
+  elseif from < to then
     local reason = nil
     local p, count, command = effect_at(from)
     if p == to then
@@ -285,20 +336,46 @@ for lease in string.gmatch(ARGV[2], '%S+') do
       reason = apply_checked(from, to, first_arg, first_key)
     end
     if reason then
-      redis.call('SET', key, 'F:' .. lease .. ':rejected effect: ' .. reason, 'KEEPTTL')
-      digit = '3'
-      reasons[#reasons + 1] = reason
+      reject(i, lease, reason)
     end
   end
-  if digit then
-    out[i] = digit
-    refused = true
+end
+
+-- true if every item of the sum settled (no digit yet: none was refused so far)
+local function all_settled(sum)
+  if refused then
+    for position in string.gmatch(sum.positions, '%d+') do
+      if out[tonumber(position)] then
+        return false
+      end
+    end
+  end
+  return true
+end
+
+for _, sum in ipairs(sums) do
+  if not all_settled(sum) or refusal(increment_by(sum, sum.total)) then
+    local positions = string.gmatch(sum.positions, '%d+')
+    for increment in string.gmatch(sum.increments, '%S+') do
+      local item = tonumber(positions())
+      if not out[item] then
+        local reason = refusal(increment_by(sum, increment))
+        if reason then
+          reject(item, leases[item], sum.command .. ' on ' .. sum.key .. ': ' .. reason)
+        end
+      end
+    end
   end
 end
+
 if not refused then
-  return {'', reasons}
+  return {'', {}}
 end
+local reasons = {}
 for j = 1, i do
   out[j] = out[j] or '0'
+  if why[j] then
+    reasons[#reasons + 1] = why[j]
+  end
 end
 return {table.concat(out), reasons}

@@ -424,6 +424,98 @@ def test_an_effect_redis_would_reject_settles_the_item_failed_and_applies_none(
     assert store.lease(["a"], "w1")[0].attempts == 2  # a failed attempt: it runs again
 
 
+def state(store: IdempotencyStore, id: str) -> IdRecordState | None:
+    """The state of `id`'s record (None: no record)."""
+    record = store.record(id)
+    return None if record is None else record.state
+
+
+def test_increments_of_one_counter_are_applied_as_one_sum_when_every_item_settles(
+    store_factory: StoreFactory, own_client: redis.Redis
+) -> None:
+    store = store_factory(client=own_client)
+    user = f"user-{uuid.uuid4().hex}"
+    ids = [f"w{i}" for i in range(30)]
+    leases = store.lease(ids, "w1")
+    items = [
+        Settlement(id, lease.token, True, effects=[("HINCRBY", f"{user}:words", id[-1], i)])
+        for i, (id, lease) in enumerate(zip(ids, leases, strict=True))
+    ]
+    last = ("SET", f"{user}:last", "n")  # another effect in the same call, not summed
+    items.append(Settlement("n", store.lease(["n"], "w1")[0].token, True, effects=[last]))
+
+    ran = redis_commands(own_client, lambda: store.settle(items))
+    counts = own_client.hgetall(f"{user}:words")
+
+    assert ran["hincrby"] == 10  # one per field: ten sums of three items each
+    assert own_client.get(f"{user}:last") == b"n"
+    assert counts == {
+        str(digit).encode(): str(sum(i for i in range(30) if i % 10 == digit)).encode()
+        for digit in range(10)
+    }
+    assert {state(store, id) for id in ids} == {IdRecordState.DONE}
+
+
+def test_a_counter_applies_only_the_increments_of_its_items_that_settled(
+    store: IdempotencyStore, redis_client: redis.Redis
+) -> None:
+    counter = f"user-{uuid.uuid4().hex}:n"
+    a, b, c = store.lease(["a", "b", "c"], "w1")
+    assert store.settle([Settlement("b", b.token, True, effects=[("INCRBY", counter, 10)])]) == [
+        SETTLED
+    ]
+
+    again = [
+        Settlement(id, lease.token, True, effects=[("INCRBY", counter, n)])
+        for id, lease, n in [("a", a, 1), ("b", b, 10), ("c", c, 100)]
+    ]
+
+    assert store.settle(again) == [SETTLED, STALE, SETTLED]  # b was settled already
+    assert redis_client.get(counter) == b"111"
+
+
+def test_a_sum_that_would_overflow_rejects_the_items_redis_refuses_one_by_one(
+    store: IdempotencyStore, redis_client: redis.Redis
+) -> None:
+    user = f"user-{uuid.uuid4().hex}"
+    redis_client.hset(f"{user}:h", "f", 2**63 - 3)
+    ids = ["a", "b", "c", "d", "e"]
+    leases = store.lease(ids, "w1")
+
+    results = store.settle(
+        [
+            Settlement(id, lease.token, True, effects=[("HINCRBY", f"{user}:h", "f", 1)])
+            for id, lease in zip(ids, leases, strict=True)
+        ]
+    )
+
+    assert [r.status for r in results] == [SETTLED.status] * 2 + [REJECTED] * 3
+    assert {r.error for r in results[2:]} == {
+        f"HINCRBY on {user}:h: increment or decrement would overflow"
+    }
+    assert redis_client.hget(f"{user}:h", "f") == str(2**63 - 1).encode()
+    assert [state(store, id) for id in ids[1:3]] == [IdRecordState.DONE, IdRecordState.FAILED]
+
+
+def test_increments_are_not_summed_past_another_effect_on_their_key(
+    store: IdempotencyStore, redis_client: redis.Redis
+) -> None:
+    key = f"user-{uuid.uuid4().hex}:k"
+    a, b, c = store.lease(["a", "b", "c"], "w1")
+
+    results = store.settle(
+        [
+            Settlement("a", a.token, True, effects=[("HINCRBY", key, "f", 1)]),
+            Settlement("b", b.token, True, effects=[("SET", key, "text")]),
+            Settlement("c", c.token, True, effects=[("HINCRBY", key, "f", 1)]),
+        ]
+    )
+
+    assert [r.status for r in results] == [SETTLED.status, SETTLED.status, REJECTED]
+    assert results[2].error == f"HINCRBY on {key}: {WRONGTYPE}"
+    assert redis_client.get(key) == b"text"
+
+
 @pytest.mark.parametrize(
     "effect",
     [
@@ -463,7 +555,7 @@ def test_the_effects_script_refuses_an_unknown_command_before_writing(
     with pytest.raises(redis.ResponseError, match="code X is not allowed"):
         script(
             keys=[store.key("a"), store.key("b"), f"{user}:1", f"{user}:2"],
-            args=[60_000, f"{a.token:x}:1 {b.token:x}:1", "DD", "S1,X0,", "v"],
+            args=[60_000, f"{a.token:x}:1 {b.token:x}:1", "DD", "S1,X0,", 0, "v"],
         )
 
     assert [store.record("a"), store.record("b")] == before

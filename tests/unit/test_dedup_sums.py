@@ -1,0 +1,59 @@
+"""dedup.effects.summable: which increments of a batch the settle script may apply as one sum.
+
+Pure logic over checked effects; what Redis then holds is in
+tests/integration/test_dedup_store.py and test_dedup_sums_props.py.
+"""
+
+from __future__ import annotations
+
+from dedup.effects import CheckedEffect, summable
+
+MAX = 2**63 - 1
+Summed = tuple[str, str | bytes, str | bytes | int | float, list[int], int]
+
+
+def sums(items: list[list[CheckedEffect]]) -> list[Summed]:
+    """summable's sums as (code, key, field, positions, total)."""
+    return [(c.code, c.key, c.field, c.positions, c.total) for c in summable(items)]
+
+
+def hincr(key: str, field: str | int, n: int) -> list[CheckedEffect]:
+    return [("H", key, [field, n])]
+
+
+def incr(key: str, n: int) -> list[CheckedEffect]:
+    return [("I", key, [n])]
+
+
+def test_a_sum_two_items_increment_is_summed_in_the_order_of_its_first_item() -> None:
+    items = [hincr("w", "b", 1), incr("n", 2), hincr("w", "a", 1), hincr("w", "b", 3), incr("n", 5)]
+    assert sums(items) == [("H", "w", "b", [0, 3], 4), ("I", "n", "", [1, 4], 7)]
+
+
+def test_one_sum_given_as_int_and_as_text_is_left_to_its_items() -> None:
+    # Redis sees one field "7"; applied one by one, the increments leave what a sum would
+    assert sums([hincr("w", 7, 1), hincr("w", "7", 1), hincr("w", 7, 1)]) == []
+    assert sums([hincr("w", 7, 1), hincr("w", 7.0, 1), hincr("w", 7, 1)]) == [
+        ("H", "w", 7, [0, 2], 2)
+    ]
+
+
+def test_a_lone_increment_or_a_failed_item_is_not_summed() -> None:
+    assert sums([hincr("w", "a", 1), [], hincr("w", "b", 1)]) == []
+
+
+def test_an_item_with_several_effects_keeps_them_whole_and_its_keys_unsummed() -> None:
+    both: list[CheckedEffect] = [("I", "n", [1]), ("S", "v", ["x"])]
+    assert sums([incr("n", 1), both, incr("n", 1)]) == []
+
+
+def test_a_key_another_effect_writes_is_not_summed() -> None:
+    assert sums([incr("n", 1), [("S", "n", ["x"])], incr("n", 1)]) == []
+    # an INCRBY and an HINCRBY of one key: which comes first decides which is refused
+    assert sums([incr("k", 1), incr("k", 1), hincr("k", "f", 1), hincr("k", "f", 1)]) == []
+
+
+def test_increments_of_both_signs_or_a_sum_past_64_bits_are_applied_one_by_one() -> None:
+    assert sums([incr("n", 5), incr("n", -5)]) == []
+    assert sums([incr("n", MAX), incr("n", 1)]) == []
+    assert sums([incr("n", -3), incr("n", 0), incr("n", -4)]) == [("I", "n", "", [0, 1, 2], -7)]
