@@ -313,7 +313,8 @@ class IdempotencyStore:
     ) -> list[SettleResult]:
         """Settle leased ids, one script call per shard; one result per item, in order.
 
-        Items with effects (DONE only) run them in the same script, only if the token holds.
+        Items with effects (DONE only) run them in the same script, only if the token holds;
+        increments several items make to one key are applied as one sum (`summable`).
         Effects are checked first: `EffectNotAllowed` before anything is sent (on a Redis
         Cluster, also for a key without its record's hash tag). With `wait_replicas`/
         `wait_aof`, `NotDurable` if the acknowledgements fell short.
