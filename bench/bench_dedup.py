@@ -75,6 +75,7 @@ SPREAD_PARTITIONS = (12, 48, 192)
 BATCH = 1000
 LEASE_MS = 60_000
 DONE_TTL_MS = 3_600_000
+OLDER_RECORDS = 20_000  # records in each older bucket a case starts with (`fill_older_buckets`)
 EPOCH = 1  # every fence's epoch during a case
 
 
@@ -100,9 +101,25 @@ def new_store(client: Client, namespace: str) -> IdempotencyStore:
 
 
 def preset_fences(client: Client, store: IdempotencyStore, partitions: int) -> None:
-    """Set the fence of every shard the partitions use to `EPOCH`, counter 0."""
+    """Set the fence of every shard the partitions use to `EPOCH`, counter 0, and fill the
+    record buckets before the current one as a steady state would (`fill_older_buckets`)."""
     for tag in {store.tag(p) for p in range(partitions)}:
-        client.hset(f"{{{tag}}}:fence", mapping={"epoch": EPOCH, "seq": 0})
+        fence = {"epoch": EPOCH, "seq": 0, "bucket": store.bucket_ms, "keep": store.keep_ms}
+        client.hset(f"{{{tag}}}:fence", mapping=fence)
+        fill_older_buckets(client, store, tag)
+
+
+def fill_older_buckets(client: Client, store: IdempotencyStore, tag: str) -> None:
+    """Give each older bucket of shard `tag` that would still exist `OLDER_RECORDS` records, so
+    that a new id is looked up in every bucket, as in a store running longer than the window."""
+    seconds, micros = client.time()  # type: ignore[misc]
+    current = (seconds * 1000 + micros // 1000) // store.bucket_ms
+    for k in range(current - -(-store.keep_ms // store.bucket_ms), current):
+        bucket = f"{{{tag}}}:ids:{k}"
+        for lo in range(0, OLDER_RECORDS, BATCH):
+            fields = {f"older-{k}-{i}": "D:10000000001:1" for i in range(lo, lo + BATCH)}
+            client.hset(bucket, mapping=fields)  # type: ignore[arg-type]
+        client.pexpireat(bucket, (k + 1) * store.bucket_ms + store.keep_ms)
 
 
 def set_rate(port: int, n: int) -> float:
@@ -141,7 +158,7 @@ def lease_settle(
         items = [
             Settlement(
                 batch[run.start + k],
-                run.token + k,
+                run.token,
                 True,
                 None,
                 effects(batch[run.start + k]) if effects else (),
@@ -295,7 +312,7 @@ def shards_per_server(client: Client, store: IdempotencyStore, partitions: int) 
     cluster, those with none included)."""
     if not isinstance(client, RedisCluster):
         return [len({store.tag(p) for p in range(partitions)})]
-    nodes = [client.get_node_from_key(store.key("x", p)) for p in range(partitions)]  # type: ignore[no-untyped-call]
+    nodes = [client.get_node_from_key(store.effect_key("x", p)) for p in range(partitions)]  # type: ignore[no-untyped-call]
     ports = [node.port for node in nodes]
     masters = [node.port for node in client.get_primaries()]  # type: ignore[no-untyped-call]
     return sorted((ports.count(port) for port in masters), reverse=True)

@@ -157,9 +157,9 @@ def _lease(
     """Each id with its lease, None for a repeat of an id earlier in `ids` with the same record
     (a duplicate); leases held by a live owner elsewhere are waited for, at most `patience`
     seconds."""
-    records = [(store.key(id_, p), id_, p) for id_, p in zip(ids, partitions, strict=True)]
+    records = [(f"{store.tag(p)} {id_}", id_, p) for id_, p in zip(ids, partitions, strict=True)]
     firsts: dict[str, tuple[str, str, int]] = {}
-    for record in records:  # one lease per record key: a repeat in one call defers itself
+    for record in records:  # one lease per record: a repeat in one call defers itself
         firsts.setdefault(record[0], record)
     leases = dict(zip(firsts, _lease_each(store, list(firsts.values()), owner), strict=True))
     deadline = clock() + patience

@@ -281,8 +281,8 @@ class IdempotencyBolt(Bolt):
                 for (tuple_, id_), why in zip(answered, run.errors, strict=True):
                     collector.fail(tuple_, f"Redis rejected the lease of {id_!r}: {why}")
             else:
-                for k, (tuple_, id_) in enumerate(answered):
-                    settlement, exc = self._run(tuple_.record, id_, run.token + k, run.attempts)
+                for tuple_, id_ in answered:
+                    settlement, exc = self._run(tuple_.record, id_, run.token, run.attempts)
                     if exc is not None:
                         raised[len(ran)] = exc
                     settlements.append(settlement)

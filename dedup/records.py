@@ -37,7 +37,7 @@ class LeaseRun(NamedTuple):
     status: LeaseStatus
     start: int  # the position of the run's first id in the call's ids
     length: int  # how many ids
-    token: int  # LEASED: the first id's token; the k-th id of the run (from 0) has token + k
+    token: int  # LEASED: the token of every id of the run (one per call, fresh per lease)
     attempts: int  # LEASED: the attempt all the run's ids are at
     retry_after_ms: int  # DEFERRED: when the last of the run's other leases ends, else 0
     errors: tuple[str, ...] = ()  # REJECTED: why, one per id
@@ -48,9 +48,7 @@ def expand(runs: Sequence[LeaseRun]) -> list[Lease]:
     out: list[Lease] = []
     for status, _, length, token, attempts, retry, errors in runs:
         if status is _LEASED:
-            tokens = range(token, token + length)
-            rows = zip(repeat(_LEASED), tokens, repeat(attempts), repeat(0), repeat(None))
-            out += map(_new_tuple, repeat(Lease), rows)
+            out += repeat(Lease(_LEASED, token, attempts, 0), length)
         elif status is _DUP:
             out += repeat(_DUPLICATE, length)
         elif status is _DEFERRED:
@@ -135,17 +133,14 @@ _LEASED = LeaseStatus.LEASED
 _DEFERRED = LeaseStatus.DEFERRED
 _DUP = LeaseStatus.DUPLICATE
 _REJECTED = LeaseStatus.REJECTED
-# Leases are built with tuple.__new__, skipping the NamedTuple's Python-level __new__ (decoding
-# falls from about 0.6 to 0.15 us per id); same Leases
-_new_tuple = tuple.__new__
 
 
 def decode_lease_runs(
     first: int, codes: bytes | str, reasons: Sequence[bytes | str]
 ) -> list[LeaseRun]:
     """Decode the lease script's runs (`<code>:<count>` joined by ','; the codes:
-    `dedup.scripts.REJECTED_RUN`); the k-th id of the call (from 0) has token first + k + 1 if
-    LEASED; `reasons` are the REJECTED ids' errors."""
+    `dedup.scripts.REJECTED_RUN`); the LEASED ids have token `first + 1`; `reasons` are the
+    REJECTED ids' errors."""
     text = codes.decode() if isinstance(codes, bytes) else codes
     errors = map(_decoded, reasons)
     runs: list[LeaseRun] = []
@@ -156,7 +151,7 @@ def decode_lease_runs(
         if code == REJECTED_RUN:
             runs.append(LeaseRun(_REJECTED, start, count, 0, 0, 0, tuple(islice(errors, count))))
         elif (value := int(code)) > 0:
-            runs.append(LeaseRun(_LEASED, start, count, first + start + 1, value, 0))
+            runs.append(LeaseRun(_LEASED, start, count, first + 1, value, 0))
         elif value == 0:
             runs.append(LeaseRun(_DUP, start, count, 0, 0, 0))
         else:
@@ -176,8 +171,7 @@ def remap_runs(runs: Sequence[LeaseRun], positions: list[int]) -> list[LeaseRun]
             j = k + 1
             while j < run.length and positions[run.start + j] == first + j - k:
                 j += 1
-            token = run.token + k if run.status is _LEASED else 0
-            out.append(run._replace(start=first, length=j - k, token=token, errors=run.errors[k:j]))
+            out.append(run._replace(start=first, length=j - k, errors=run.errors[k:j]))
             k = j
     return out
 

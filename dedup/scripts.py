@@ -20,15 +20,18 @@ class Script(NamedTuple):
     sha: str
 
 
-def _script(name: str) -> Script:
-    """The script `dedup/lua/<name>`."""
-    text = files("dedup").joinpath("lua", name).read_text(encoding="utf-8")
+def _script(name: str, *, after: str | None = None) -> Script:
+    """The script `dedup/lua/<name>`; `after`: a script of functions it uses, put in front."""
+    lua = files("dedup").joinpath("lua")
+    parts = [after, name] if after else [name]
+    text = "\n".join(lua.joinpath(part).read_text(encoding="utf-8") for part in parts)
     return Script(text, sha1(text.encode()).hexdigest())
 
 
-LEASE = _script("lease.lua")  # lease a batch of one shard's ids: {status, base, runs, reasons}
+# lease a batch of one shard's ids: {status, base, runs, reasons}
+LEASE = _script("lease.lua", after="buckets.lua")
 ADVANCE_EPOCH = _script("advance_epoch.lua")  # move a shard's fence on: the fence's epoch after
-SETTLE = _script("settle.lua")  # settle a batch of one shard's ids: {codes, reasons}
+SETTLE = _script("settle.lua", after="buckets.lua")  # settle a batch of one shard's ids
 SHARD_TAGS = _script("shard_tags.lua")  # fix partitions' hash tags on a cluster: their tags
 
 
@@ -53,4 +56,4 @@ class SettleCode(enum.IntEnum):
     SETTLED = 0  # DONE (effects applied) or FAILED
     STALE = 1  # another token holds the record, or it is already settled
     LOST = 2  # no record: it expired, or Redis lost it
-    REJECTED = 3  # an effect Redis would refuse (record FAILED), or the key holds another type
+    REJECTED = 3  # an effect Redis would refuse: the record is FAILED with why

@@ -1,12 +1,13 @@
 """The lease/settle protocol of the dedup bolt: one record per message id, moved by Lua scripts.
 
 Records live in shards, one Redis hash tag each, so that every script call touches one Redis
-Cluster slot. On one server there is one shard, the namespace: an id's record is the string
-`{<namespace>}:r:<id>`. On a Redis Cluster (a `redis.cluster.RedisCluster` client) there is one
-shard per Kafka partition, `{<tag>}:r:<id>` with the partition's tag chosen by slot so the
-partitions spread evenly over the masters, and fixed once chosen (`dedup.shards`: `<namespace>:
-p<partition>`, with a `:<k>` suffix where needed); a task's batch (one partition) is still one
-script call. An id's record is then its partition's: the same id in two partitions is two
+Cluster slot. On one server there is one shard, the namespace `{<namespace>}`. On a Redis
+Cluster (a `redis.cluster.RedisCluster` client) there is one shard per Kafka partition,
+`{<tag>}` with the partition's tag chosen by slot so the partitions spread evenly over the
+masters, and fixed once chosen (`dedup.shards`: `<namespace>:p<partition>`, with a `:<k>`
+suffix where needed); a task's batch (one partition) is still one script call. An id's record
+is a field of one of its shard's buckets, hashes `{<tag>}:ids:<k>` named by the time of the
+record's last write (`dedup/lua/buckets.lua`). An id's record is then its partition's: the same id in two partitions is two
 messages to the store (keep a message's partition stable, as Kafka's default partitioner does
 for a key).
 
@@ -26,36 +27,38 @@ States and transitions of a record:
 A live lease held by another owner answers DEFERRED (retry later, no attempt spent). Lease
 deadlines come from Redis's clock (`TIME` inside the scripts), never from a client's.
 
-Every record expires, so memory stays bounded: DONE and FAILED after `done_ttl_ms` (the dedup
-window), IN_FLIGHT `lease_ms + done_ttl_ms` after its latest lease. That covers leases nobody
-settles or leases again (their messages were skipped, reset past, or dead-lettered by timeout).
-An IN_FLIGHT record that expires makes its id's next lease a new one (attempt 1, a higher
-token), which is safe: the record outlives its lease, so every holder's deadline has passed
-and a lease would take the id over anyway, and the message is not DONE (a DONE record would
-have replaced it). Keeping it a whole window past the lease lets a late holder whose lease ran
-out still settle DONE if nobody leased the id since, as long as a DONE record would be kept.
+Every record expires, so memory stays bounded: a bucket expires whole, `keep_ms` (`lease_ms +
+done_ttl_ms`) after its end, so a record in any state is kept at least `keep_ms` after its last
+write and at most one bucket's width (`keep_ms / 2` for a new shard) more. That covers leases
+nobody settles or leases again (their messages were skipped, reset past, or dead-lettered by
+timeout). An IN_FLIGHT record that expires makes its id's next lease a new one (attempt 1, a
+higher token), which is safe: the record outlives its lease, so every holder's deadline has
+passed and a lease would take the id over anyway, and the message is not DONE (a DONE record
+would have replaced it). Keeping it a whole window past the lease lets a late holder whose
+lease ran out still settle DONE if nobody leased the id since.
 
-Per id, a lease of a new id is one Redis command (`SET NX GET`) and a settle one more (`SET
-GET`: write, then compare what was there, and undo the rare write that was refused); the
+Per batch, not per id, a lease reads the records with one `HMGET` per bucket that can hold
+one (at most three) and writes them with one `HSET`, and a settle reads and writes them the
+same way; the ids of one lease call share its token, so their records share one value. The
 answers are compact (a batch of new ids answers `1:<n>`, and DUPLICATE and DEFERRED ids come
 back as counted runs, `LeaseRun`).
 
 The scripts are all or nothing, as Redis does not roll a script back: they check everything a
 command could refuse before a write that could leave a batch half done, and an id whose record
-key or effects Redis would refuse is REJECTED alone (its message fails with the reason) while
-the rest of the batch is leased or settled. A server that refuses writes (out of memory, a
-replica, a disk error, too few replicas) fails the whole call instead: that is no message's
-fault, and nothing was written. The lease script reserves one counter per id before
-writing any record, so a token is never handed out twice.
+field holds something else, or whose effects Redis would refuse, is REJECTED alone (its message
+fails with the reason) while the rest of the batch is leased or settled. A server that refuses
+writes (out of memory, a replica, a disk error, too few replicas) fails the whole call instead:
+that is no message's fault, and nothing was written. The lease script advances its shard's
+counter before writing any record, so a token is never handed out by two calls.
 
 Fencing tokens are `epoch * 2**40 + counter`: each shard has its own counter, in its fence hash
 `{<tag>}:fence` beside the epoch it belongs to (so no one key takes every lease of a cluster),
 and epochs come from an `EpochSource` (ZooKeeper: `dedup.epoch.ZkEpoch`), one per namespace.
-Tokens strictly increase per shard, so per id, which is what fencing compares. When the lease
-script finds a shard's fence missing (Redis lost its data, or the shard is new), or its counter
-used up, the store takes a fresh epoch from the source and moves that fence to it; a fence only
-ever moves to a higher epoch, so tokens stay strictly increasing across clients and across a
-Redis data loss. A store always installs an epoch it just took (never the source's current
+Tokens strictly increase per shard from call to call, so per id, which is what fencing
+compares. When the lease script finds a shard's fence missing (Redis lost its data, or the
+shard is new), or its counter used up, the store takes a fresh epoch from the source and moves
+that fence to it; a fence only ever moves to a higher epoch, so tokens stay strictly increasing
+across clients and across a Redis data loss. A store always installs an epoch it just took (never the source's current
 one): that one may have been installed before and lost with the data, and installing it again
 would restart its counter. A loss that keeps the fence but drops recent writes (the last second
 of an `appendfsync everysec` file on a machine crash, a failover to a lagging replica) is not
@@ -77,6 +80,7 @@ timed out is not undone.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from itertools import chain
 from typing import Protocol
@@ -89,6 +93,7 @@ from dedup.errors import EffectNotAllowed, EpochConflict, NotDurable
 from dedup.records import (
     SETTLED,
     IdRecord,
+    IdRecordState,
     Lease,
     LeaseRun,
     LeaseStatus,
@@ -160,9 +165,8 @@ class IdempotencyStore:
         self.namespace = namespace
         self.lease_ms = lease_ms
         self.done_ttl_ms = done_ttl_ms
-        self.in_flight_ttl_ms = (
-            lease_ms + done_ttl_ms
-        )  # IN_FLIGHT records: see the module docstring
+        self.keep_ms = lease_ms + done_ttl_ms  # every record, after its last write
+        self.bucket_ms = max(1, self.keep_ms // 2)  # a new shard's bucket width
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = wait_timeout_ms
         self.wait_aof = wait_aof
@@ -194,10 +198,6 @@ class IdempotencyStore:
         """The hash tag of the shard that keeps `partition`'s records (without the braces); on a
         cluster, a partition's first use reads (or chooses) it in one round trip."""
         return self._shard_tags[partition] if self._shard_tags is not None else self.namespace
-
-    def key(self, id: str, partition: int = 0) -> str:
-        """The Redis key of `id`'s record."""
-        return f"{{{self.tag(partition)}}}:r:{id}"
 
     def effect_key(self, name: str, partition: int = 0) -> str:
         """`name` under the hash tag of `partition`'s records: a key effects can write in the
@@ -267,10 +267,9 @@ class IdempotencyStore:
         epoch = self._epochs.get(tag)
         if epoch is None:
             epoch = self._epochs[tag] = self._source.current()
-        prefix = f"{{{tag}}}:r:"
         chosen = ids if positions is None else [ids[p] for p in positions]
-        keys: list[str | bytes] = [f"{{{tag}}}:fence", *[prefix + id for id in chosen]]
-        return Call(LEASE, keys, [epoch, owner, self.lease_ms, self.in_flight_ttl_ms])
+        args: list[EncodableT] = [epoch, owner, self.lease_ms, self.keep_ms, *chosen]
+        return Call(LEASE, [f"{{{tag}}}:fence"], args)
 
     def _not_yet_duplicates(self, runs: list[LeaseRun]) -> list[LeaseRun]:
         """`runs` with DUPLICATE made DEFERRED: DONE on the primary alone (or not shown to be
@@ -287,7 +286,8 @@ class IdempotencyStore:
         """Take a fresh epoch from the source and move the shard's fence to it; if another
         client moved it higher meanwhile, use that one."""
         fresh = self._source.bump(seen)
-        [(fence, _)] = self._runner.run([Call(ADVANCE_EPOCH, [f"{{{tag}}}:fence"], [fresh])])
+        move = Call(ADVANCE_EPOCH, [f"{{{tag}}}:fence"], [fresh, self.bucket_ms])
+        [(fence, _)] = self._runner.run([move])
         if fence > fresh:
             self._adopt(tag, fence)
         else:
@@ -346,15 +346,14 @@ class IdempotencyStore:
 
     def _settle_call(self, tag: str, items: Sequence[Settlement]) -> Call:
         """The settle script's call for `items`, all in shard `tag`; checks their effects."""
-        prefix = f"{{{tag}}}:r:"
         ids, tokens, dones, _, effects, attempts = zip(*items, strict=True)
-        keys: list[str | bytes] = [prefix + id for id in ids]
+        keys: list[str | bytes] = [f"{{{tag}}}:fence"]
         # `<token hex>:<attempts> ` per item: the script reads them with gmatch
         leases = (
             "%x:%d " * len(items) % tuple(chain.from_iterable(zip(tokens, attempts, strict=True)))
         )
         if all(dones) and not any(effects):
-            return Call(SETTLE, keys, [self.done_ttl_ms, leases, "D" * len(items), "", 0])
+            return Call(SETTLE, keys, [self.keep_ms, leases, "D" * len(items), "", 0, *ids])
         required = tag if self.sharded else None
         checked: list[list[CheckedEffect]] = []
         for id, _, done, _, item_effects, _ in items:
@@ -366,7 +365,7 @@ class IdempotencyStore:
         keys += [found.key for found in sums]
         outcomes: list[str] = []
         shapes: list[str] = []
-        stream: list[EncodableT] = []  # per sum its increments; per item, the rest
+        stream: list[EncodableT] = [*ids]  # the ids; per sum its increments; per item, the rest
         for found in sums:
             increments = " ".join(map(str, found.increments))
             positions = " ".join(str(position + 1) for position in found.positions)
@@ -384,28 +383,45 @@ class IdempotencyStore:
                         stream += rest
             shapes.append(",")
         # no shapes when every effect is in a sum: each item then reads as one without any
-        effect_shapes = "".join(shapes) if len(keys) > len(items) + len(sums) else ""
-        args = [self.done_ttl_ms, leases, "".join(outcomes), effect_shapes, len(sums), *stream]
+        effect_shapes = "".join(shapes) if len(keys) > 1 + len(sums) else ""
+        args = [self.keep_ms, leases, "".join(outcomes), effect_shapes, len(sums), *stream]
         return Call(SETTLE, keys, args)
 
     # -- inspection -----------------------------------------------------------------------------
 
     def record(self, id: str, partition: int = 0) -> IdRecord | None:
         """`id`'s record as it is now, or None if there is none."""
-        raw = self._client.get(self.key(id, partition))
-        if raw is None:
+        found = self.record_bucket(id, partition)
+        if found is None:
             return None
-        return IdRecord.decode(raw if isinstance(raw, bytes) else raw.encode())
+        raw = self._client.hget(found, id)
+        return None if raw is None else IdRecord.decode(_as_bytes(raw))
+
+    def record_bucket(self, id: str, partition: int = 0) -> str | None:
+        """The key of the bucket (a hash) that holds `id`'s record as a field, or None if no
+        bucket does (`dedup/lua/buckets.lua`). Buckets are named by Redis's clock; this looks
+        from one bucket past this machine's clock back to one before the oldest that can exist,
+        so clocks that differ by less than a bucket's width find the same one."""
+        tag = self.tag(partition)
+        width, keep = self._client.hmget(f"{{{tag}}}:fence", ["bucket", "keep"])
+        if width is None:
+            return None
+        newest = int(time.time() * 1000) // int(width) + 1
+        back = -(-max(int(keep or 0), self.keep_ms) // int(width)) + 2
+        for k in range(newest, newest - back - 1, -1):
+            bucket = f"{{{tag}}}:ids:{k}"
+            if self._client.hexists(bucket, id):
+                return bucket
+        return None
 
     def still_holds(self, id: str, token: int, partition: int = 0) -> bool:
         """True while `token` holds `id`'s lease (IN_FLIGHT with this token): a sink outside
         Redis checks this before writing, so a zombie whose lease was superseded writes nothing.
         (The check and the write are not atomic; for that, use effects in `settle`.)"""
-        raw = self._client.get(self.key(id, partition))
-        if raw is None:
-            return False
-        head = f"I:{token:x}:"
-        return (raw.decode() if isinstance(raw, bytes) else raw).startswith(head)
+        record = self.record(id, partition)
+        return (
+            record is not None and record.state is IdRecordState.IN_FLIGHT and record.token == token
+        )
 
     # -- shards ---------------------------------------------------------------------------------
 
@@ -426,3 +442,7 @@ class IdempotencyStore:
 
 def _start(run: LeaseRun) -> int:
     return run.start
+
+
+def _as_bytes(raw: bytes | str) -> bytes:
+    return raw if isinstance(raw, bytes) else raw.encode()

@@ -1,13 +1,13 @@
 -- settle.lua: mark a batch of leased ids of one shard DONE or FAILED, each only with its
 -- current token, and apply each DONE item's side effects with it.
 --
--- KEYS[1..n]   record keys `{tag}:r:<id>` (record layout: see lease.lua)
--- KEYS[n+1..]  the sums' keys (see below), then the other effects' keys (the caller's own
---              keys), in order; on a Redis Cluster they carry the records' hash tag, so the
---              call touches one slot
--- ARGV[1]      how long DONE and FAILED records are kept at least, ms
--- ARGV[2]      per item, in KEYS order, `<token hex>:<attempts>` as the caller's lease answered
---              them (attempts 0: unknown), space-separated
+-- KEYS[1]      the shard's fence hash `{tag}:fence` (the record buckets' width: see buckets.lua)
+-- KEYS[2..]    the sums' keys (see below), then the other effects' keys (the caller's own keys),
+--              in order; on a Redis Cluster they carry the shard's hash tag, so the call touches
+--              one slot
+-- ARGV[1]      how long a record is kept at least, ms (the lease plus the dedup window)
+-- ARGV[2]      per item, `<token hex>:<attempts>` as the caller's lease answered them (attempts
+--              0: unknown), space-separated
 -- ARGV[3]      n characters, one per item: 'D' for DONE, 'F' for FAILED
 -- ARGV[4]      the effects' shapes, '' if no item has any (a sum's increment aside): per
 --              item, one letter and an argument count per effect, then ','; e.g. 'H2,,A2S1,'
@@ -16,45 +16,46 @@
 --              character is an error reply before anything is written. An item whose effect is
 --              a sum's increment (see below) has none here
 -- ARGV[5]      how many sums
--- ARGV[6..]    per sum: 'I' or 'H', the field ('' for INCRBY), the total, the increments and
+-- ARGV[6..5+n] the items' ids
+-- then         per sum: 'I' or 'H', the field ('' for INCRBY), the total, the increments and
 --              its items' positions (from 1), both space-separated in item order; then per
 --              item in order: the error text of a FAILED item, the effects' arguments (after
 --              the key) of a DONE item whose effect is in no sum
 --
 -- An item settles only if its record is IN_FLIGHT with exactly that token (a lease that ran out
--- still settles if nobody leased the id since: the work is done and no newer token exists).
--- DONE and FAILED keep the attempt count and expire ARGV[1] ms from now. An item costs one
--- command when the caller's attempt count is right: `SET key <settled> PX ttl GET` writes the
--- settled record and answers the one it replaced. If that was not the expected IN_FLIGHT
--- record, the old value goes back: an IN_FLIGHT record with its expiry (its lease deadline +
--- ttl, as the lease set it); a record already settled (a retried or a zombie's settle), or a
--- string that is no record, expiring ttl from now (a settled record's window restarts, never
--- shorter); no record: the key is deleted. A script runs alone, so nobody sees a write that is
--- undone.
+-- still settles if nobody leased the id since: the work is done and no newer token exists); an
+-- item whose record holds the token at another attempt count settles at the record's count.
+-- DONE and FAILED keep the attempt count. The settled records are written with one HSET to the
+-- bucket of now (records moved from an older bucket are deleted there), so each is kept ARGV[1]
+-- ms at least from its settlement. Nothing is written for an item that does not settle: STALE
+-- (another lease's record, one already settled, a value that is no record, or the same id
+-- earlier in this call) or LOST (no record).
 --
--- All or nothing: an item with an effect Redis would refuse applies none of them and becomes
--- FAILED with the reason (REJECTED). An item's only effect (the common case) runs under pcall:
--- Redis checks a command before it writes anything, so it applies whole or not at all. An item
--- with several has each checked, before any is written, against the data as its earlier
--- effects leave it: the key's type, a value Redis parses as an integer, a sum that stays within
--- 64 bits. Reads run under pcall and the checks are exact, so no command fails after the first
--- write (at maxmemory Redis refuses only a script's first write: the call then fails with
--- Redis's error, having written nothing): a batch never stops half applied, and the items after
--- a rejected one settle. An item whose record key holds another type is REJECTED, untouched.
+-- All or nothing: the records are the call's first write, so a server that refuses writes (out
+-- of memory, a replica, a disk error, too few replicas; Redis refuses only a script's first
+-- write) fails the whole call with Redis's error, having written nothing, no message blamed.
+-- An item with an effect Redis would refuse applies none of them and becomes FAILED with the
+-- reason (REJECTED). An item's only effect (the common case) runs under pcall: Redis checks a
+-- command before it writes anything, so it applies whole or not at all. An item with several
+-- has each checked, before any is written, against the data as its earlier effects leave it:
+-- the key's type, a value Redis parses as an integer, a sum that stays within 64 bits. Reads
+-- run under pcall and the checks are exact, so no command fails halfway: a batch never stops
+-- half applied, and the items after a rejected one settle. Effects run in item order, after
+-- the records are written; a REJECTED item's record is then rewritten FAILED.
 --
 -- A sum (dedup.effects.summable: the increments of one key and field by two or more items,
 -- each its item's only effect, all of one sign, and no other effect of the call on that key) is
--- applied after every item's record is written: one INCRBY or HINCRBY of the total when all its
--- items settled and Redis takes it, else its settled items' increments one by one in item order
--- (so where the total would overflow, the items Redis refuses one by one are the ones
--- REJECTED). Nothing else in the call touches its key, so applying it last, or at once, leaves
--- what applying each increment with its item would; a batch of counts sends each key and field
--- once, not once per item.
+-- applied after every item's effects: one INCRBY or HINCRBY of the total when all its items
+-- settled and Redis takes it, else its settled items' increments one by one in item order (so
+-- where the total would overflow, the items Redis refuses one by one are the ones REJECTED).
+-- Nothing else in the call touches its key, so applying it last, or at once, leaves what
+-- applying each increment with its item would; a batch of counts sends each key and field once,
+-- not once per item.
 --
 -- Returns {digits, reasons}: digits '' if every item settled, else one digit per item
--- (dedup.scripts.SettleCode), 0 SETTLED, 1 STALE (another token holds the record, or it is
--- already settled), 2 LOST (no record: it expired or Redis lost it), 3 REJECTED; reasons, an
--- array of one error text per REJECTED item, in order.
+-- (dedup.scripts.SettleCode), 0 SETTLED, 1 STALE, 2 LOST, 3 REJECTED; reasons, an array of one
+-- error text per REJECTED item, in order. A shard without a fence (Redis lost its data) answers
+-- LOST for every item.
 
 local COMMANDS = {S = 'SET', I = 'INCRBY', H = 'HINCRBY', A = 'SADD', T = 'HSET'}
 local KINDS = {SET = 'string', INCRBY = 'string', HINCRBY = 'hash', SADD = 'set', HSET = 'hash'}
@@ -233,28 +234,132 @@ local function apply_checked(from, to, a, k)
   return nil
 end
 
-local ttl = ARGV[1]
 local outcomes = ARGV[3]
-local pos = 1 -- next character of shapes
+local n = #outcomes
+local FIRST = 6 -- ARGV index of the first id
 local out = {} -- the digit of each item not settled
 local why = {} -- the reason of each REJECTED item
 local refused = false
 
+local fence = redis.call('HMGET', KEYS[1], 'bucket', 'keep')
+if not fence[1] then -- Redis lost data: no record can be there
+  return {string.rep('2', n), {}}
+end
+local width = tonumber(fence[1])
+local keep = math.max(tonumber(fence[2] or 0), tonumber(ARGV[1]))
+local prefix = string.sub(KEYS[1], 1, -6) .. 'ids:' -- `{tag}:fence` -> `{tag}:ids:`
+local ids = {}
+for i = 1, n do
+  ids[i] = ARGV[FIRST - 1 + i]
+end
+local now = now_ms()
+local current = math.floor(now / width)
+local found, where = look_up(prefix, ids, current, width, keep)
+
 local sums = {}
 for c = 1, tonumber(ARGV[5]) do
-  local a = 6 + 5 * (c - 1)
-  sums[c] = {command = COMMANDS[ARGV[a]], key = KEYS[#outcomes + c], field = ARGV[a + 1],
+  local a = FIRST + n + 5 * (c - 1)
+  sums[c] = {command = COMMANDS[ARGV[a]], key = KEYS[1 + c], field = ARGV[a + 1],
     total = ARGV[a + 2], increments = ARGV[a + 3], positions = ARGV[a + 4]}
 end
-local at = 6 + 5 * #sums -- next ARGV of the stream
-local key_at = #outcomes + #sums + 1 -- next effect key
-local leases = {} -- each item's lease as settled (a sum's rejected item is written again)
+local at = FIRST + n + 5 * #sums -- next ARGV of the stream
+local key_at = 2 + #sums -- next effect key
+local leases = {} -- each settled item's lease (`<token hex>:<attempts>` of its record)
+local effects = {} -- per settled DONE item with effects: {from, to, first argument, first key}
+local writes = {} -- field, value, ... of the settled records, for the current bucket
+local moved = {} -- per older bucket, the fields written anew in the current one
+local settled_here = {} -- ids settled by this call: the same id again is STALE
+local held_record, held_lease = nil, nil -- the last record found to hold its item's lease
+local done_lease, done_value = nil, nil -- the last DONE record written, and its lease
 
+local pos = 1 -- next character of shapes
+local i = 0
+for lease in string.gmatch(ARGV[2], '%S+') do
+  i = i + 1
+  local id = ids[i]
+  local record = found[i]
+  local done = string.byte(outcomes, i) == 68 -- 'D'
+  local from, to = pos, pos -- this item's effects are shapes[from, to)
+  if shapes ~= '' then
+    to = string.find(shapes, ',', pos, true)
+    pos = to + 1
+  end
+  local first_arg, first_key = at, key_at
+  if done then
+    local p, count = from, 0
+    while p < to do
+      p, count = effect_at(p)
+      at, key_at = at + count, key_at + 1
+    end
+  else
+    at = at + 1
+  end
+
+  local holds = false
+  if record and not settled_here[id] then
+    if record == held_record and lease == held_lease then
+      holds = true -- the batch's records share one value: the last item's check holds
+    elseif string.find(record, 'I:' .. lease .. ':', 1, true) == 1 then
+      holds = true
+      held_record, held_lease = record, lease
+    else
+      local token = string.match(lease, '^%x+')
+      local held, attempts = string.match(record, '^I:(%x+):(%d+):%d+:')
+      if held == token then
+        holds = true
+        lease = token .. ':' .. attempts -- this lease's record, not the caller's attempt count
+      end
+    end
+  end
+  if not record then
+    out[i] = '2'
+  elseif not holds then
+    out[i] = '1' -- another lease's record, or one already settled
+  end
+  if not out[i] then
+    leases[i] = lease
+    settled_here[id] = true
+    writes[#writes + 1] = id
+    if not done then
+      writes[#writes + 1] = 'F:' .. lease .. ':' .. ARGV[first_arg]
+    else
+      if lease ~= done_lease then
+        done_lease, done_value = lease, 'D:' .. lease
+      end
+      writes[#writes + 1] = done_value
+    end
+    local old = where[i]
+    if old ~= current then
+      moved[old] = moved[old] or {}
+      table.insert(moved[old], id)
+    end
+    if done and from < to then
+      effects[i] = {from, to, first_arg, first_key}
+    end
+  else
+    refused = true
+  end
+end
+
+-- The settled records first: at maxmemory (or on a replica, a disk error, too few replicas)
+-- Redis refuses a script's first write, and then nothing was written: the call fails whole, no
+-- message blamed
+if #writes > 0 then
+  local ok = redis.pcall('HSET', prefix .. current, unpack(writes, 1, math.min(CHUNK, #writes)))
+  if type(ok) == 'table' then
+    return ok
+  end
+  in_chunks('HSET', prefix .. current, writes, CHUNK + 1)
+  kept(prefix, current, width, keep, moved)
+end
+
+local fixes = {} -- field, value, ... of the items whose effects Redis refused
 -- a settled item's effect turned down: the item becomes FAILED with the reason (REJECTED)
-local function reject(i, lease, reason)
-  redis.call('SET', KEYS[i], 'F:' .. lease .. ':rejected effect: ' .. reason, 'KEEPTTL')
-  out[i] = '3'
-  why[i] = reason
+local function reject(item, reason)
+  fixes[#fixes + 1] = ids[item]
+  fixes[#fixes + 1] = 'F:' .. leases[item] .. ':rejected effect: ' .. reason
+  out[item] = '3'
+  why[item] = reason
   refused = true
 end
 
@@ -266,68 +371,10 @@ local function increment_by(sum, increment)
   return redis.pcall('INCRBY', sum.key, increment)
 end
 
-local i = 0
-for lease in string.gmatch(ARGV[2], '%S+') do
-  i = i + 1
-  local key = KEYS[i]
-  local done = string.byte(outcomes, i) == 68 -- 'D'
-  local from, to = pos, pos -- this item's effects are shapes[from, to)
-  if shapes ~= '' then
-    to = string.find(shapes, ',', pos, true)
-    pos = to + 1
-  end
-  local first_arg, first_key = at, key_at
-  local settled
-  if done then
-    settled = 'D:' .. lease
-    local p, count = from, 0
-    while p < to do
-      p, count = effect_at(p)
-      at, key_at = at + count, key_at + 1
-    end
-  else
-    settled = 'F:' .. lease .. ':' .. ARGV[at]
-    at = at + 1
-  end
-
-  local old = redis.pcall('SET', key, settled, 'PX', ttl, 'GET')
-  local digit = nil
-  if type(old) == 'table' then
-    if string.sub(old.err, 1, 9) ~= 'WRONGTYPE' then
-      -- OOM, READONLY, MISCONF, NOREPLICAS: the server refuses writes, and it refuses a
-      -- script's first write (the conditions cannot change while a script runs): nothing was
-      -- written, and the call fails whole, no message blamed
-      return old
-    end
-    digit = '3'
-    why[i] = key .. ': ' .. old.err
-  elseif not old then
-    redis.call('DEL', key) -- the SET made it
-    digit = '2'
-  elseif string.find(old, 'I:' .. lease .. ':', 1, true) ~= 1 then
-    local token = string.match(lease, '^%x+')
-    local held, attempts, deadline = string.match(old, '^I:(%x+):(%d+):(%d+):')
-    if held == token then -- this lease's record, but not the caller's attempt count: the record's
-      lease = token .. ':' .. attempts
-      settled = done and 'D:' .. lease or 'F:' .. lease .. ':' .. ARGV[first_arg]
-      redis.call('SET', key, settled, 'PX', ttl)
-    else -- another lease's record, or one already settled: put it back
-      if deadline then
-        redis.call('SET', key, old, 'PXAT', string.format('%d', tonumber(deadline) + ttl))
-      else
-        redis.call('SET', key, old, 'PX', ttl)
-      end
-      digit = '1'
-    end
-  end
-
-  if #sums > 0 then
-    leases[i] = lease
-  end
-  if digit then
-    out[i] = digit
-    refused = true
-  elseif from < to then
+for item = 1, i do
+  local effect = effects[item]
+  if effect then
+    local from, to, first_arg, first_key = effect[1], effect[2], effect[3], effect[4]
     local reason = nil
     local p, count, command = effect_at(from)
     if p == to then
@@ -336,7 +383,7 @@ for lease in string.gmatch(ARGV[2], '%S+') do
       reason = apply_checked(from, to, first_arg, first_key)
     end
     if reason then
-      reject(i, lease, reason)
+      reject(item, reason)
     end
   end
 end
@@ -361,13 +408,16 @@ for _, sum in ipairs(sums) do
       if not out[item] then
         local reason = refusal(increment_by(sum, increment))
         if reason then
-          reject(item, leases[item], sum.command .. ' on ' .. sum.key .. ': ' .. reason)
+          reject(item, sum.command .. ' on ' .. sum.key .. ': ' .. reason)
         end
       end
     end
   end
 end
 
+if #fixes > 0 then
+  in_chunks('HSET', prefix .. current, fixes)
+end
 if not refused then
   return {'', {}}
 end

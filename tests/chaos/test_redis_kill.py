@@ -143,13 +143,10 @@ class Handler:
 def dedup_records(client: redis.Redis, namespace: str) -> dict[str, str]:
     """Every dedup record of `namespace` (by id, its state string), and the fencing counter
     (under `fence`)."""
-    prefix = f"{{{namespace}}}:r:"
-    keys = list(client.scan_iter(match=prefix + "*", count=1000))
-    values = client.mget(keys) if keys else []
     out = {
-        bytes(k).decode()[len(prefix) :]: bytes(v).decode()
-        for k, v in zip(keys, values, strict=True)
-        if v is not None
+        bytes(id_).decode(): bytes(record).decode()
+        for bucket in client.scan_iter(match=f"{{{namespace}}}:ids:*", count=1000)
+        for id_, record in client.hgetall(bucket).items()
     }
     seq = client.hget(f"{{{namespace}}}:fence", "seq")
     out["fence"] = "" if seq is None else bytes(seq).decode()

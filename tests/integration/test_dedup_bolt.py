@@ -201,7 +201,10 @@ def test_what_redis_would_refuse_fails_that_message_alone_with_redis_reason(
     key, counter = f"{config.topic}:applied", f"{config.topic}:counter"
     redis_client.set(counter, 2**63 - 1)
     bolt = IdempotencyBolt(ApplyAndAdd(key, counter, {"id-2-4"}), config)
-    redis_client.hset(worker_store(config, bolt.namespace).key("id-2-1"), "not", "a record")
+    store = worker_store(config, bolt.namespace)
+    seconds, micros = redis_client.time()
+    bucket = (seconds * 1000 + micros // 1000) // store.bucket_ms  # where the first lease writes
+    redis_client.hset(f"{{{store.tag()}}}:ids:{bucket}", "id-2-1", "not a record")
 
     progress = run(config, bolt, max_batches=50)
 
@@ -213,7 +216,8 @@ def test_what_redis_would_refuse_fails_that_message_alone_with_redis_reason(
         h["kspout.source.offset"]: h["kspout.error"]
         for h in dead_letter_headers(config, stack.info.brokers)
     }
-    assert "Redis rejected the lease of 'id-2-1'" in errors["1"] and "WRONGTYPE" in errors["1"]
+    assert "Redis rejected the lease of 'id-2-1'" in errors["1"]
+    assert "not an idempotency record" in errors["1"]
     assert "Redis rejected the settlement of 'id-2-4'" in errors["4"]
     assert "increment or decrement would overflow" in errors["4"]
     assert stored(config)[2] == 6

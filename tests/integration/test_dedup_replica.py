@@ -144,7 +144,9 @@ def test_settlements_wait_until_the_replica_has_them(
     assert [r.status for r in results] == [SettleStatus.SETTLED] * len(ids)
     # read at once from the replica: WAIT returned only after it had every write
     assert on_replica.get(counter) == b"20"
-    records = on_replica.mget([store.key(id_) for id_ in ids])
+    bucket = store.record_bucket(ids[0])
+    assert bucket is not None
+    records = on_replica.hmget(bucket, ids)
     assert all(raw is not None and raw.startswith(b"D:") for raw in records)
     assert [c.status for c in store.lease(ids, "w2")] == [LeaseStatus.DUPLICATE] * len(ids)
 
@@ -172,7 +174,8 @@ def test_a_settlement_the_replica_did_not_acknowledge_is_not_durable_and_replays
     # DONE on the primary alone: replays wait instead of being acked as duplicates
     assert [(c.status, c.retry_after_ms) for c in replays] == [(LeaseStatus.DEFERRED, WAIT_MS)] * 2
     assert [c.status for c in store.lease(ids, "w3")] == [LeaseStatus.DUPLICATE] * 2
-    assert on_replica.get(store.key("b")) == on_primary.get(store.key("b"))
+    bucket = store.record_bucket("b")
+    assert bucket is not None and on_replica.hget(bucket, "b") == on_primary.hget(bucket, "b")
 
 
 def test_at_maxmemory_a_lease_that_wrote_nothing_proves_nothing_so_replays_wait(
@@ -204,7 +207,8 @@ def test_wait_aof_runs_where_the_server_has_waitaof_and_is_refused_where_not(
     else:
         with pytest.raises(WaitAofUnsupported, match="unknown command"):
             store.lease(["m"], "w1")
-        assert clients[0].keys(store.key("*")) == []  # refused before anything was written
+        # refused before any record was written
+        assert clients[0].keys(f"{{{store.namespace}}}:ids:*") == []
 
 
 def test_the_bolt_acks_nothing_the_replica_did_not_acknowledge(

@@ -104,6 +104,18 @@ def redis_now_ms(client: redis.Redis) -> int:
     return seconds * 1000 + micros // 1000
 
 
+def kept_ms(store: IdempotencyStore, id_: str) -> int:
+    """How long `id`'s record is kept from now: its bucket's expiry."""
+    bucket = store.record_bucket(id_)
+    assert bucket is not None
+    return int(store._client.pttl(bucket))
+
+
+def assert_kept_from_now(store: IdempotencyStore, id_: str, slack_ms: int = 1000) -> None:
+    """`id`'s record is kept `keep_ms` from about now, and at most a bucket's width more."""
+    assert store.keep_ms - slack_ms < kept_ms(store, id_) <= store.keep_ms + store.bucket_ms
+
+
 # -- transitions -------------------------------------------------------------------------------
 
 
@@ -116,29 +128,30 @@ def test_absent_ids_are_leased_at_attempt_one_with_increasing_tokens(
     assert [c.status for c in leases] == [LEASED] * 3
     assert [c.attempts for c in leases] == [1, 1, 1]
     tokens = [c.token for c in leases]
-    assert tokens == sorted(set(tokens))
+    assert len(set(tokens)) == 1  # one token per call; each lease of an id gets a higher one
     assert store.epoch is not None and tokens[0] >> COUNTER_BITS == store.epoch >= 1
     record = store.record("a")
     assert record is not None and record.state is IdRecordState.IN_FLIGHT
     assert (record.owner, record.token, record.attempts) == ("w1", tokens[0], 1)
     assert record.lease_deadline_ms is not None
     assert before + 10_000 <= record.lease_deadline_ms <= redis_now_ms(redis_client) + 10_000
-    # the lease is in the record; the key lives a dedup window longer (bounded memory)
-    assert 60_000 < redis_client.pttl(store.key("a")) <= 10_000 + 60_000
+    # the lease is in the record; the record lives a dedup window longer (bounded memory)
+    assert store.keep_ms == 10_000 + 60_000
+    assert_kept_from_now(store, "a")
 
 
 def test_done_id_is_duplicate_until_its_record_expires(store_factory: StoreFactory) -> None:
-    store = store_factory(done_ttl_ms=300)
+    store = store_factory(lease_ms=SHORT_LEASE_MS, done_ttl_ms=300)
     [lease] = store.lease(["m"], "w1")
 
     assert store.settle([Settlement("m", lease.token, True, attempts=1)]) == [SETTLED]
     record = store.record("m")
     assert record is not None and record.state is IdRecordState.DONE
-    assert 0 < store._client.pttl(store.key("m")) <= 300
+    assert_kept_from_now(store, "m", slack_ms=50)
     assert store.lease(["m"], "w2")[0].status is DUPLICATE
     assert store.lease(["m"], "w1")[0].status is DUPLICATE
 
-    time.sleep(0.35)
+    time.sleep((store.keep_ms + store.bucket_ms + 50) / 1000)
     assert store.record("m") is None
     again = store.lease(["m"], "w2")[0]
     assert (again.status, again.attempts) == (LEASED, 1)
@@ -187,7 +200,7 @@ def test_failed_id_is_leased_again_with_the_next_attempt(
         1,
         "ValueError: boom",
     )
-    assert 0 < redis_client.pttl(store.key("m")) <= 60_000
+    assert_kept_from_now(store, "m")
 
     [second] = store.lease(["m"], "w2")
     assert (second.status, second.attempts) == (LEASED, 2)
@@ -269,7 +282,8 @@ def test_refused_settlements_change_nothing(store: IdempotencyStore) -> None:
     assert store.settle([Settlement("a", a.token, True)]) == [SETTLED]
     done = store.record("a")
     in_flight = store.record("b")
-    in_flight_ttl = store._client.pttl(store.key("b"))
+    in_flight_bucket = store.record_bucket("b")
+    in_flight_ttl = kept_ms(store, "b")
 
     statuses = store.settle(
         [
@@ -283,8 +297,9 @@ def test_refused_settlements_change_nothing(store: IdempotencyStore) -> None:
     assert statuses == [STALE, STALE, STALE, LOST]
     assert store.record("a") == done
     assert store.record("b") == in_flight
-    # the settle wrote and undid: the lease's record keeps its expiry (a settled one's restarts)
-    assert in_flight_ttl - 1000 < store._client.pttl(store.key("b")) <= in_flight_ttl
+    # the settle wrote nothing: the lease's record stays where it was, with its expiry
+    assert store.record_bucket("b") == in_flight_bucket
+    assert in_flight_ttl - 1000 < kept_ms(store, "b") <= in_flight_ttl
     assert store.record("never-leased") is None
 
 
@@ -310,9 +325,9 @@ def test_late_settle_after_the_lease_ran_out_succeeds_if_nobody_leased_since(
     time.sleep(LEASE_EXPIRED)
     assert store.settle([Settlement("m", lease.token, True)]) == [SETTLED]
     assert store.lease(["m"], "w2")[0].status is DUPLICATE
-    # a whole dedup window from the late settle, not what was left of the lease's expiry
-    left_of_the_lease = SHORT_LEASE_MS + 300 - LEASE_EXPIRED * 1000
-    assert 300 >= store._client.pttl(store.key("m")) > 300 - 50 > left_of_the_lease
+    # kept from the late settle, not for what was left of the lease's expiry
+    left_of_the_lease = store.keep_ms - LEASE_EXPIRED * 1000
+    assert kept_ms(store, "m") > store.keep_ms - 50 > left_of_the_lease
 
 
 def test_a_client_decoding_responses_works_too(
@@ -554,8 +569,8 @@ def test_the_effects_script_refuses_an_unknown_command_before_writing(
 
     with pytest.raises(redis.ResponseError, match="code X is not allowed"):
         script(
-            keys=[store.key("a"), store.key("b"), f"{user}:1", f"{user}:2"],
-            args=[60_000, f"{a.token:x}:1 {b.token:x}:1", "DD", "S1,X0,", 0, "v"],
+            keys=[f"{{{store.namespace}}}:fence", f"{user}:1", f"{user}:2"],
+            args=[60_000, f"{a.token:x}:1 {b.token:x}:1", "DD", "S1,X0,", 0, "a", "b", "v"],
         )
 
     assert [store.record("a"), store.record("b")] == before
@@ -571,52 +586,44 @@ def test_effects_on_a_failed_item_are_refused(store: IdempotencyStore) -> None:
 # -- all or nothing: a per-id failure rejects that id alone -------------------------------------
 
 
-def put_foreign(client: redis.Redis, key: str, kind: str) -> None:
-    """Make `key` hold something that is not an idempotency record."""
-    if kind == "hash":
-        client.hset(key, "f", "v")
-    elif kind == "list":
-        client.rpush(key, "x")
-    else:
-        client.set(key, "hello")
-
-
-@pytest.mark.parametrize("kind", ["hash", "list", "text"])
-@pytest.mark.parametrize("before", ["new", "done"])  # the script reads the next key differently
-def test_a_record_key_holding_something_else_rejects_that_id_alone_and_tokens_never_repeat(
-    store: IdempotencyStore, redis_client: redis.Redis, kind: str, before: str
+@pytest.mark.parametrize("before", ["new", "done"])  # the script reads the next id differently
+def test_a_record_field_holding_something_else_rejects_that_id_alone_and_tokens_never_repeat(
+    store: IdempotencyStore, redis_client: redis.Redis, before: str
 ) -> None:
+    [done] = store.lease(["first"], "w0")
     if before == "done":
-        [done] = store.lease(["first"], "w0")
         store.settle([Settlement("first", done.token, True)])
-    put_foreign(redis_client, store.key("bad"), kind)
-    foreign = redis_client.dump(store.key("bad"))
+    else:
+        store.settle([Settlement("first", done.token, False, "to be leased again")])
+    bucket = store.record_bucket("first")
+    assert bucket is not None
+    redis_client.hset(bucket, "bad", "hello")
 
     first, bad, after = store.lease(["first", "bad", "after"], "w1")
     later = store.lease(["x", "y"], "w2")
 
     assert first.status is (LEASED if before == "new" else DUPLICATE)
     assert (bad.status, bad.token) == (LeaseStatus.REJECTED, 0)
-    assert bad.error is not None and bad.error.startswith(store.key("bad") + ": ")
-    assert ("WRONGTYPE" if kind != "text" else "not an idempotency record") in bad.error
-    assert redis_client.dump(store.key("bad")) == foreign  # untouched
+    assert bad.error == f"{bucket} bad: the field holds a value that is not an idempotency record"
+    assert redis_client.hget(bucket, "bad") == b"hello"  # untouched
     assert after.status is LEASED and [c.status for c in later] == [LEASED] * 2
-    tokens = [c.token for c in (first, after, *later) if c.status is LEASED]
-    assert tokens == sorted(set(tokens))  # none handed out twice, even by the next call
+    assert first.status is DUPLICATE or first.token == after.token  # one token per call
+    assert all(c.token > after.token for c in later)  # the next call's is higher
     for id_, lease in [("after", after), ("x", later[0])]:
         record = store.record(id_)
         assert record is not None and record.token == lease.token
 
 
 @pytest.mark.parametrize("with_effects", [False, True])
-def test_a_record_key_overwritten_with_another_type_rejects_that_item_alone(
+def test_a_record_overwritten_with_something_else_is_stale_and_left_alone(
     store: IdempotencyStore, redis_client: redis.Redis, with_effects: bool
 ) -> None:
     counter = f"user-{uuid.uuid4().hex}:n"
     effects = [("INCRBY", counter, 1)] if with_effects else []
     a, b, c = store.lease(["a", "b", "c"], "w1")
-    redis_client.delete(store.key("b"))
-    redis_client.sadd(store.key("b"), "someone else's")
+    bucket = store.record_bucket("b")
+    assert bucket is not None
+    redis_client.hset(bucket, "b", "someone else's")
 
     results = store.settle(
         [
@@ -625,9 +632,8 @@ def test_a_record_key_overwritten_with_another_type_rejects_that_item_alone(
         ]
     )
 
-    assert [r.status for r in results] == [SETTLED.status, REJECTED, SETTLED.status]
-    assert results[1].error == f"{store.key('b')}: {WRONGTYPE}"
-    assert redis_client.smembers(store.key("b")) == {b"someone else's"}
+    assert results == [SETTLED, STALE, SETTLED]
+    assert redis_client.hget(bucket, "b") == b"someone else's"
     assert redis_client.get(counter) == (b"2" if with_effects else None)
     assert store.lease(["a", "c"], "w2") == [Lease(DUPLICATE, 0, 0, 0)] * 2
 
@@ -741,10 +747,11 @@ def test_every_record_state_expires_so_unsettled_leases_go_away(
     )
     store.lease(["m1", "m2"], "w1")  # FAILED leased again; a lease renewed
 
-    keys = list(redis_client.scan_iter(match=store.key("*")))
-    assert len(keys) == len(ids)
-    assert all(0 < redis_client.pttl(key) <= 3000 + 4000 for key in keys)
-    assert eventually(lambda: next(redis_client.scan_iter(match=store.key("*")), None) is None)
+    buckets = f"{{{store.namespace}}}:ids:*"
+    keys = list(redis_client.scan_iter(match=buckets))
+    assert sum(redis_client.hlen(key) for key in keys) == len(ids)
+    assert all(0 < redis_client.pttl(key) <= store.keep_ms + store.bucket_ms for key in keys)
+    assert eventually(lambda: next(redis_client.scan_iter(match=buckets), None) is None)
 
 
 def test_an_expired_lease_is_leased_anew_and_its_old_holder_can_no_longer_settle(
@@ -821,7 +828,7 @@ def redis_commands(client: redis.Redis, work: Callable[[], object]) -> dict[str,
     return {name.removeprefix("cmdstat_"): stat["calls"] for name, stat in stats.items()}
 
 
-def test_leasing_new_ids_and_settling_them_costs_one_redis_command_per_id_each(
+def test_leasing_new_ids_and_settling_them_costs_a_few_redis_commands_per_batch(
     store_factory: StoreFactory, own_client: redis.Redis
 ) -> None:
     store = store_factory(client=own_client)
@@ -835,15 +842,17 @@ def test_leasing_new_ids_and_settling_them_costs_one_redis_command_per_id_each(
     ]
     settled = redis_commands(own_client, lambda: store.settle(items))
 
-    assert leased["set"] == 50 and "get" not in leased
-    assert settled["set"] == 50 and "get" not in settled and "pexpire" not in settled
+    # one HSET writes the batch's records, one HMGET per bucket that exists reads them
+    for commands in (leased, settled):
+        assert commands["hset"] <= 2 and commands["hmget"] <= 3 and "set" not in commands
+        assert commands.get("pexpireat", 0) <= 1 and "get" not in commands
     assert {store.record(i) for i in ids} == {
         IdRecord(IdRecordState.DONE, c.token, 1) for c in leases
     }
-    # without the leases' attempts (0: unknown) an item costs a second SET, and settles alike
+    # without the leases' attempts (0: unknown) the items settle alike, at the record's count
     more = store.lease(["x", "y"], "w1")
     unknown = [Settlement(i, c.token, True) for i, c in zip(["x", "y"], more, strict=True)]
-    assert redis_commands(own_client, lambda: store.settle(unknown))["set"] == 4
+    assert store.settle(unknown) == [SETTLED, SETTLED]
     assert store.record("y") == IdRecord(IdRecordState.DONE, more[1].token, 1)
 
 
@@ -854,14 +863,14 @@ def test_tokens_strictly_increase_across_stores_of_one_namespace(
     store_factory: StoreFactory,
 ) -> None:
     first, second = store_factory(), store_factory()
-    tokens: list[int] = []
+    tokens: list[int] = []  # one per call: its ids share it
     for round in range(5):
         for store in (first, second, first):
             leases = store.lease([f"{round}-{id(store)}-{i}" for i in range(3)], "w")
-            tokens.extend(c.token for c in leases)
+            assert len({c.token for c in leases}) == 1
+            tokens.append(leases[0].token)
 
-    assert tokens == sorted(tokens)
-    assert len(set(tokens)) == len(tokens)
+    assert tokens == sorted(set(tokens))
 
 
 def test_concurrent_claimers_get_exactly_one_lease_per_id(
@@ -899,7 +908,8 @@ def test_concurrent_claimers_get_exactly_one_lease_per_id(
         assert len(leased) == 1, (ids[i], answers)
         assert all(a.status is DEFERRED for a in answers if a.status is not LEASED)
         tokens.append(leased[0].token)
-    assert len(set(tokens)) == len(tokens)
+    per_worker = [{c.token for c in results[w] if c.status is LEASED} for w in range(workers)]
+    assert sum(map(len, per_worker)) == len(set().union(*per_worker))  # no call's token twice
     for worker in range(workers):
         own = [c.token for c in results[worker] if c.status is LEASED]
         assert own == sorted(own)
@@ -969,14 +979,14 @@ def test_a_fence_at_a_lower_epoch_is_moved_to_a_fresh_one(
     ZkEpoch(zk, epoch_path).bump(0)  # epoch 2 taken by a client that has not installed it yet
     advance = own_client.register_script(ADVANCE_EPOCH.text)
     fence = f"{{{store.namespace}}}:fence"
-    assert advance(keys=[fence], args=[1]) == 1  # never moves down
+    assert advance(keys=[fence], args=[1, store.bucket_ms]) == 1  # never moves down
     own_client.hset(fence, mapping={"epoch": 0, "seq": 0})  # a fence older than this store
 
     [second] = store.lease(["b"], "w1")
 
     assert store.epoch == 3  # a fresh epoch, not the 2 someone else may still install
     assert second.token > first.token
-    assert advance(keys=[fence], args=[2]) == 3
+    assert advance(keys=[fence], args=[2, store.bucket_ms]) == 3
 
 
 def test_a_used_up_counter_moves_to_a_new_epoch(

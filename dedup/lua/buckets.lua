@@ -1,0 +1,99 @@
+-- buckets.lua: where a shard's records are kept, shared by lease.lua and settle.lua (dedup.scripts
+-- puts this text in front of each).
+--
+-- A shard's records are fields of its buckets, hashes `{tag}:ids:<k>`: bucket k holds the
+-- records written from k * width to (k + 1) * width ms of Redis time, and expires whole `keep`
+-- ms after its end, so a record lives at least `keep` ms after its last write and at most one
+-- width more. A record that is written again moves to the bucket of the time of the write. The
+-- fence hash `{tag}:fence` holds the width (field `bucket`, fixed when the fence is made) and the
+-- longest `keep` any caller asked for (field `keep`), so callers configured differently still
+-- look in every bucket that can hold a record.
+
+local CHUNK = 2000 -- arguments per command built with unpack (Lua's fails at about 8000)
+
+-- The records of `ids[1..#ids]` in the buckets `prefix .. k` from k = `newest` back to the oldest
+-- that can still exist: {record or false per position}, {bucket k per found position}.
+local function look_up(prefix, ids, newest, width, keep)
+  local n = #ids
+  local found, where = {}, {}
+  local missing = nil -- positions not found yet; nil: all of them (no table built)
+  for b = newest, newest - math.ceil(keep / width), -1 do
+    local bucket = prefix .. b
+    if redis.call('EXISTS', bucket) == 1 then
+      local hits = 0
+      local count = missing and #missing or n
+      for from = 1, count, CHUNK do
+        local to = math.min(from + CHUNK - 1, count)
+        local values
+        if missing then
+          local fields = {}
+          for j = from, to do
+            fields[j - from + 1] = ids[missing[j]]
+          end
+          values = redis.call('HMGET', bucket, unpack(fields))
+        else
+          values = redis.call('HMGET', bucket, unpack(ids, from, to))
+        end
+        for j = from, to do
+          local value = values[j - from + 1]
+          if value then
+            local i = missing and missing[j] or j
+            found[i], where[i] = value, b
+            hits = hits + 1
+          end
+        end
+      end
+      if hits == count then
+        missing = {}
+        break
+      elseif hits > 0 then
+        local still = {}
+        for j = 1, count do
+          local i = missing and missing[j] or j
+          if not found[i] then
+            still[#still + 1] = i
+          end
+        end
+        missing = still
+      end
+    end
+  end
+  if missing == nil then
+    for i = 1, n do
+      found[i] = false
+    end
+  else
+    for j = 1, #missing do
+      found[missing[j]] = false
+    end
+  end
+  return found, where
+end
+
+-- `command` on `key` with `args[from..#args]` (from 1 if not given), CHUNK arguments (an even
+-- number) at a time
+local function in_chunks(command, key, args, from)
+  for at = from or 1, #args, CHUNK do
+    redis.call(command, key, unpack(args, at, math.min(at + CHUNK - 1, #args)))
+  end
+end
+
+-- After records `field, value, ...` were written to bucket `current` (HSET): give the bucket its
+-- expiry, or a later one if `keep` grew, and delete the moved records (per older bucket k, the
+-- fields now in `current`) from where they were.
+local function kept(prefix, current, width, keep, moved)
+  local bucket = prefix .. current
+  local expires = (current + 1) * width + keep
+  if redis.call('PEXPIRETIME', bucket) < expires then -- -1: no expiry yet
+    redis.call('PEXPIREAT', bucket, string.format('%d', expires))
+  end
+  for b, fields in pairs(moved) do
+    in_chunks('HDEL', prefix .. b, fields)
+  end
+end
+
+-- Redis's clock, in ms
+local function now_ms()
+  local time = redis.call('TIME')
+  return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+end
