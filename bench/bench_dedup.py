@@ -9,24 +9,24 @@ on one server, and several clients on one server and on Redis Clusters, in one r
 Every server is its own `redis-server` on a free loopback port, append-only file on with
 `appendfsync everysec`, as in production; the clusters are local `--cluster-enabled yes` masters
 without replicas. Part one measures the server's pipelined SET rate with `redis-benchmark` (the
-baseline), then times one client leasing and settling fresh ids in batches, each batch one
-lease call and one settle call (two round trips), as a bolt's task does; with one HINCRBY
-effect per id, once on 100 counters (each batch increments each by a sum) and once on a counter
-per id (no sums). Redis CPU per id is
-the server process's `used_cpu_sys + used_cpu_user` (INFO cpu) over the case, divided by its
-ids: parsing, scripts, the append-only file's buffer, everything but a rewrite's child; the
-scripts' own share (INFO commandstats) is printed beside it. Part two runs `--clients`
-processes at once, each leasing and settling batches of one Kafka partition at a time (its
-share of `--partitions`), against one server, then each cluster of `--masters` (all of them
-started at first and measured in turn, `--rounds` times over: a figure is the median of its
-rounds, a ratio the median of each round's ratio to the one server in that round, since a
-server's CPU per id moves from run to run), and prints each one's rate over the one server's
-and the Redis CPU per id of all its servers together. Part
-three prints how the partitions' shards spread over each cluster's masters (exact: where the
-store's hash tags land) for the run's partition count and for 12, 48 and 192, in a fresh
-namespace each. The fences are set to epoch 1 before a case starts, so the epoch source is never
-consulted while one runs. Rewrites of the append-only file happen during a case, as in
-production, but each single-client case starts with none running.
+baseline), then times one client leasing and settling fresh ids in batches, each batch one lease
+call and one settle call (two round trips), as a bolt's task does; with one HINCRBY effect per id,
+once on 100 counters (each batch increments each by a sum) and once on a counter per id (no sums).
+Redis CPU per id is the server process's `used_cpu_sys + used_cpu_user` (INFO cpu) over the case,
+divided by its ids: parsing, scripts, the append-only file's buffer, everything but a rewrite's
+child; the scripts' own share (INFO commandstats) is printed beside it. Part two runs `--clients`
+processes at once, each leasing and settling batches of one Kafka partition at a time (its share of
+`--partitions`), against one server, then each cluster of `--masters` (all of them started at first
+and measured in turn, `--rounds` times over: a figure is the median of its rounds, a ratio the
+median of each round's ratio to the one server in that round, since a server's CPU per id moves
+from run to run), and prints each one's rate over the one server's and the Redis CPU per id of all
+its servers together. Part three prints how the partitions' shards spread over each cluster's
+masters (exact: where the store's hash tags land) for the run's partition count and for 12, 48 and
+192, in a fresh namespace each. The fences are set to epoch 1 before a case starts, so the epoch
+source is never consulted while one runs, and the record buckets before the current one are given
+records as in a store that has run longer than its window, so a new id is looked up in each of
+them. Rewrites of the append-only file happen during a case, as in production, but each
+single-client case starts with none running.
 
 Targets (issue 24): lease+settle <= 4 us of Redis CPU per id and >= 25% of the SET rate per
 client, DUPLICATE <= 1.5 us, an effect adding <= 2 us; a cluster spends no more per id than one

@@ -1,14 +1,14 @@
 """The lease/settle protocol of the dedup bolt: one record per message id, moved by Lua scripts.
 
 Records live in shards, one Redis hash tag each, so that every script call touches one Redis
-Cluster slot. On one server there is one shard, the namespace `{<namespace>}`. On a Redis
-Cluster (a `redis.cluster.RedisCluster` client) there is one shard per Kafka partition,
-`{<tag>}` with the partition's tag chosen by slot so the partitions spread evenly over the
-masters, and fixed once chosen (`dedup.shards`: `<namespace>:p<partition>`, with a `:<k>`
-suffix where needed); a task's batch (one partition) is still one script call. An id's record
-is a field of one of its shard's buckets, hashes `{<tag>}:ids:<k>` named by the time of the
-record's last write (`dedup/lua/buckets.lua`). An id's record is then its partition's: the same id in two partitions is two
-messages to the store (keep a message's partition stable, as Kafka's default partitioner does
+Cluster slot. On one server there is one shard, the namespace `{<namespace>}`. On a Redis Cluster
+(a `redis.cluster.RedisCluster` client) there is one shard per Kafka partition, `{<tag>}` with the
+partition's tag chosen by slot so the partitions spread evenly over the masters, and fixed once
+chosen (`dedup.shards`: `<namespace>:p<partition>`, with a `:<k>` suffix where needed); a task's
+batch (one partition) is still one script call. An id's record is a field of one of its shard's
+buckets, hashes `{<tag>}:ids:<k>` named by the time of the record's last write
+(`dedup/lua/buckets.lua`). An id's record is then its partition's: the same id in two partitions is
+two messages to the store (keep a message's partition stable, as Kafka's default partitioner does
 for a key).
 
 States and transitions of a record:
@@ -52,17 +52,17 @@ that is no message's fault, and nothing was written. The lease script advances i
 counter before writing any record, so a token is never handed out by two calls.
 
 Fencing tokens are `epoch * 2**40 + counter`: each shard has its own counter, in its fence hash
-`{<tag>}:fence` beside the epoch it belongs to (so no one key takes every lease of a cluster),
-and epochs come from an `EpochSource` (ZooKeeper: `dedup.epoch.ZkEpoch`), one per namespace.
-Tokens strictly increase per shard from call to call, so per id, which is what fencing
-compares. When the lease script finds a shard's fence missing (Redis lost its data, or the
-shard is new), or its counter used up, the store takes a fresh epoch from the source and moves
-that fence to it; a fence only ever moves to a higher epoch, so tokens stay strictly increasing
-across clients and across a Redis data loss. A store always installs an epoch it just took (never the source's current
-one): that one may have been installed before and lost with the data, and installing it again
-would restart its counter. A loss that keeps the fence but drops recent writes (the last second
-of an `appendfsync everysec` file on a machine crash, a failover to a lagging replica) is not
-detected: tokens from the lost window can be handed out again.
+`{<tag>}:fence` beside the epoch it belongs to (so no one key takes every lease of a cluster), and
+epochs come from an `EpochSource` (ZooKeeper: `dedup.epoch.ZkEpoch`), one per namespace. Tokens
+strictly increase per shard from call to call, so per id, which is what fencing compares. When the
+lease script finds a shard's fence missing (Redis lost its data, or the shard is new), or its
+counter used up, the store takes a fresh epoch from the source and moves that fence to it; a fence
+only ever moves to a higher epoch, so tokens stay strictly increasing across clients and across a
+Redis data loss. A store always installs an epoch it just took (never the source's current one):
+that one may have been installed before and lost with the data, and installing it again would
+restart its counter. A loss that keeps the fence but drops recent writes (the last second of an
+`appendfsync everysec` file on a machine crash, a failover to a lagging replica) is not detected:
+tokens from the lost window can be handed out again.
 `dedup.server_checks.server_durability_warnings` names the settings that make losses likely.
 
 Effects atomic with DONE run in the settle script, checked first against the allowlist

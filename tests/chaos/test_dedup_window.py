@@ -34,6 +34,7 @@ from kspout.kafka import Record
 from tests.integration.helpers import PARTITIONS, produce, stored, topic_file
 
 TTL = 2.0  # seconds: the dedup window
+LEASE = 2.0  # seconds; a record is kept LEASE + TTL after its last write, at most half that again
 PER_PARTITION = 40
 
 
@@ -58,7 +59,7 @@ def test_an_operators_move_behind_the_dedup_window_is_refused_without_force(
     tmp_path: Path,
 ) -> None:
     config = make_config(
-        dedup={"id_source": "key", "ttl": TTL, "lease": 30.0},
+        dedup={"id_source": "key", "ttl": TTL, "lease": LEASE},
         redis={"url": stack.info.redis_url},
     )
     produce(
@@ -73,7 +74,7 @@ def test_an_operators_move_behind_the_dedup_window_is_refused_without_force(
     assert applied(redis_client, key) == dict.fromkeys(ids, 1)
     assert stored(config) == dict.fromkeys(PARTITIONS, PER_PARTITION)
 
-    time.sleep(TTL + 1.0)  # the window passes; the DONE records expire with it
+    time.sleep(1.5 * (LEASE + TTL) + 0.5)  # the window passes; the DONE records expire after it
     path = topic_file(tmp_path / "topic.toml", stack, config)
 
     def kspout(*args: str) -> Any:
