@@ -92,8 +92,17 @@ local function kept(prefix, current, width, keep, moved)
   end
 end
 
--- Redis's clock, in ms
-local function now_ms()
+-- Where a call on the shard of fence KEYS[1] keeps its records: the bucket width and `keep` (the
+-- fence's, or `asked` if longer), the buckets' prefix `{tag}:ids:`, the call's ids ARGV[first ..
+-- first + n - 1] as a table, Redis's clock (ms) and the bucket of now.
+local function placed(width_text, keep_text, asked, first, n)
+  local width = tonumber(width_text)
+  local keep = math.max(tonumber(keep_text or 0), tonumber(asked))
+  local ids = {}
+  for i = 1, n do
+    ids[i] = ARGV[first - 1 + i]
+  end
   local time = redis.call('TIME')
-  return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  return width, keep, string.sub(KEYS[1], 1, -6) .. 'ids:', ids, now, math.floor(now / width)
 end

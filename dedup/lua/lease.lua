@@ -80,15 +80,7 @@ local function parse(record)
   return nil
 end
 
-local width = tonumber(fence[3])
-local keep = math.max(tonumber(fence[4] or 0), tonumber(ARGV[4]))
-local prefix = string.sub(KEYS[1], 1, -6) .. 'ids:' -- `{tag}:fence` -> `{tag}:ids:`
-local ids = {}
-for i = 1, n do
-  ids[i] = ARGV[FIRST - 1 + i]
-end
-local now = now_ms()
-local current = math.floor(now / width)
+local width, keep, prefix, ids, now, current = placed(fence[3], fence[4], ARGV[4], FIRST, n)
 
 local reserved = redis.pcall('HINCRBY', KEYS[1], 'seq', 1)
 if type(reserved) == 'table' then

@@ -245,15 +245,7 @@ local fence = redis.call('HMGET', KEYS[1], 'bucket', 'keep')
 if not fence[1] then -- Redis lost data: no record can be there
   return {string.rep('2', n), {}}
 end
-local width = tonumber(fence[1])
-local keep = math.max(tonumber(fence[2] or 0), tonumber(ARGV[1]))
-local prefix = string.sub(KEYS[1], 1, -6) .. 'ids:' -- `{tag}:fence` -> `{tag}:ids:`
-local ids = {}
-for i = 1, n do
-  ids[i] = ARGV[FIRST - 1 + i]
-end
-local now = now_ms()
-local current = math.floor(now / width)
+local width, keep, prefix, ids, _, current = placed(fence[1], fence[2], ARGV[1], FIRST, n)
 local found, where = look_up(prefix, ids, current, width, keep)
 
 local sums = {}
