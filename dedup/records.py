@@ -113,7 +113,7 @@ class IdRecord:
     def decode(cls, raw: bytes) -> IdRecord:
         state = IdRecordState(raw[:1].decode())
         if state is IdRecordState.IN_FLIGHT:
-            token, attempts, deadline, owner = raw[2:].split(b":", 3)
+            token, attempts, deadline, _, owner = raw[2:].split(b":", 4)  # _: ids leased
             return cls(state, int(token, 16), int(attempts), owner.decode(), int(deadline))
         if state is IdRecordState.DONE:
             token, attempts = raw[2:].split(b":")

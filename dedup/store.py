@@ -29,7 +29,7 @@ deadlines come from Redis's clock (`TIME` inside the scripts), never from a clie
 
 Every record expires, so memory stays bounded: a bucket expires whole, `keep_ms` (`lease_ms +
 done_ttl_ms`) after its end, so a record in any state is kept at least `keep_ms` after its last
-write and at most one bucket's width (`keep_ms / 2` for a new shard) more. That covers leases
+write and at most one bucket's width (`keep_ms` for a new shard) more. That covers leases
 nobody settles or leases again (their messages were skipped, reset past, or dead-lettered by
 timeout). An IN_FLIGHT record that expires makes its id's next lease a new one (attempt 1, a
 higher token), which is safe: the record outlives its lease, so every holder's deadline has
@@ -37,11 +37,14 @@ passed and a lease would take the id over anyway, and the message is not DONE (a
 would have replaced it). Keeping it a whole window past the lease lets a late holder whose
 lease ran out still settle DONE if nobody leased the id since.
 
-Per batch, not per id, a lease reads the records with one `HMGET` per bucket that can hold
-one (at most three) and writes them with one `HSET`, and a settle reads and writes them the
-same way; the ids of one lease call share its token, so their records share one value. The
-answers are compact (a batch of new ids answers `1:<n>`, and DUPLICATE and DEFERRED ids come
-back as counted runs, `LeaseRun`).
+Per batch, not per id, a lease reads the records with one `HMGET` per bucket that can hold one
+(two for a new shard) and writes them with one `HSET`; the ids of one lease call share its
+token, so their records share one value, which also says how many ids the call leased. A
+settle reads them the same way; when it settles every id of one lease call within the lease, it
+marks the lease's token DONE with one `SET` (`{<tag>}:done:<token hex>`, expiring with the
+records' bucket) instead of writing each record, and an IN_FLIGHT record of a marked token reads
+as DONE. Other settlements are written with one `HSET`. The answers are compact (a batch of new
+ids answers `1:<n>`, and DUPLICATE and DEFERRED ids come back as counted runs, `LeaseRun`).
 
 The scripts are all or nothing, as Redis does not roll a script back: they check everything a
 command could refuse before a write that could leave a batch half done, and an id whose record
@@ -82,7 +85,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from itertools import chain
+from itertools import groupby
 from typing import Protocol
 
 from redis.cluster import RedisCluster
@@ -166,7 +169,9 @@ class IdempotencyStore:
         self.lease_ms = lease_ms
         self.done_ttl_ms = done_ttl_ms
         self.keep_ms = lease_ms + done_ttl_ms  # every record, after its last write
-        self.bucket_ms = max(1, self.keep_ms // 2)  # a new shard's bucket width
+        # a new shard's bucket width: a lookup reads two buckets, and records are kept 1x to 2x
+        # `keep_ms` (narrower buckets keep less but cost a lookup more per id)
+        self.bucket_ms = self.keep_ms
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = wait_timeout_ms
         self.wait_aof = wait_aof
@@ -349,8 +354,10 @@ class IdempotencyStore:
         ids, tokens, dones, _, effects, attempts = zip(*items, strict=True)
         keys: list[str | bytes] = [f"{{{tag}}}:fence"]
         # `<token hex>:<attempts> ` per item: the script reads them with gmatch
-        leases = (
-            "%x:%d " * len(items) % tuple(chain.from_iterable(zip(tokens, attempts, strict=True)))
+        # `<token hex>:<attempts>/<items>` per run of items with one lease (a batch is one run)
+        leases = " ".join(
+            f"{token:x}:{attempt}/{sum(1 for _ in run)}"
+            for (token, attempt), run in groupby(zip(tokens, attempts, strict=True))
         )
         if all(dones) and not any(effects):
             return Call(SETTLE, keys, [self.keep_ms, leases, "D" * len(items), "", 0, *ids])
@@ -395,7 +402,13 @@ class IdempotencyStore:
         if found is None:
             return None
         raw = self._client.hget(found, id)
-        return None if raw is None else IdRecord.decode(_as_bytes(raw))
+        if raw is None:
+            return None
+        record = IdRecord.decode(_as_bytes(raw))
+        mark = f"{{{self.tag(partition)}}}:done:{record.token:x}"
+        if record.state is IdRecordState.IN_FLIGHT and self._client.exists(mark):
+            return IdRecord(IdRecordState.DONE, record.token, record.attempts)  # settled whole
+        return record
 
     def record_bucket(self, id: str, partition: int = 0) -> str | None:
         """The key of the bucket (a hash) that holds `id`'s record as a field, or None if no

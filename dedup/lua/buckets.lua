@@ -92,6 +92,21 @@ local function kept(prefix, current, width, keep, moved)
   end
 end
 
+-- A settle call that settled every id of one lease call DONE, within the lease, marks the lease's
+-- token instead of rewriting each id's record: the string `{tag}:done:<token hex>`, expiring with
+-- the bucket of those records. An IN_FLIGHT record whose token is marked reads as DONE.
+local MARKS = string.sub(KEYS[1], 1, -6) .. 'done:' -- `{tag}:fence` -> `{tag}:done:`
+local marks = {} -- token -> whether it is marked, as read by this call
+
+local function marked(token)
+  local seen = marks[token]
+  if seen == nil then
+    seen = redis.call('EXISTS', MARKS .. token) == 1
+    marks[token] = seen
+  end
+  return seen
+end
+
 -- Where a call on the shard of fence KEYS[1] keeps its records: the bucket width and `keep` (the
 -- fence's, or `asked` if longer), the buckets' prefix `{tag}:ids:`, the call's ids ARGV[first ..
 -- first + n - 1] as a table, Redis's clock (ms) and the bucket of now.

@@ -14,7 +14,9 @@
 -- still hold a record, newest first, one HMGET per bucket for the whole batch, and one HSET writes
 -- the batch's records to the bucket of now.
 -- Record values (the owner and the error text come last, so they may hold ':'):
---   IN_FLIGHT  I:<token hex>:<attempts>:<lease deadline, ms of Redis time>:<owner>
+--   IN_FLIGHT  I:<token hex>:<attempts>:<lease deadline, ms of Redis time>:<ids>:<owner>, where
+--              <ids> is how many ids the lease call leased (settle.lua marks them DONE together
+--              when one call settles them all; the record then reads as DONE: buckets.lua)
 --   DONE       D:<token hex>:<attempts>
 --   FAILED     F:<token hex>:<attempts>:<error>
 -- A token is epoch * 2^40 + counter; its hex form is `%x` of the epoch followed by exactly
@@ -72,9 +74,12 @@ local function parse(record)
       return 'F', attempts
     end
   elseif state == 73 then -- 'I'
-    local token, attempts, deadline, holder = string.match(record, '^I:(%x+):(%d+):(%d+):(.*)$')
+    local token, attempts, deadline, holder = string.match(record, '^I:(%x+):(%d+):(%d+):%d+:(.*)$')
     if token then
-      return 'I', attempts, token, tonumber(deadline), holder
+      if marked(token) then
+        return 'D'
+      end
+      return 'I', attempts, tonumber(deadline), holder
     end
   end
   return nil
@@ -100,10 +105,6 @@ end
 local found, where = look_up(prefix, ids, current, width, keep)
 local lease = tonumber(ARGV[3])
 local owner = ARGV[2]
-local tail = ':' .. string.format('%d', now + lease) .. ':' .. owner
--- a lease's record: head, attempts, tail
-local head = 'I:' .. string.format('%x%010x', tonumber(ARGV[1]), base + 1) .. ':'
-local fresh = head .. '1' .. tail -- a new id's, at attempt 1
 local runs = {}
 local run_code, run_count, run_wait = nil, 0, 0
 local reasons = {}
@@ -111,6 +112,7 @@ local writes = {} -- field, value, ... for the current bucket
 local moved = {} -- per older bucket, the fields written anew in the current one
 local leased = {} -- ids leased by this call: the same id again is DEFERRED
 local DEFER = 'd' -- a DEFERRED id's code while its run is counted (the run then answers -wait)
+local parsed, state, held, deadline, holder -- the last record parsed, and its fields
 
 for i = 1, n do
   local id = ids[i]
@@ -123,7 +125,10 @@ for i = 1, n do
   elseif not record then
     attempts = 1
   else
-    local state, held, _, deadline, holder = parse(record)
+    if record ~= parsed then -- a batch's records share one value: parsed once
+      parsed = record
+      state, held, deadline, holder = parse(record)
+    end
     if state == 'D' then
       code = '0'
     elseif state == 'F' then
@@ -144,9 +149,9 @@ for i = 1, n do
     end
   end
   if attempts then
-    code = tostring(attempts)
+    code = attempts == 1 and '1' or tostring(attempts)
     writes[#writes + 1] = id
-    writes[#writes + 1] = attempts == 1 and fresh or head .. code .. tail
+    writes[#writes + 1] = code -- the record, once the number of ids leased is known
     leased[id] = true
     local from = where[i]
     if from and from ~= current then
@@ -169,6 +174,14 @@ end
 runs[#runs + 1] = (run_code == DEFER and '-' .. run_wait or run_code) .. ':' .. run_count
 
 if #writes > 0 then
+  -- every record of this call: I:<token>:<attempts>:<deadline>:<ids leased>:<owner>
+  local head = 'I:' .. string.format('%x%010x', tonumber(ARGV[1]), base + 1) .. ':'
+  local tail = ':' .. string.format('%d', now + lease) .. ':' .. #writes / 2 .. ':' .. owner
+  local fresh = head .. '1' .. tail -- a new id's, at attempt 1
+  for j = 2, #writes, 2 do
+    local code = writes[j]
+    writes[j] = code == '1' and fresh or head .. code .. tail
+  end
   in_chunks('HSET', prefix .. current, writes)
   kept(prefix, current, width, keep, moved)
 end

@@ -6,8 +6,8 @@
 --              in order; on a Redis Cluster they carry the shard's hash tag, so the call touches
 --              one slot
 -- ARGV[1]      how long a record is kept at least, ms (the lease plus the dedup window)
--- ARGV[2]      per item, `<token hex>:<attempts>` as the caller's lease answered them (attempts
---              0: unknown), space-separated
+-- ARGV[2]      the items' leases as the caller's lease answered them, in runs of items with
+--              one lease: `<token hex>:<attempts>/<items>`, space-separated (attempts 0: unknown)
 -- ARGV[3]      n characters, one per item: 'D' for DONE, 'F' for FAILED
 -- ARGV[4]      the effects' shapes, '' if no item has any (a sum's increment aside): per
 --              item, one letter and an argument count per effect, then ','; e.g. 'H2,,A2S1,'
@@ -25,15 +25,19 @@
 -- An item settles only if its record is IN_FLIGHT with exactly that token (a lease that ran out
 -- still settles if nobody leased the id since: the work is done and no newer token exists); an
 -- item whose record holds the token at another attempt count settles at the record's count.
--- DONE and FAILED keep the attempt count. The settled records are written with one HSET to the
--- bucket of now (records moved from an older bucket are deleted there), so each is kept ARGV[1]
--- ms at least from its settlement. Nothing is written for an item that does not settle: STALE
--- (another lease's record, one already settled, a value that is no record, or the same id
--- earlier in this call) or LOST (no record).
+-- DONE and FAILED keep the attempt count. When the call settles every id of one lease call
+-- (the record says how many it leased) before that lease's deadline, the lease's token is marked
+-- DONE (buckets.lua) and its DONE items write nothing more: a bolt's batch costs one SET. The
+-- other settled records are written with one HSET to the bucket of now (records moved from an
+-- older bucket are deleted there), so each is kept ARGV[1] ms at least from its settlement.
+-- Nothing is written for an item that does not settle: STALE (another lease's record, one
+-- already settled, a value that is no record, or the same id earlier in this call) or LOST (no
+-- record).
 --
--- All or nothing: the records are the call's first write, so a server that refuses writes (out
--- of memory, a replica, a disk error, too few replicas; Redis refuses only a script's first
--- write) fails the whole call with Redis's error, having written nothing, no message blamed.
+-- All or nothing: the records and marks are the call's first writes, so a server that refuses
+-- writes (out of memory, a replica, a disk error, too few replicas; Redis refuses only a
+-- script's first write) fails the whole call with Redis's error, having written nothing, no
+-- message blamed.
 -- An item with an effect Redis would refuse applies none of them and becomes FAILED with the
 -- reason (REJECTED). An item's only effect (the common case) runs under pcall: Redis checks a
 -- command before it writes anything, so it applies whole or not at all. An item with several
@@ -245,7 +249,7 @@ local fence = redis.call('HMGET', KEYS[1], 'bucket', 'keep')
 if not fence[1] then -- Redis lost data: no record can be there
   return {string.rep('2', n), {}}
 end
-local width, keep, prefix, ids, _, current = placed(fence[1], fence[2], ARGV[1], FIRST, n)
+local width, keep, prefix, ids, now, current = placed(fence[1], fence[2], ARGV[1], FIRST, n)
 local found, where = look_up(prefix, ids, current, width, keep)
 
 local sums = {}
@@ -257,92 +261,135 @@ end
 local at = FIRST + n + 5 * #sums -- next ARGV of the stream
 local key_at = 2 + #sums -- next effect key
 local leases = {} -- each settled item's lease (`<token hex>:<attempts>` of its record)
+local errors = {} -- each settled FAILED item's error text (its ARGV)
 local effects = {} -- per settled DONE item with effects: {from, to, first argument, first key}
-local writes = {} -- field, value, ... of the settled records, for the current bucket
-local moved = {} -- per older bucket, the fields written anew in the current one
+local batch_of = {} -- per settled item, its lease call: {token, ids, deadline, bucket, here}
+local batches = {} -- token -> its lease call, as above; `here` counts its items in this call
 local settled_here = {} -- ids settled by this call: the same id again is STALE
-local held_record, held_lease = nil, nil -- the last record found to hold its item's lease
-local done_lease, done_value = nil, nil -- the last DONE record written, and its lease
+local held_record, held_lease, held_batch = nil, nil, nil -- the last record that held its lease
 
 local pos = 1 -- next character of shapes
 local i = 0
-for lease in string.gmatch(ARGV[2], '%S+') do
-  i = i + 1
-  local id = ids[i]
-  local record = found[i]
-  local done = string.byte(outcomes, i) == 68 -- 'D'
-  local from, to = pos, pos -- this item's effects are shapes[from, to)
-  if shapes ~= '' then
-    to = string.find(shapes, ',', pos, true)
-    pos = to + 1
-  end
-  local first_arg, first_key = at, key_at
-  if done then
-    local p, count = from, 0
-    while p < to do
-      p, count = effect_at(p)
-      at, key_at = at + count, key_at + 1
+for run_lease, run_items in string.gmatch(ARGV[2], '(%x+:%d+)/(%d+)') do
+  for _ = 1, tonumber(run_items) do
+    local lease = run_lease
+    i = i + 1
+    local id = ids[i]
+    local record = found[i]
+    local done = string.byte(outcomes, i) == 68 -- 'D'
+    local from, to = pos, pos -- this item's effects are shapes[from, to)
+    if shapes ~= '' then
+      to = string.find(shapes, ',', pos, true)
+      pos = to + 1
     end
-  else
-    at = at + 1
-  end
+    local first_arg, first_key = at, key_at
+    if done then
+      local p, count = from, 0
+      while p < to do
+        p, count = effect_at(p)
+        at, key_at = at + count, key_at + 1
+      end
+    else
+      at = at + 1
+    end
 
-  local holds = false
-  if record and not settled_here[id] then
-    if record == held_record and lease == held_lease then
-      holds = true -- the batch's records share one value: the last item's check holds
-    elseif string.find(record, 'I:' .. lease .. ':', 1, true) == 1 then
-      holds = true
-      held_record, held_lease = record, lease
-    else
-      local token = string.match(lease, '^%x+')
-      local held, attempts = string.match(record, '^I:(%x+):(%d+):%d+:')
-      if held == token then
-        holds = true
-        lease = token .. ':' .. attempts -- this lease's record, not the caller's attempt count
+    local batch = nil -- set if the record holds the item's lease
+    if record and not settled_here[id] then
+      if record == held_record and lease == held_lease then
+        batch = held_batch -- the batch's records share one value: the last item's check holds
+      else
+        local token = string.match(lease, '^%x+')
+        local held, attempts, deadline, count = string.match(record, '^I:(%x+):(%d+):(%d+):(%d+):')
+        if held == token and not marked(token) then -- else: another lease's, or settled already
+          if string.find(record, 'I:' .. lease .. ':', 1, true) ~= 1 then
+            lease = token .. ':' .. attempts -- this lease's record, not the caller's attempt count
+          else
+            held_record, held_lease = record, lease
+          end
+          batch = batches[token]
+          if not batch then
+            batch = {token = token, ids = tonumber(count), deadline = tonumber(deadline),
+              bucket = where[i], here = 0}
+            batches[token] = batch
+          end
+          held_batch = batch
+        end
       end
     end
-  end
-  if not record then
-    out[i] = '2'
-  elseif not holds then
-    out[i] = '1' -- another lease's record, or one already settled
-  end
-  if not out[i] then
-    leases[i] = lease
-    settled_here[id] = true
-    writes[#writes + 1] = id
-    if not done then
-      writes[#writes + 1] = 'F:' .. lease .. ':' .. ARGV[first_arg]
+    if not record then
+      out[i] = '2'
+      refused = true
+    elseif not batch then
+      out[i] = '1' -- another lease's record, or one already settled
+      refused = true
     else
-      if lease ~= done_lease then
-        done_lease, done_value = lease, 'D:' .. lease
+      batch.here = batch.here + 1
+      batch_of[i] = batch
+      leases[i] = lease
+      settled_here[id] = true
+      if not done then
+        errors[i] = ARGV[first_arg]
+      elseif from < to then
+        effects[i] = {from, to, first_arg, first_key}
       end
-      writes[#writes + 1] = done_value
     end
-    local old = where[i]
-    if old ~= current then
-      moved[old] = moved[old] or {}
-      table.insert(moved[old], id)
-    end
-    if done and from < to then
-      effects[i] = {from, to, first_arg, first_key}
-    end
-  else
-    refused = true
   end
 end
 
--- The settled records first: at maxmemory (or on a replica, a disk error, too few replicas)
--- Redis refuses a script's first write, and then nothing was written: the call fails whole, no
--- message blamed
-if #writes > 0 then
-  local ok = redis.pcall('HSET', prefix .. current, unpack(writes, 1, math.min(CHUNK, #writes)))
-  if type(ok) == 'table' then
-    return ok
+-- A lease call whose ids all settle here, within the lease, is marked DONE whole (buckets.lua):
+-- its DONE items need no write of their own. Every other settled item's record is written.
+local writes = {} -- field, value, ... of the settled records, for the current bucket
+local moved = {} -- per older bucket, the fields written anew in the current one
+local marks = {} -- {key, expiry} per lease call marked DONE
+local done_lease, done_value = nil, nil -- the last DONE record written, and its lease
+for _, batch in pairs(batches) do
+  batch.whole = batch.here == batch.ids and now <= batch.deadline
+end
+for item = 1, i do
+  local batch = batch_of[item]
+  if batch then
+    local done = not errors[item]
+    if batch.whole and done then
+      if not batch.marked then
+        batch.marked = true
+        local expires = redis.call('PEXPIRETIME', prefix .. batch.bucket)
+        marks[#marks + 1] = {MARKS .. batch.token, expires}
+      end
+    else
+      local id = ids[item]
+      writes[#writes + 1] = id
+      if not done then
+        writes[#writes + 1] = 'F:' .. leases[item] .. ':' .. errors[item]
+      else
+        if leases[item] ~= done_lease then
+          done_lease, done_value = leases[item], 'D:' .. leases[item]
+        end
+        writes[#writes + 1] = done_value
+      end
+      local old = where[item]
+      if old ~= current then
+        moved[old] = moved[old] or {}
+        table.insert(moved[old], id)
+      end
+    end
   end
-  in_chunks('HSET', prefix .. current, writes, CHUNK + 1)
-  kept(prefix, current, width, keep, moved)
+end
+
+-- The first write goes first, under pcall: at maxmemory (or on a replica, a disk error, too few
+-- replicas) Redis refuses a script's first write, and then nothing was written: the call fails
+-- whole, no message blamed
+local first = nil
+if #writes > 0 then
+  first = redis.pcall('HSET', prefix .. current, unpack(writes, 1, math.min(CHUNK, #writes)))
+elseif #marks > 0 then
+  first = redis.pcall('SET', marks[1][1], 'D', 'PXAT', marks[1][2])
+end
+if type(first) == 'table' and first.err then
+  return first
+end
+in_chunks('HSET', prefix .. current, writes, CHUNK + 1)
+for m = #writes > 0 and 1 or 2, #marks do
+  redis.call('SET', marks[m][1], 'D', 'PXAT', marks[m][2])
 end
 
 local fixes = {} -- field, value, ... of the items whose effects Redis refused
@@ -350,6 +397,11 @@ local fixes = {} -- field, value, ... of the items whose effects Redis refused
 local function reject(item, reason)
   fixes[#fixes + 1] = ids[item]
   fixes[#fixes + 1] = 'F:' .. leases[item] .. ':rejected effect: ' .. reason
+  local old = where[item]
+  if old ~= current and batch_of[item].whole then -- not moved yet: its DONE was the mark
+    moved[old] = moved[old] or {}
+    table.insert(moved[old], ids[item])
+  end
   out[item] = '3'
   why[item] = reason
   refused = true
@@ -407,8 +459,9 @@ for _, sum in ipairs(sums) do
   end
 end
 
-if #fixes > 0 then
-  in_chunks('HSET', prefix .. current, fixes)
+in_chunks('HSET', prefix .. current, fixes)
+if #writes > 0 or #fixes > 0 then
+  kept(prefix, current, width, keep, moved)
 end
 if not refused then
   return {'', {}}

@@ -143,14 +143,22 @@ class Handler:
 def dedup_records(client: redis.Redis, namespace: str) -> dict[str, str]:
     """Every dedup record of `namespace` (by id, its state string), and the fencing counter
     (under `fence`)."""
+    marks = f"{{{namespace}}}:done:"  # lease calls settled DONE whole: their records read DONE
+    done = {bytes(k).decode()[len(marks) :] for k in client.scan_iter(match=marks + "*")}
     out = {
-        bytes(id_).decode(): bytes(record).decode()
+        bytes(id_).decode(): _as_done(bytes(record).decode(), done)
         for bucket in client.scan_iter(match=f"{{{namespace}}}:ids:*", count=1000)
         for id_, record in client.hgetall(bucket).items()
     }
     seq = client.hget(f"{{{namespace}}}:fence", "seq")
     out["fence"] = "" if seq is None else bytes(seq).decode()
     return out
+
+
+def _as_done(record: str, done: set[str]) -> str:
+    """`record`, as `D:` if it is IN_FLIGHT under a token marked DONE."""
+    state, token, rest = record.split(":", 2)
+    return f"D:{token}:{rest}" if state == "I" and token in done else record
 
 
 def lost_records(before: dict[str, str], after: dict[str, str]) -> dict[str, str]:

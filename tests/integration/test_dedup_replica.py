@@ -21,6 +21,7 @@ from kazoo.client import KazooClient
 from dedup import (
     IdempotencyBolt,
     IdempotencyStore,
+    IdRecord,
     IdRecordState,
     LeaseStatus,
     NotDurable,
@@ -112,14 +113,16 @@ def clients(
 
 @pytest.fixture
 def make_store(clients: tuple[redis.Redis, redis.Redis], zk: KazooClient) -> Callable[..., Any]:
-    """Stores on the primary, on one fresh namespace; keyword arguments override settings."""
+    """Stores on the primary (or `client`), on one fresh namespace; keyword arguments override
+    settings."""
     namespace = f"t-{uuid.uuid4().hex[:12]}"
     epoch = ZkEpoch(zk, f"/kspout-test/dedup/{namespace}/epoch")
 
     def make(**overrides: Any) -> IdempotencyStore:
         settings: dict[str, Any] = {"lease_ms": 10_000, "done_ttl_ms": 60_000}
         settings.update(overrides)
-        return IdempotencyStore(clients[0], namespace=namespace, epoch_source=epoch, **settings)
+        client = settings.pop("client", clients[0])
+        return IdempotencyStore(client, namespace=namespace, epoch_source=epoch, **settings)
 
     return make
 
@@ -144,10 +147,10 @@ def test_settlements_wait_until_the_replica_has_them(
     assert [r.status for r in results] == [SettleStatus.SETTLED] * len(ids)
     # read at once from the replica: WAIT returned only after it had every write
     assert on_replica.get(counter) == b"20"
-    bucket = store.record_bucket(ids[0])
-    assert bucket is not None
-    records = on_replica.hmget(bucket, ids)
-    assert all(raw is not None and raw.startswith(b"D:") for raw in records)
+    on_the_replica = make_store(client=on_replica)  # reads only
+    assert {on_the_replica.record(id_) for id_ in ids} == {
+        IdRecord(IdRecordState.DONE, leases[0].token, 1)
+    }
     assert [c.status for c in store.lease(ids, "w2")] == [LeaseStatus.DUPLICATE] * len(ids)
 
 

@@ -570,7 +570,7 @@ def test_the_effects_script_refuses_an_unknown_command_before_writing(
     with pytest.raises(redis.ResponseError, match="code X is not allowed"):
         script(
             keys=[f"{{{store.namespace}}}:fence", f"{user}:1", f"{user}:2"],
-            args=[60_000, f"{a.token:x}:1 {b.token:x}:1", "DD", "S1,X0,", 0, "a", "b", "v"],
+            args=[60_000, f"{a.token:x}:1/1 {b.token:x}:1/1", "DD", "S1,X0,", 0, "a", "b", "v"],
         )
 
     assert [store.record("a"), store.record("b")] == before
@@ -842,10 +842,12 @@ def test_leasing_new_ids_and_settling_them_costs_a_few_redis_commands_per_batch(
     ]
     settled = redis_commands(own_client, lambda: store.settle(items))
 
-    # one HSET writes the batch's records, one HMGET per bucket that exists reads them
+    # one HMGET per bucket that exists reads the batch's records; the lease writes them with one
+    # HSET, and the settle, since it settles every id of the lease, marks them DONE with one SET
     for commands in (leased, settled):
-        assert commands["hset"] <= 2 and commands["hmget"] <= 3 and "set" not in commands
-        assert commands.get("pexpireat", 0) <= 1 and "get" not in commands
+        assert commands["hmget"] <= 3 and commands.get("pexpireat", 0) <= 1
+    assert leased["hset"] <= 2 and "set" not in leased
+    assert settled["set"] == 1 and "hset" not in settled
     assert {store.record(i) for i in ids} == {
         IdRecord(IdRecordState.DONE, c.token, 1) for c in leases
     }
@@ -854,6 +856,44 @@ def test_leasing_new_ids_and_settling_them_costs_a_few_redis_commands_per_batch(
     unknown = [Settlement(i, c.token, True) for i, c in zip(["x", "y"], more, strict=True)]
     assert store.settle(unknown) == [SETTLED, SETTLED]
     assert store.record("y") == IdRecord(IdRecordState.DONE, more[1].token, 1)
+
+
+def test_a_lease_call_settled_whole_is_marked_done_with_one_write(
+    own_client: redis.Redis, store_factory: StoreFactory
+) -> None:
+    store = store_factory(client=own_client)
+    ids = ["a", "b", "c"]
+    leases = store.lease(ids, "w1")
+    bucket = store.record_bucket("a")
+    items = [Settlement(i, c.token, True, None, (), 1) for i, c in zip(ids, leases, strict=True)]
+
+    settled = redis_commands(own_client, lambda: store.settle(items))
+
+    assert settled["set"] == 1 and "hset" not in settled  # the mark, no record rewritten
+    mark = f"{{{store.namespace}}}:done:{leases[0].token:x}"
+    assert own_client.pexpiretime(mark) == own_client.pexpiretime(bucket)  # expires with them
+    assert {store.record(i) for i in ids} == {IdRecord(IdRecordState.DONE, leases[0].token, 1)}
+    assert [c.status for c in store.lease(ids, "w2")] == [DUPLICATE] * 3
+    assert store.settle(items) == [STALE] * 3  # settled already
+
+
+def test_a_lease_call_settled_in_parts_writes_each_record(store: IdempotencyStore) -> None:
+    ids = ["a", "b", "c", "d"]
+    token = store.lease(ids, "w1")[0].token
+
+    first = store.settle([Settlement("a", token, True), Settlement("b", token, False, "boom")])
+    rest = store.settle([Settlement("c", token, True), Settlement("d", token, True)])
+
+    assert first == rest == [SETTLED, SETTLED]
+    mark = f"{{{store.namespace}}}:done:{token:x}"
+    assert store._client.exists(mark) == 0  # no call settled every id: each record is written
+    assert [store.record(i) for i in ids] == [
+        IdRecord(IdRecordState.DONE, token, 1),
+        IdRecord(IdRecordState.FAILED, token, 1, error="boom"),
+        IdRecord(IdRecordState.DONE, token, 1),
+        IdRecord(IdRecordState.DONE, token, 1),
+    ]
+    assert [c.status for c in store.lease(ids, "w2")] == [DUPLICATE, LEASED, DUPLICATE, DUPLICATE]
 
 
 # -- fencing tokens across stores, threads and data loss ---------------------------------------

@@ -37,7 +37,7 @@ def test_a_refused_effect_names_the_message_and_what_is_allowed() -> None:
 
 
 def test_records_decode_with_colons_in_owner_and_error() -> None:
-    assert IdRecord.decode(b"I:1000000002a:3:1700000000123:host:42") == IdRecord(
+    assert IdRecord.decode(b"I:1000000002a:3:1700000000123:1000:host:42") == IdRecord(
         IdRecordState.IN_FLIGHT, (1 << 40) + 42, 3, "host:42", 1700000000123
     )
     assert IdRecord.decode(b"D:20000000001:1") == IdRecord(IdRecordState.DONE, (2 << 40) + 1, 1)
