@@ -110,6 +110,16 @@ class Sum(NamedTuple):
         return sum(self.increments)
 
 
+class FieldGroup(NamedTuple):
+    """Increments of distinct fields of one hash, one item each, applied by the script with one
+    HMGET and one HSET (see `field_groups`)."""
+
+    key: str | bytes
+    fields: list[str | bytes | int | float]  # one per item, distinct as Redis sees them
+    positions: list[int]  # the items, in order
+    increments: list[int]  # theirs, in the same order
+
+
 def summable(items: Sequence[Sequence[CheckedEffect]]) -> list[Sum]:
     """The increments a settle call may apply as sums, one per key (and field), in the order of
     each one's first item (`items`: each item's checked effects; a FAILED item has none).
@@ -125,40 +135,77 @@ def summable(items: Sequence[Sequence[CheckedEffect]]) -> list[Sum]:
       only moves one way, so the total overflows exactly when applying them one by one would,
       and the script applies them one by one then, to refuse the very items Redis would.
     """
-    # grouped by the values given (their types too: 7 and 7.0 are sent as "7" and "7.0")
-    grouped: dict[tuple[object, ...], Sum] = {}
-    other_keys: set[tuple[type, str | bytes]] = set()  # keys of the effects that are no increment
-    for position, effects in enumerate(items):
-        if len(effects) == 1 and effects[0][0] in INCREMENTS:
-            code, key, args = effects[0]
-            field = args[0] if code == "H" else ""
-            name = (code, type(key), key, type(field), field)
-            found = grouped.get(name)
-            if found is None:
-                found = grouped[name] = Sum(code, key, field, [], [])
-            found.positions.append(position)
-            found.increments.append(int(args[INCREMENTS[code]]))
-        else:
-            other_keys.update((type(key), key) for _, key, _ in effects)
-    # as Redis sees them: a key another effect writes, or one field given two ways (7, "7"), is
-    # left to the items one by one
-    others = {_wire(key) for _, key in other_keys}
-    seen: dict[tuple[str, bytes, bytes], int] = {}
-    kinds: dict[bytes, set[str]] = {}
-    for found in grouped.values():
-        wired = (found.code, _wire(found.key), _wire(found.field))
-        seen[wired] = seen.get(wired, 0) + 1
-        kinds.setdefault(wired[1], set()).add(found.code)
+    found = _Increments(items)
     return [
-        found
-        for found in grouped.values()
-        if len(found.positions) > 1
-        and (raw := _wire(found.key)) not in others
-        and len(kinds[raw]) == 1
-        and seen[(found.code, raw, _wire(found.field))] == 1
-        and found.total in INT64
-        and (min(found.increments) >= 0 or max(found.increments) <= 0)
+        one
+        for one in found.grouped.values()
+        if len(one.positions) > 1
+        and found.alone(one)
+        and one.total in INT64
+        and (min(one.increments) >= 0 or max(one.increments) <= 0)
     ]
+
+
+def field_groups(items: Sequence[Sequence[CheckedEffect]]) -> list[FieldGroup]:
+    """The HINCRBYs a settle call may apply per hash, one group per key, in the order of each
+    one's first item: a counter per id (`HINCRBY applied <id> 1`) is one HMGET and one HSET of
+    the batch's fields instead of a command per item. The script adds in Lua, exactly, and falls
+    back to one HINCRBY per item, in item order, where Redis would refuse one (a value that is no
+    integer, an overflow, a key of another type), so the same items are refused. An item's
+    increment joins its key's group when it is the item's only effect, no other item increments
+    that field (those are sums, or one by one), and no effect of the batch but HINCRBYs touches
+    the key. A group has two items at least."""
+    found = _Increments(items)
+    groups: dict[bytes, FieldGroup] = {}
+    for one in found.grouped.values():
+        if one.code == "H" and len(one.positions) == 1 and found.alone(one):
+            group = groups.setdefault(_wire(one.key), FieldGroup(one.key, [], [], []))
+            group.fields.append(one.field)
+            group.positions.extend(one.positions)
+            group.increments.extend(one.increments)
+    return sorted(
+        (group for group in groups.values() if len(group.positions) > 1),
+        key=lambda group: group.positions[0],
+    )
+
+
+class _Increments:
+    """The single-effect increments of a settle call's items, by key and field as given, and what
+    else the call writes (`summable`, `field_groups`)."""
+
+    def __init__(self, items: Sequence[Sequence[CheckedEffect]]) -> None:
+        # grouped by the values given (their types too: 7 and 7.0 are sent as "7" and "7.0")
+        self.grouped: dict[tuple[object, ...], Sum] = {}
+        other_keys: set[tuple[type, str | bytes]] = set()  # keys of effects that are no increment
+        for position, effects in enumerate(items):
+            if len(effects) == 1 and effects[0][0] in INCREMENTS:
+                code, key, args = effects[0]
+                field = args[0] if code == "H" else ""
+                name = (code, type(key), key, type(field), field)
+                found = self.grouped.get(name)
+                if found is None:
+                    found = self.grouped[name] = Sum(code, key, field, [], [])
+                found.positions.append(position)
+                found.increments.append(int(args[INCREMENTS[code]]))
+            else:
+                other_keys.update((type(key), key) for _, key, _ in effects)
+        self._others = {_wire(key) for _, key in other_keys}
+        self._seen: dict[tuple[str, bytes, bytes], int] = {}
+        self._kinds: dict[bytes, set[str]] = {}
+        for found in self.grouped.values():
+            wired = (found.code, _wire(found.key), _wire(found.field))
+            self._seen[wired] = self._seen.get(wired, 0) + 1
+            self._kinds.setdefault(wired[1], set()).add(found.code)
+
+    def alone(self, found: Sum) -> bool:
+        """Whether nothing else in the call writes `found`'s key but increments of its kind, and
+        its field is given one way only as Redis sees it (7 and "7" are one field)."""
+        raw = _wire(found.key)
+        return (
+            raw not in self._others
+            and len(self._kinds[raw]) == 1
+            and self._seen[(found.code, raw, _wire(found.field))] == 1
+        )
 
 
 def _wire(value: str | bytes | int | float) -> bytes:

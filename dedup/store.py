@@ -91,7 +91,7 @@ from typing import Protocol
 from redis.cluster import RedisCluster
 from redis.typing import EncodableT
 
-from dedup.effects import CheckedEffect, check_effect, summable
+from dedup.effects import CheckedEffect, FieldGroup, Sum, check_effect, field_groups, summable
 from dedup.errors import EffectNotAllowed, EpochConflict, NotDurable
 from dedup.records import (
     SETTLED,
@@ -360,23 +360,24 @@ class IdempotencyStore:
             for (token, attempt), run in groupby(zip(tokens, attempts, strict=True))
         )
         if all(dones) and not any(effects):
-            return Call(SETTLE, keys, [self.keep_ms, leases, "D" * len(items), "", 0, *ids])
+            return Call(SETTLE, keys, [self.keep_ms, leases, "D" * len(items), "", 0, 0, *ids])
         required = tag if self.sharded else None
         checked: list[list[CheckedEffect]] = []
         for id, _, done, _, item_effects, _ in items:
             if item_effects and not done:
                 raise EffectNotAllowed(id, item_effects[0], "effects apply only to DONE items")
             checked.append([check_effect(id, effect, required) for effect in item_effects])
-        sums = summable(checked)
+        sums, groups = summable(checked), field_groups(checked)
         summed = {position for found in sums for position in found.positions}
-        keys += [found.key for found in sums]
+        summed.update(position for group in groups for position in group.positions)
+        keys += [found.key for found in sums] + [group.key for group in groups]
         outcomes: list[str] = []
         shapes: list[str] = []
-        stream: list[EncodableT] = [*ids]  # the ids; per sum its increments; per item, the rest
+        stream: list[EncodableT] = [*ids]  # the ids; sums, field groups; per item, the rest
         for found in sums:
-            increments = " ".join(map(str, found.increments))
-            positions = " ".join(str(position + 1) for position in found.positions)
-            stream += [found.code, found.field, found.total, increments, positions]
+            stream += [found.code, found.field, found.total, *_increments(found)]
+        for group in groups:
+            stream += [len(group.fields), *group.fields, *_increments(group)]
         for position, (item, item_checked) in enumerate(zip(items, checked, strict=True)):
             if not item.done:
                 outcomes.append("F")
@@ -389,9 +390,17 @@ class IdempotencyStore:
                         keys.append(key)
                         stream += rest
             shapes.append(",")
-        # no shapes when every effect is in a sum: each item then reads as one without any
-        effect_shapes = "".join(shapes) if len(keys) > 1 + len(sums) else ""
-        args = [self.keep_ms, leases, "".join(outcomes), effect_shapes, len(sums), *stream]
+        # no shapes when every effect is in a sum or group: each item reads as one without any
+        effect_shapes = "".join(shapes) if len(keys) > 1 + len(sums) + len(groups) else ""
+        args = [
+            self.keep_ms,
+            leases,
+            "".join(outcomes),
+            effect_shapes,
+            len(sums),
+            len(groups),
+            *stream,
+        ]
         return Call(SETTLE, keys, args)
 
     # -- inspection -----------------------------------------------------------------------------
@@ -455,6 +464,13 @@ class IdempotencyStore:
 
 def _start(run: LeaseRun) -> int:
     return run.start
+
+
+def _increments(found: Sum | FieldGroup) -> tuple[str, str]:
+    """A sum's or field group's increments and its items' positions (from 1), as the settle
+    script reads them: space-separated, in item order."""
+    increments = " ".join(map(str, found.increments))
+    return increments, " ".join(str(position + 1) for position in found.positions)
 
 
 def _as_bytes(raw: bytes | str) -> bytes:

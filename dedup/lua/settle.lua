@@ -2,8 +2,8 @@
 -- current token, and apply each DONE item's side effects with it.
 --
 -- KEYS[1]      the shard's fence hash `{tag}:fence` (the record buckets' width: see buckets.lua)
--- KEYS[2..]    the sums' keys (see below), then the other effects' keys (the caller's own keys),
---              in order; on a Redis Cluster they carry the shard's hash tag, so the call touches
+-- KEYS[2..]    the sums' keys (see below), the field groups' keys, then the other effects' keys
+--              (the caller's own keys), in order; on a Redis Cluster they carry the shard's hash tag, so the call touches
 --              one slot
 -- ARGV[1]      how long a record is kept at least, ms (the lease plus the dedup window)
 -- ARGV[2]      the items' leases as the caller's lease answered them, in runs of items with
@@ -14,13 +14,15 @@
 --              is HINCRBY (field, n) for item 1, nothing for item 2, SADD with two members and
 --              SET for item 3. Letters: S SET, I INCRBY, H HINCRBY, A SADD, T HSET; any other
 --              character is an error reply before anything is written. An item whose effect is
---              a sum's increment (see below) has none here
+--              in a sum or a field group (see below) has none here
 -- ARGV[5]      how many sums
--- ARGV[6..5+n] the items' ids
+-- ARGV[6]      how many field groups (below)
+-- ARGV[7..6+n] the items' ids
 -- then         per sum: 'I' or 'H', the field ('' for INCRBY), the total, the increments and
---              its items' positions (from 1), both space-separated in item order; then per
---              item in order: the error text of a FAILED item, the effects' arguments (after
---              the key) of a DONE item whose effect is in no sum
+--              its items' positions (from 1), both space-separated in item order; per field
+--              group: how many fields, the fields, the increments and the positions as for a
+--              sum; then per item in order: the error text of a FAILED item, the effects'
+--              arguments (after the key) of a DONE item whose effect is in no sum or group
 --
 -- An item settles only if its record is IN_FLIGHT with exactly that token (a lease that ran out
 -- still settles if nobody leased the id since: the work is done and no newer token exists); an
@@ -55,6 +57,13 @@
 -- Nothing else in the call touches its key, so applying it last, or at once, leaves what
 -- applying each increment with its item would; a batch of counts sends each key and field once,
 -- not once per item.
+--
+-- A field group (dedup.effects.field_groups: HINCRBYs of distinct fields of one hash, one item
+-- each, each its item's only effect, and nothing but HINCRBYs on that key) is applied with one
+-- HMGET of its settled items' fields and one HSET of the values HINCRBY would leave, computed
+-- exactly (a counter per id costs its field, not a command); where HINCRBY would refuse one (a
+-- value that is no integer, an overflow, a key of another type), its items' HINCRBYs run one by
+-- one in item order instead, and the items Redis refuses are REJECTED.
 --
 -- Returns {digits, reasons}: digits '' if every item settled, else one digit per item
 -- (dedup.scripts.SettleCode), 0 SETTLED, 1 STALE, 2 LOST, 3 REJECTED; reasons, an array of one
@@ -240,7 +249,7 @@ end
 
 local outcomes = ARGV[3]
 local n = #outcomes
-local FIRST = 6 -- ARGV index of the first id
+local FIRST = 7 -- ARGV index of the first id
 local out = {} -- the digit of each item not settled
 local why = {} -- the reason of each REJECTED item
 local refused = false
@@ -259,7 +268,14 @@ for c = 1, tonumber(ARGV[5]) do
     total = ARGV[a + 2], increments = ARGV[a + 3], positions = ARGV[a + 4]}
 end
 local at = FIRST + n + 5 * #sums -- next ARGV of the stream
-local key_at = 2 + #sums -- next effect key
+local groups = {}
+for g = 1, tonumber(ARGV[6]) do
+  local count = tonumber(ARGV[at])
+  groups[g] = {key = KEYS[1 + #sums + g], fields = at + 1, increments = ARGV[at + count + 1],
+    positions = ARGV[at + count + 2]}
+  at = at + count + 3
+end
+local key_at = 2 + #sums + #groups -- next effect key
 local leases = {} -- each settled item's lease (`<token hex>:<attempts>` of its record)
 local errors = {} -- each settled FAILED item's error text (its ARGV)
 local effects = {} -- per settled DONE item with effects: {from, to, first argument, first key}
@@ -442,6 +458,82 @@ local function all_settled(sum)
     end
   end
   return true
+end
+
+-- `value` (a hash field's, false if absent) plus `increment`, as HINCRBY would leave it, or nil
+-- where HINCRBY would refuse it
+local function plus(value, increment)
+  if value == false then
+    return increment -- sent in Redis's own form
+  elseif #value < 16 and #increment < 16 and (value == '0' or string.find(value, '^%-?[1-9]%d*$')) then
+    return string.format('%d', tonumber(value) + tonumber(increment)) -- exact below 2^53
+  end
+  local sum = add('HINCRBY', value, increment)
+  if not sum then
+    return nil
+  end
+  local hi, lo = sum[1], sum[2] -- hi * LIMB + lo, 0 <= lo < LIMB
+  if hi == 0 then
+    return string.format('%d', lo)
+  elseif hi > 0 then
+    return string.format('%d%010d', hi, lo)
+  elseif lo == 0 then
+    return string.format('-%d%010d', -hi, 0)
+  elseif hi == -1 then
+    return string.format('-%d', LIMB - lo)
+  end
+  return string.format('-%d%010d', -hi - 1, LIMB - lo)
+end
+
+-- A field group's settled items: one HMGET of their fields, the sums in Lua, one HSET; or, where
+-- HINCRBY would refuse one (the key is no hash, a value no integer, an overflow), each item's
+-- HINCRBY in item order, so Redis refuses the very items it would have.
+local function apply_group(group)
+  local items, fields, increments = {}, {}, {}
+  local positions = string.gmatch(group.positions, '%d+')
+  local f = group.fields
+  for increment in string.gmatch(group.increments, '%S+') do
+    local item = tonumber(positions())
+    if not out[item] then
+      items[#items + 1], fields[#fields + 1], increments[#increments + 1] = item, ARGV[f], increment
+    end
+    f = f + 1
+  end
+  local writes = {}
+  for from = 1, #fields, CHUNK do
+    local to = math.min(from + CHUNK - 1, #fields)
+    local values = redis.pcall('HMGET', group.key, unpack(fields, from, to))
+    if values.err then
+      writes = nil
+      break
+    end
+    for j = from, to do
+      local value = plus(values[j - from + 1], increments[j])
+      if not value then
+        writes = nil
+        break
+      end
+      writes[#writes + 1] = fields[j]
+      writes[#writes + 1] = value
+    end
+    if not writes then
+      break
+    end
+  end
+  if writes then
+    in_chunks('HSET', group.key, writes)
+    return
+  end
+  for j = 1, #items do
+    local reason = refusal(redis.pcall('HINCRBY', group.key, fields[j], increments[j]))
+    if reason then
+      reject(items[j], 'HINCRBY on ' .. group.key .. ': ' .. reason)
+    end
+  end
+end
+
+for _, group in ipairs(groups) do
+  apply_group(group)
 end
 
 for _, sum in ipairs(sums) do

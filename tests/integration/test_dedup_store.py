@@ -471,6 +471,63 @@ def test_increments_of_one_counter_are_applied_as_one_sum_when_every_item_settle
     assert {state(store, id) for id in ids} == {IdRecordState.DONE}
 
 
+def test_a_counter_per_id_in_one_hash_is_one_hmget_and_one_hset_with_redis_own_values(
+    store_factory: StoreFactory, own_client: redis.Redis
+) -> None:
+    store = store_factory(client=own_client)
+    applied = f"user-{uuid.uuid4().hex}:applied"
+    big = 2**62  # past Lua's exact doubles: added with 64-bit arithmetic
+    starts = {"w1": 41, "w2": -7, "w3": big, "w4": -big}  # the others have no field yet
+    own_client.hset(applied, mapping=starts)
+    ids = [f"w{i}" for i in range(20)]
+    leases = store.lease(ids, "w")
+    increments = {id: (i if i % 2 else -i) * 10**9 for i, id in enumerate(ids)}
+    items = [
+        Settlement(id, c.token, True, effects=[("HINCRBY", applied, id, increments[id])])
+        for id, c in zip(ids, leases, strict=True)
+    ]
+
+    ran = redis_commands(own_client, lambda: store.settle(items))
+
+    assert "hincrby" not in ran and ran["hset"] == 1
+    assert own_client.hgetall(applied) == {
+        id.encode(): str(starts.get(id, 0) + increments[id]).encode() for id in ids
+    }
+    assert {state(store, id) for id in ids} == {IdRecordState.DONE}
+
+
+def test_a_counter_per_id_that_redis_would_refuse_rejects_that_item_alone(
+    store: IdempotencyStore, redis_client: redis.Redis
+) -> None:
+    applied = f"user-{uuid.uuid4().hex}:applied"
+    redis_client.hset(applied, mapping={"b": "007", "c": 2**63 - 1})
+    ids = ["a", "b", "c", "d"]
+    leases = store.lease(ids, "w1")
+
+    results = store.settle(
+        [
+            Settlement(id, c.token, True, effects=[("HINCRBY", applied, id, 1)])
+            for id, c in zip(ids, leases, strict=True)
+        ]
+    )
+
+    assert [r.status for r in results] == [SETTLED.status, REJECTED, REJECTED, SETTLED.status]
+    assert results[1].error == f"HINCRBY on {applied}: hash value is not an integer"
+    assert results[2].error == f"HINCRBY on {applied}: increment or decrement would overflow"
+    assert redis_client.hgetall(applied) == {
+        b"a": b"1",
+        b"b": b"007",
+        b"c": str(2**63 - 1).encode(),
+        b"d": b"1",
+    }
+    assert [state(store, id) for id in ids] == [
+        IdRecordState.DONE,
+        IdRecordState.FAILED,
+        IdRecordState.FAILED,
+        IdRecordState.DONE,
+    ]
+
+
 def test_a_counter_applies_only_the_increments_of_its_items_that_settled(
     store: IdempotencyStore, redis_client: redis.Redis
 ) -> None:
@@ -570,7 +627,7 @@ def test_the_effects_script_refuses_an_unknown_command_before_writing(
     with pytest.raises(redis.ResponseError, match="code X is not allowed"):
         script(
             keys=[f"{{{store.namespace}}}:fence", f"{user}:1", f"{user}:2"],
-            args=[60_000, f"{a.token:x}:1/1 {b.token:x}:1/1", "DD", "S1,X0,", 0, "a", "b", "v"],
+            args=[60_000, f"{a.token:x}:1/1 {b.token:x}:1/1", "DD", "S1,X0,", 0, 0, "a", "b", "v"],
         )
 
     assert [store.record("a"), store.record("b")] == before

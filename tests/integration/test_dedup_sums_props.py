@@ -1,9 +1,11 @@
 """Sums of increments against applying each increment with its item, on the real Redis.
 
 A settle call applies the increments several items make to one key (and field) as one sum
-(dedup.effects.summable, settle.lua). The model is the store itself without sums: the same
-items settled one per call, where no sum has two items. Hypothesis draws batches of items with
-zero to two effects (INCRBY, HINCRBY, SET over a few keys and fields), some settled already
+(dedup.effects.summable, settle.lua), and the increments of distinct fields of one hash as one
+HMGET and one HSET (dedup.effects.field_groups). The model is the store itself without either:
+the same items settled one per call, where no sum or group has two items. Hypothesis draws
+batches of items with zero to two effects (INCRBY, HINCRBY, SET over a few keys and fields, and
+often a hash's counter alone), some settled already
 (STALE), over starting values that make Redis refuse increments: a text, a number with a
 leading zero, a value near either end of 64 bits. Both sides start from the same values on
 keys of their own; every item's result, Redis's reasons and every key's final value must agree.
@@ -24,7 +26,7 @@ from dedup import IdempotencyStore, Settlement, SettleResult, SettleStatus, ZkEp
 
 MAX, MIN = 2**63 - 1, -(2**63)
 STRINGS = ("k0", "k1")  # INCRBY and SET keys
-FIELDS = ("f0", "f1")  # of the hash "h"
+FIELDS = ("f0", "f1", "f2", "f3")  # of the hash "h"
 STARTS = [None, 0, 5, "text", "007", MAX - 2, MIN + 2]
 
 increments = st.one_of(st.integers(-3, 3), st.sampled_from([MAX, MIN, MAX // 2, MIN // 2]))
@@ -36,9 +38,11 @@ effects = st.one_of(
     ),
     st.tuples(st.just("SET"), st.sampled_from(STRINGS), st.just("v")),
 )
+# an item whose only effect is a counter of the hash: a sum, or a field group with the others
+counter = st.tuples(st.just("HINCRBY"), st.just("h"), st.sampled_from(FIELDS), increments)
 items = st.lists(
     st.tuples(
-        st.lists(effects, max_size=2),
+        st.one_of(st.lists(effects, max_size=2), counter.map(lambda effect: [effect])),
         st.integers(0, 5).map(lambda n: n == 0),  # already settled: STALE
     ),
     min_size=2,

@@ -1,4 +1,5 @@
-"""dedup.effects.summable: which increments of a batch the settle script may apply as one sum.
+"""dedup.effects.summable and field_groups: which increments of a batch the settle script may
+apply as one sum, and which as one HMGET and one HSET of a hash's fields.
 
 Pure logic over checked effects; what Redis then holds is in
 tests/integration/test_dedup_store.py and test_dedup_sums_props.py.
@@ -6,7 +7,7 @@ tests/integration/test_dedup_store.py and test_dedup_sums_props.py.
 
 from __future__ import annotations
 
-from dedup.effects import CheckedEffect, summable
+from dedup.effects import CheckedEffect, field_groups, summable
 
 MAX = 2**63 - 1
 Summed = tuple[str, str | bytes, str | bytes | int | float, list[int], int]
@@ -57,3 +58,29 @@ def test_increments_of_both_signs_or_a_sum_past_64_bits_are_applied_one_by_one()
     assert sums([incr("n", 5), incr("n", -5)]) == []
     assert sums([incr("n", MAX), incr("n", 1)]) == []
     assert sums([incr("n", -3), incr("n", 0), incr("n", -4)]) == [("I", "n", "", [0, 1, 2], -7)]
+
+
+Grouped = tuple[str | bytes, list[str | bytes | int | float], list[int], list[int]]
+
+
+def groups(items: list[list[CheckedEffect]]) -> list[Grouped]:
+    """field_groups' groups as (key, fields, positions, increments)."""
+    return [(g.key, g.fields, g.positions, g.increments) for g in field_groups(items)]
+
+
+def test_counters_of_distinct_fields_of_one_hash_are_one_group_per_key() -> None:
+    items = [hincr("a", "x", 1), hincr("b", "x", 2), incr("n", 1), hincr("a", "y", -3)]
+    assert groups(items) == [("a", ["x", "y"], [0, 3], [1, -3])]  # "b" has one item only
+
+
+def test_a_field_two_items_increment_is_a_sum_and_stays_out_of_its_keys_group() -> None:
+    items = [hincr("a", "x", 1), hincr("a", "y", 1), hincr("a", "x", 1), hincr("a", "z", 1)]
+    assert sums(items) == [("H", "a", "x", [0, 2], 2)]
+    assert groups(items) == [("a", ["y", "z"], [1, 3], [1, 1])]
+
+
+def test_a_hash_another_effect_writes_or_a_field_given_two_ways_is_not_grouped() -> None:
+    both: list[CheckedEffect] = [("H", "a", ["x", 1]), ("S", "v", ["x"])]
+    assert groups([hincr("a", "y", 1), both, hincr("a", "z", 1)]) == []
+    assert groups([hincr("a", 7, 1), hincr("a", "7", 1)]) == []  # one field as Redis sees it
+    assert groups([hincr("a", "y", 1), [("T", "a", ["w", "v"])], hincr("a", "z", 1)]) == []
