@@ -11,7 +11,8 @@ Every server is its own `redis-server` on a free loopback port, append-only file
 without replicas. Part one measures the server's pipelined SET rate with `redis-benchmark` (the
 baseline), then times one client leasing and settling fresh ids in batches, each batch one lease
 call and one settle call (two round trips), as a bolt's task does; with one HINCRBY effect per id,
-once on 100 counters (each batch increments each by a sum) and once on a counter per id (no sums).
+once on 100 counters (each batch increments each by a sum) and once on a counter per id (a field
+group: one HMGET and one HSET per batch).
 Redis CPU per id is the server process's `used_cpu_sys + used_cpu_user` (INFO cpu) over the case,
 divided by its ids: parsing, scripts, the append-only file's buffer, everything but a rewrite's
 child; the scripts' own share (INFO commandstats) is printed beside it. Part two runs `--clients`
@@ -220,7 +221,7 @@ def one_client(workdir: Path, n: int) -> tuple[float, list[OneClientRow]]:
         def hincrby(id: str) -> list[Effect]:  # 100 counters: each batch sums each one's
             return [("HINCRBY", "bench:counts", id[-2:], 1)]
 
-        def hincrby_own(id: str) -> list[Effect]:  # a counter per id: nothing to sum
+        def hincrby_own(id: str) -> list[Effect]:  # a counter per id: a field group, no sum
             return [("HINCRBY", "bench:own", id, 1)]
 
         plain = [f"m-{i}" for i in range(n)]
