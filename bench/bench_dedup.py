@@ -49,6 +49,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from pathlib import Path
 from statistics import median
 from threading import Barrier
@@ -58,8 +59,8 @@ import redis
 from redis.cluster import RedisCluster
 
 from bench.report import table
-from dedup import IdempotencyStore, LeaseStatus, Settlement, SettleStatus
-from dedup.records import Effect
+from dedup import IdempotencyStore, LeaseStatus, Settlement
+from dedup.records import SETTLED, Effect
 from dedup.wire import Client
 from kspout.devstack import RedisServer
 from kspout.devstack.components import RedisClusterServers
@@ -152,26 +153,21 @@ Effects = Callable[[str], list[Effect]]
 def lease_settle(
     store: IdempotencyStore, ids: Sequence[str], effects: Effects | None, partition: int = 0
 ) -> float:
-    """Seconds to lease and settle DONE all `ids` (of one partition) in batches of BATCH."""
+    """Seconds to lease and settle DONE all `ids` (of one partition) in batches of BATCH. The
+    settlements are built with `map` (about 1 us per id less than a comprehension that indexes
+    the batch per id), so the figure is the store's more than this loop's."""
     t0 = time.perf_counter()
     for lo in range(0, len(ids), BATCH):
         batch = ids[lo : lo + BATCH]
-        items = [
-            Settlement(
-                batch[run.start + k],
-                run.token,
-                True,
-                None,
-                effects(batch[run.start + k]) if effects else (),
-                run.attempts,
-            )
-            for run in store.lease_runs(batch, "bench", partition)
-            if run.status is LeaseStatus.LEASED
-            for k in range(run.length)
-        ]
+        items: list[Settlement] = []
+        for run in store.lease_runs(batch, "bench", partition):
+            assert run.status is LeaseStatus.LEASED, run
+            leased = batch[run.start : run.start + run.length]
+            extra = map(effects, leased) if effects else repeat(())
+            token, attempts = repeat(run.token), repeat(run.attempts)
+            items += map(Settlement, leased, token, repeat(True), repeat(None), extra, attempts)
         statuses = store.settle(items, partition)
-        assert len(items) == len(batch) == len(statuses)
-        assert all(r.status is SettleStatus.SETTLED for r in statuses), "a settle was refused"
+        assert len(items) == len(batch) and statuses.count(SETTLED) == len(batch), "refused"
     return time.perf_counter() - t0
 
 

@@ -109,7 +109,8 @@ end
 
 -- Where a call on the shard of fence KEYS[1] keeps its records: the bucket width and `keep` (the
 -- fence's, or `asked` if longer), the buckets' prefix `{tag}:ids:`, the call's ids ARGV[first ..
--- first + n - 1] as a table, Redis's clock (ms) and the bucket of now.
+-- first + n - 1] as a table, Redis's clock (ms) and the bucket of now (or the next one, if it
+-- exists already).
 local function placed(width_text, keep_text, asked, first, n)
   local width = tonumber(width_text)
   local keep = math.max(tonumber(keep_text or 0), tonumber(asked))
@@ -119,5 +120,12 @@ local function placed(width_text, keep_text, asked, first, n)
   end
   local time = redis.call('TIME')
   local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-  return width, keep, string.sub(KEYS[1], 1, -6) .. 'ids:', ids, now, math.floor(now / width)
+  local prefix = string.sub(KEYS[1], 1, -6) .. 'ids:'
+  local current = math.floor(now / width)
+  if redis.call('EXISTS', prefix .. (current + 1)) == 1 then
+    -- this server's clock is behind the one that made that bucket (a failover, a clock step):
+    -- the newest bucket stays the one records are written to and looked up from
+    current = current + 1
+  end
+  return width, keep, prefix, ids, now, current
 end

@@ -317,18 +317,17 @@ for run_lease, run_items in string.gmatch(ARGV[2], '(%x+:%d+)/(%d+)') do
         local token = string.match(lease, '^%x+')
         local held, attempts, deadline, count = string.match(record, '^I:(%x+):(%d+):(%d+):(%d+):')
         if held == token and not marked(token) then -- else: another lease's, or settled already
-          if string.find(record, 'I:' .. lease .. ':', 1, true) ~= 1 then
-            lease = token .. ':' .. attempts -- this lease's record, not the caller's attempt count
-          else
-            held_record, held_lease = record, lease
-          end
           batch = batches[token]
           if not batch then
             batch = {token = token, ids = tonumber(count), deadline = tonumber(deadline),
               bucket = where[i], here = 0}
             batches[token] = batch
           end
-          held_batch = batch
+          if string.find(record, 'I:' .. lease .. ':', 1, true) ~= 1 then
+            lease = token .. ':' .. attempts -- this lease's record, not the caller's attempt count
+          else -- the three together: the next item with this record and lease is in this batch
+            held_record, held_lease, held_batch = record, lease, batch
+          end
         end
       end
     end
@@ -368,8 +367,10 @@ for item = 1, i do
     if batch.whole and done then
       if not batch.marked then
         batch.marked = true
-        local expires = redis.call('PEXPIRETIME', prefix .. batch.bucket)
-        marks[#marks + 1] = {MARKS .. batch.token, expires}
+        -- with its records' bucket, as `kept` leaves it (later if `keep` grew)
+        local expires = math.max(redis.call('PEXPIRETIME', prefix .. batch.bucket),
+          (batch.bucket + 1) * width + keep)
+        marks[#marks + 1] = {MARKS .. batch.token, string.format('%d', expires)}
       end
     else
       local id = ids[item]

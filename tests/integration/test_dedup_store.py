@@ -953,6 +953,49 @@ def test_a_lease_call_settled_in_parts_writes_each_record(store: IdempotencyStor
     assert [c.status for c in store.lease(ids, "w2")] == [DUPLICATE, LEASED, DUPLICATE, DUPLICATE]
 
 
+def test_items_of_two_lease_calls_interleaved_are_counted_each_to_its_own(
+    store: IdempotencyStore, redis_client: redis.Redis
+) -> None:
+    """A middle item whose attempt count is unknown (0) must not count the next item of the
+    first lease call toward its own: d, never settled, stays in flight; a and c are done."""
+    counter = f"user-{uuid.uuid4().hex}:n"
+    first = store.lease(["a", "c"], "w1")[0].token
+    second = store.lease(["b", "d"], "w1")[0].token
+    effect = [("INCRBY", counter, 1)]
+
+    results = store.settle(
+        [
+            Settlement("a", first, True, effects=effect, attempts=1),
+            Settlement("b", second, True, effects=effect, attempts=0),
+            Settlement("c", first, True, effects=effect, attempts=1),
+        ]
+    )
+
+    assert results == [SETTLED] * 3 and redis_client.get(counter) == b"3"
+    assert [state(store, id) for id in "abcd"] == [IdRecordState.DONE] * 3 + [
+        IdRecordState.IN_FLIGHT
+    ]
+    assert redis_client.exists(f"{{{store.namespace}}}:done:{second:x}") == 0
+
+
+def test_a_bucket_ahead_of_redis_clock_stays_the_one_looked_up_and_written(
+    store: IdempotencyStore, redis_client: redis.Redis
+) -> None:
+    """A failover to a server whose clock is behind: records in the bucket after this server's
+    current one are still found, and new ones go there too."""
+    [lease] = store.lease(["m"], "w1")
+    assert store.settle([Settlement("m", lease.token, False, "boom")]) == [SETTLED]
+    now = store.record_bucket("m")
+    assert now is not None
+    ahead = f"{now.rsplit(':', 1)[0]}:{int(now.rsplit(':', 1)[1]) + 1}"
+    redis_client.rename(now, ahead)  # as if written by a server a bucket ahead
+
+    [again] = store.lease(["m", "n"], "w1")[:1]
+
+    assert (again.status, again.attempts) == (LEASED, 2)  # the FAILED record was found
+    assert store.record_bucket("m") == store.record_bucket("n") == ahead
+
+
 # -- fencing tokens across stores, threads and data loss ---------------------------------------
 
 
