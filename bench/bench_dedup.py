@@ -105,19 +105,21 @@ def new_store(client: Client, namespace: str) -> IdempotencyStore:
 def preset_fences(client: Client, store: IdempotencyStore, partitions: int) -> None:
     """Set the fence of every shard the partitions use to `EPOCH`, counter 0, and fill the
     record buckets before the current one as a steady state would (`fill_older_buckets`)."""
-    for tag in {store.tag(p) for p in range(partitions)}:
+    shards = {store.tag(p): p for p in reversed(range(partitions))}  # a partition per shard
+    for tag, partition in shards.items():
         fence = {"epoch": EPOCH, "seq": 0, "bucket": store.bucket_ms, "keep": store.keep_ms}
         client.hset(f"{{{tag}}}:fence", mapping=fence)
-        fill_older_buckets(client, store, tag)
+        fill_older_buckets(client, store, partition)
 
 
-def fill_older_buckets(client: Client, store: IdempotencyStore, tag: str) -> None:
-    """Give each older bucket of shard `tag` that would still exist `OLDER_RECORDS` records, so
-    that a new id is looked up in every bucket, as in a store running longer than the window."""
+def fill_older_buckets(client: Client, store: IdempotencyStore, partition: int) -> None:
+    """Give each older bucket of `partition`'s shard that would still exist `OLDER_RECORDS`
+    records, so that a new id is looked up in every bucket, as in a store running longer than
+    the window."""
     seconds, micros = client.time()  # type: ignore[misc]
     current = (seconds * 1000 + micros // 1000) // store.bucket_ms
     for k in range(current - -(-store.keep_ms // store.bucket_ms), current):
-        bucket = f"{{{tag}}}:ids:{k}"
+        bucket = store.bucket_key(k, partition)
         for lo in range(0, OLDER_RECORDS, BATCH):
             fields = {f"older-{k}-{i}": "D:10000000001:1" for i in range(lo, lo + BATCH)}
             client.hset(bucket, mapping=fields)  # type: ignore[arg-type]

@@ -157,8 +157,9 @@ def _lease(
     """Each id with its lease, None for a repeat of an id earlier in `ids` with the same record
     (a duplicate); leases held by a live owner elsewhere are waited for, at most `patience`
     seconds."""
-    records = [(f"{store.tag(p)} {id_}", id_, p) for id_, p in zip(ids, partitions, strict=True)]
-    firsts: dict[str, tuple[str, str, int]] = {}
+    # a record is (shard tag, id): on one server every partition shares the namespace's shard
+    records = [((store.tag(p), id_), id_, p) for id_, p in zip(ids, partitions, strict=True)]
+    firsts: dict[tuple[str, str], tuple[tuple[str, str], str, int]] = {}
     for record in records:  # one lease per record: a repeat in one call defers itself
         firsts.setdefault(record[0], record)
     leases = dict(zip(firsts, _lease_each(store, list(firsts.values()), owner), strict=True))
@@ -169,7 +170,7 @@ def _lease(
         sleep(min(POLL, max(leases[k].retry_after_ms for k in waiting) / 1000))
         again = _lease_each(store, [firsts[k] for k in waiting], owner)
         leases.update(zip(waiting, again, strict=True))
-    seen: set[str] = set()
+    seen: set[tuple[str, str]] = set()
     out: list[tuple[str, Lease | None]] = []
     for key, id_, _ in records:
         out.append((id_, None if key in seen else leases[key]))
@@ -178,9 +179,9 @@ def _lease(
 
 
 def _lease_each(
-    store: IdempotencyStore, records: Sequence[tuple[str, str, int]], owner: str
+    store: IdempotencyStore, records: Sequence[tuple[tuple[str, str], str, int]], owner: str
 ) -> list[Lease]:
-    """The leases of `(key, id, partition)` records, in order."""
+    """The leases of `(record, id, partition)` records, in order."""
     return store.lease([r[1] for r in records], owner, [r[2] for r in records])
 
 

@@ -97,7 +97,7 @@ INCREMENTS = {"I": 0, "H": 1}  # code -> position of the increment among the arg
 
 class Sum(NamedTuple):
     """The increments of one key (and field) that several items of a settle call add, applied
-    by the script as one INCRBY or HINCRBY (see `summable`)."""
+    by the script as one INCRBY or HINCRBY (see `Increments.sums`)."""
 
     code: str  # "I" (INCRBY key) or "H" (HINCRBY key field)
     key: str | bytes
@@ -112,7 +112,7 @@ class Sum(NamedTuple):
 
 class FieldGroup(NamedTuple):
     """Increments of distinct fields of one hash, one item each, applied by the script with one
-    HMGET and one HSET (see `field_groups`)."""
+    HMGET and one HSET (see `Increments.groups`)."""
 
     key: str | bytes
     fields: list[str | bytes | int | float]  # one per item, distinct as Redis sees them
@@ -120,58 +120,11 @@ class FieldGroup(NamedTuple):
     increments: list[int]  # theirs, in the same order
 
 
-def summable(items: Sequence[Sequence[CheckedEffect]]) -> list[Sum]:
-    """The increments a settle call may apply as sums, one per key (and field), in the order of
-    each one's first item (`items`: each item's checked effects; a FAILED item has none).
-
-    A batch of word counts or totals increments a few counters many times; one INCRBY or
-    HINCRBY per counter, in the same settle script, leaves what one per item would, when:
-
-    * the item's only effect is the increment (an item's effects apply whole or not at all);
-    * at least two items increment that key (and field, for HINCRBY);
-    * no other effect of the batch touches the key (applied after the items' own writes, a
-      sum must not pass a SET of the key, nor an INCRBY pass an HINCRBY);
-    * the increments have one sign and their total is a 64-bit integer. Then the running value
-      only moves one way, so the total overflows exactly when applying them one by one would,
-      and the script applies them one by one then, to refuse the very items Redis would.
-    """
-    found = _Increments(items)
-    return [
-        one
-        for one in found.grouped.values()
-        if len(one.positions) > 1
-        and found.alone(one)
-        and one.total in INT64
-        and (min(one.increments) >= 0 or max(one.increments) <= 0)
-    ]
-
-
-def field_groups(items: Sequence[Sequence[CheckedEffect]]) -> list[FieldGroup]:
-    """The HINCRBYs a settle call may apply per hash, one group per key, in the order of each
-    one's first item: a counter per id (`HINCRBY applied <id> 1`) is one HMGET and one HSET of
-    the batch's fields instead of a command per item. The script adds in Lua, exactly, and falls
-    back to one HINCRBY per item, in item order, where Redis would refuse one (a value that is no
-    integer, an overflow, a key of another type), so the same items are refused. An item's
-    increment joins its key's group when it is the item's only effect, no other item increments
-    that field (those are sums, or one by one), and no effect of the batch but HINCRBYs touches
-    the key. A group has two items at least."""
-    found = _Increments(items)
-    groups: dict[bytes, FieldGroup] = {}
-    for one in found.grouped.values():
-        if one.code == "H" and len(one.positions) == 1 and found.alone(one):
-            group = groups.setdefault(_wire(one.key), FieldGroup(one.key, [], [], []))
-            group.fields.append(one.field)
-            group.positions.extend(one.positions)
-            group.increments.extend(one.increments)
-    return sorted(
-        (group for group in groups.values() if len(group.positions) > 1),
-        key=lambda group: group.positions[0],
-    )
-
-
-class _Increments:
-    """The single-effect increments of a settle call's items, by key and field as given, and what
-    else the call writes (`summable`, `field_groups`)."""
+class Increments:
+    """The single-effect increments of a settle call's items (each item's checked effects; a
+    FAILED item has none), by key and field as given, and what else the call writes: which of
+    them the script may apply as sums (`sums`) or as field groups (`groups`). Built once per
+    call."""
 
     def __init__(self, items: Sequence[Sequence[CheckedEffect]]) -> None:
         # grouped by the values given (their types too: 7 and 7.0 are sent as "7" and "7.0")
@@ -205,6 +158,51 @@ class _Increments:
             raw not in self._others
             and len(self._kinds[raw]) == 1
             and self._seen[(found.code, raw, _wire(found.field))] == 1
+        )
+
+    def sums(self) -> list[Sum]:
+        """The increments the call may apply as sums, one per key (and field), in the order of
+        each one's first item.
+
+        A batch of word counts or totals increments a few counters many times; one INCRBY or
+        HINCRBY per counter, in the same settle script, leaves what one per item would, when:
+
+        * the item's only effect is the increment (an item's effects apply whole or not at all);
+        * at least two items increment that key (and field, for HINCRBY);
+        * no other effect of the batch touches the key (applied after the items' own writes, a
+          sum must not pass a SET of the key, nor an INCRBY pass an HINCRBY);
+        * the increments have one sign and their total is a 64-bit integer. Then the running value
+          only moves one way, so the total overflows exactly when applying them one by one would,
+          and the script applies them one by one then, to refuse the very items Redis would.
+        """
+        return [
+            one
+            for one in self.grouped.values()
+            if len(one.positions) > 1
+            and self.alone(one)
+            and one.total in INT64
+            and (min(one.increments) >= 0 or max(one.increments) <= 0)
+        ]
+
+    def groups(self) -> list[FieldGroup]:
+        """The HINCRBYs the call may apply per hash, one group per key, in the order of each one's
+        first item: a counter per id (`HINCRBY applied <id> 1`) is one HMGET and one HSET of the
+        batch's fields instead of a command per item. The script adds in Lua, exactly, and falls
+        back to one HINCRBY per item, in item order, where Redis would refuse one (a value that is
+        no integer, an overflow, a key of another type), so the same items are refused. An item's
+        increment joins its key's group when it is the item's only effect, no other item increments
+        that field (those are sums, or one by one), and no effect of the batch but HINCRBYs touches
+        the key. A group has two items at least."""
+        groups: dict[bytes, FieldGroup] = {}
+        for one in self.grouped.values():
+            if one.code == "H" and len(one.positions) == 1 and self.alone(one):
+                group = groups.setdefault(_wire(one.key), FieldGroup(one.key, [], [], []))
+                group.fields.append(one.field)
+                group.positions.extend(one.positions)
+                group.increments.extend(one.increments)
+        return sorted(
+            (group for group in groups.values() if len(group.positions) > 1),
+            key=lambda group: group.positions[0],
         )
 
 

@@ -91,7 +91,7 @@ from typing import Protocol
 from redis.cluster import RedisCluster
 from redis.typing import EncodableT
 
-from dedup.effects import CheckedEffect, FieldGroup, Sum, check_effect, field_groups, summable
+from dedup.effects import CheckedEffect, FieldGroup, Increments, Sum, check_effect
 from dedup.errors import EffectNotAllowed, EpochConflict, NotDurable
 from dedup.records import (
     SETTLED,
@@ -319,7 +319,8 @@ class IdempotencyStore:
         """Settle leased ids, one script call per shard; one result per item, in order.
 
         Items with effects (DONE only) run them in the same script, only if the token holds;
-        increments several items make to one key are applied as one sum (`summable`).
+        increments several items make to one key are applied as one sum, and counters of
+        distinct fields of one hash as one field group (`Increments`).
         Effects are checked first: `EffectNotAllowed` before anything is sent (on a Redis
         Cluster, also for a key without its record's hash tag). With `wait_replicas`/
         `wait_aof`, `NotDurable` if the acknowledgements fell short.
@@ -353,7 +354,6 @@ class IdempotencyStore:
         """The settle script's call for `items`, all in shard `tag`; checks their effects."""
         ids, tokens, dones, _, effects, attempts = zip(*items, strict=True)
         keys: list[str | bytes] = [f"{{{tag}}}:fence"]
-        # `<token hex>:<attempts> ` per item: the script reads them with gmatch
         # `<token hex>:<attempts>/<items>` per run of items with one lease (a batch is one run)
         leases = " ".join(
             f"{token:x}:{attempt}/{sum(1 for _ in run)}"
@@ -367,7 +367,8 @@ class IdempotencyStore:
             if item_effects and not done:
                 raise EffectNotAllowed(id, item_effects[0], "effects apply only to DONE items")
             checked.append([check_effect(id, effect, required) for effect in item_effects])
-        sums, groups = summable(checked), field_groups(checked)
+        increments = Increments(checked)  # once: the sums and the field groups share its pass
+        sums, groups = increments.sums(), increments.groups()
         summed = {position for found in sums for position in found.positions}
         summed.update(position for group in groups for position in group.positions)
         keys += [found.key for found in sums] + [group.key for group in groups]
@@ -407,33 +408,45 @@ class IdempotencyStore:
 
     def record(self, id: str, partition: int = 0) -> IdRecord | None:
         """`id`'s record as it is now, or None if there is none."""
-        found = self.record_bucket(id, partition)
+        found = self._find(id, partition)
         if found is None:
             return None
-        raw = self._client.hget(found, id)
-        if raw is None:
-            return None
-        record = IdRecord.decode(_as_bytes(raw))
-        mark = f"{{{self.tag(partition)}}}:done:{record.token:x}"
-        if record.state is IdRecordState.IN_FLIGHT and self._client.exists(mark):
+        record = IdRecord.decode(_as_bytes(found[1]))
+        if record.state is IdRecordState.IN_FLIGHT and self._client.exists(
+            self.mark_key(record.token, partition)
+        ):
             return IdRecord(IdRecordState.DONE, record.token, record.attempts)  # settled whole
         return record
 
     def record_bucket(self, id: str, partition: int = 0) -> str | None:
         """The key of the bucket (a hash) that holds `id`'s record as a field, or None if no
-        bucket does (`dedup/lua/buckets.lua`). Buckets are named by Redis's clock; this looks
-        from one bucket past this machine's clock back to one before the oldest that can exist,
-        so clocks that differ by less than a bucket's width find the same one."""
-        tag = self.tag(partition)
-        width, keep = self._client.hmget(f"{{{tag}}}:fence", ["bucket", "keep"])
+        bucket does (`dedup/lua/buckets.lua`)."""
+        found = self._find(id, partition)
+        return None if found is None else found[0]
+
+    def bucket_key(self, k: int, partition: int = 0) -> str:
+        """The key of bucket `k` of `partition`'s shard: the records written from k to k + 1
+        bucket widths of Redis time."""
+        return f"{{{self.tag(partition)}}}:ids:{k}"
+
+    def mark_key(self, token: int, partition: int = 0) -> str:
+        """The key that marks the lease call of `token` settled DONE whole."""
+        return f"{{{self.tag(partition)}}}:done:{token:x}"
+
+    def _find(self, id: str, partition: int) -> tuple[str, bytes | str] | None:
+        """The bucket holding `id`'s record and the record's value. Buckets are named by Redis's
+        clock; this looks from one bucket past this machine's clock back to one before the oldest
+        that can exist, so clocks that differ by less than a bucket's width find the same one."""
+        width, keep = self._client.hmget(f"{{{self.tag(partition)}}}:fence", ["bucket", "keep"])
         if width is None:
             return None
         newest = int(time.time() * 1000) // int(width) + 1
         back = -(-max(int(keep or 0), self.keep_ms) // int(width)) + 2
         for k in range(newest, newest - back - 1, -1):
-            bucket = f"{{{tag}}}:ids:{k}"
-            if self._client.hexists(bucket, id):
-                return bucket
+            bucket = self.bucket_key(k, partition)
+            raw = self._client.hget(bucket, id)
+            if raw is not None:
+                return bucket, raw
         return None
 
     def still_holds(self, id: str, token: int, partition: int = 0) -> bool:

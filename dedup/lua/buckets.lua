@@ -78,6 +78,16 @@ local function in_chunks(command, key, args, from)
   end
 end
 
+-- Note in `moved` that `id`'s record, found in bucket `from` (nil: none), is written to bucket
+-- `current` now: `kept` then deletes it from `from`.
+local function moving(moved, from, current, id)
+  if from and from ~= current then
+    local fields = moved[from] or {}
+    moved[from] = fields
+    fields[#fields + 1] = id
+  end
+end
+
 -- After records `field, value, ...` were written to bucket `current` (HSET): give the bucket its
 -- expiry, or a later one if `keep` grew, and delete the moved records (per older bucket k, the
 -- fields now in `current`) from where they were.

@@ -153,11 +153,7 @@ for i = 1, n do
     writes[#writes + 1] = id
     writes[#writes + 1] = code -- the record, once the number of ids leased is known
     leased[id] = true
-    local from = where[i]
-    if from and from ~= current then
-      moved[from] = moved[from] or {}
-      table.insert(moved[from], id)
-    end
+    moving(moved, where[i], current, id)
   end
   if code == run_code then
     run_count = run_count + 1

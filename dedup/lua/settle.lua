@@ -3,8 +3,8 @@
 --
 -- KEYS[1]      the shard's fence hash `{tag}:fence` (the record buckets' width: see buckets.lua)
 -- KEYS[2..]    the sums' keys (see below), the field groups' keys, then the other effects' keys
---              (the caller's own keys), in order; on a Redis Cluster they carry the shard's hash tag, so the call touches
---              one slot
+--              (the caller's own keys), in order; on a Redis Cluster they carry the shard's
+--              hash tag, so the call touches one slot
 -- ARGV[1]      how long a record is kept at least, ms (the lease plus the dedup window)
 -- ARGV[2]      the items' leases as the caller's lease answered them, in runs of items with
 --              one lease: `<token hex>:<attempts>/<items>`, space-separated (attempts 0: unknown)
@@ -49,7 +49,7 @@
 -- half applied, and the items after a rejected one settle. Effects run in item order, after
 -- the records are written; a REJECTED item's record is then rewritten FAILED.
 --
--- A sum (dedup.effects.summable: the increments of one key and field by two or more items,
+-- A sum (dedup.effects.Increments.sums: the increments of one key and field by two or more items,
 -- each its item's only effect, all of one sign, and no other effect of the call on that key) is
 -- applied after every item's effects: one INCRBY or HINCRBY of the total when all its items
 -- settled and Redis takes it, else its settled items' increments one by one in item order (so
@@ -58,7 +58,7 @@
 -- applying each increment with its item would; a batch of counts sends each key and field once,
 -- not once per item.
 --
--- A field group (dedup.effects.field_groups: HINCRBYs of distinct fields of one hash, one item
+-- A field group (dedup.effects.Increments.groups: HINCRBYs of distinct fields of one hash, one item
 -- each, each its item's only effect, and nothing but HINCRBYs on that key) is applied with one
 -- HMGET of its settled items' fields and one HSET of the values HINCRBY would leave, computed
 -- exactly (a counter per id costs its field, not a command); where HINCRBY would refuse one (a
@@ -383,11 +383,7 @@ for item = 1, i do
         end
         writes[#writes + 1] = done_value
       end
-      local old = where[item]
-      if old ~= current then
-        moved[old] = moved[old] or {}
-        table.insert(moved[old], id)
-      end
+      moving(moved, where[item], current, id)
     end
   end
 end
@@ -414,10 +410,8 @@ local fixes = {} -- field, value, ... of the items whose effects Redis refused
 local function reject(item, reason)
   fixes[#fixes + 1] = ids[item]
   fixes[#fixes + 1] = 'F:' .. leases[item] .. ':rejected effect: ' .. reason
-  local old = where[item]
-  if old ~= current and batch_of[item].whole then -- not moved yet: its DONE was the mark
-    moved[old] = moved[old] or {}
-    table.insert(moved[old], ids[item])
+  if batch_of[item].whole then -- not moved yet: its DONE was the mark
+    moving(moved, where[item], current, ids[item])
   end
   out[item] = '3'
   why[item] = reason
@@ -466,7 +460,8 @@ end
 local function plus(value, increment)
   if value == false then
     return increment -- sent in Redis's own form
-  elseif #value < 16 and #increment < 16 and (value == '0' or string.find(value, '^%-?[1-9]%d*$')) then
+  elseif #value < 16 and #increment < 16
+      and (value == '0' or string.find(value, '^%-?[1-9]%d*$')) then
     return string.format('%d', tonumber(value) + tonumber(increment)) -- exact below 2^53
   end
   local sum = add('HINCRBY', value, increment)

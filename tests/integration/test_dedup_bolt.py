@@ -204,7 +204,7 @@ def test_what_redis_would_refuse_fails_that_message_alone_with_redis_reason(
     store = worker_store(config, bolt.namespace)
     seconds, micros = redis_client.time()
     bucket = (seconds * 1000 + micros // 1000) // store.bucket_ms  # where the first lease writes
-    redis_client.hset(f"{{{store.tag()}}}:ids:{bucket}", "id-2-1", "not a record")
+    redis_client.hset(store.bucket_key(bucket), "id-2-1", "not a record")
 
     progress = run(config, bolt, max_batches=50)
 

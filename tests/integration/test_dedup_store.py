@@ -927,7 +927,7 @@ def test_a_lease_call_settled_whole_is_marked_done_with_one_write(
     settled = redis_commands(own_client, lambda: store.settle(items))
 
     assert settled["set"] == 1 and "hset" not in settled  # the mark, no record rewritten
-    mark = f"{{{store.namespace}}}:done:{leases[0].token:x}"
+    mark = store.mark_key(leases[0].token)
     assert own_client.pexpiretime(mark) == own_client.pexpiretime(bucket)  # expires with them
     assert {store.record(i) for i in ids} == {IdRecord(IdRecordState.DONE, leases[0].token, 1)}
     assert [c.status for c in store.lease(ids, "w2")] == [DUPLICATE] * 3
@@ -942,7 +942,7 @@ def test_a_lease_call_settled_in_parts_writes_each_record(store: IdempotencyStor
     rest = store.settle([Settlement("c", token, True), Settlement("d", token, True)])
 
     assert first == rest == [SETTLED, SETTLED]
-    mark = f"{{{store.namespace}}}:done:{token:x}"
+    mark = store.mark_key(token)
     assert store._client.exists(mark) == 0  # no call settled every id: each record is written
     assert [store.record(i) for i in ids] == [
         IdRecord(IdRecordState.DONE, token, 1),
@@ -975,7 +975,7 @@ def test_items_of_two_lease_calls_interleaved_are_counted_each_to_its_own(
     assert [state(store, id) for id in "abcd"] == [IdRecordState.DONE] * 3 + [
         IdRecordState.IN_FLIGHT
     ]
-    assert redis_client.exists(f"{{{store.namespace}}}:done:{second:x}") == 0
+    assert redis_client.exists(store.mark_key(second)) == 0
 
 
 def test_a_bucket_ahead_of_redis_clock_stays_the_one_looked_up_and_written(

@@ -1,14 +1,14 @@
 """Sums of increments against applying each increment with its item, on the real Redis.
 
 A settle call applies the increments several items make to one key (and field) as one sum
-(dedup.effects.summable, settle.lua), and the increments of distinct fields of one hash as one
-HMGET and one HSET (dedup.effects.field_groups). The model is the store itself without either:
-the same items settled one per call, where no sum or group has two items. Hypothesis draws
+(dedup.effects.Increments.sums, settle.lua), and the increments of distinct fields of one hash as
+one HMGET and one HSET (dedup.effects.Increments.groups). The model is the store itself without
+either: the same items settled one per call, where no sum or group has two items. Hypothesis draws
 batches of items with zero to two effects (INCRBY, HINCRBY, SET over a few keys and fields, and
-often a hash's counter alone), some settled already
-(STALE), over starting values that make Redis refuse increments: a text, a number with a
-leading zero, a value near either end of 64 bits. Both sides start from the same values on
-keys of their own; every item's result, Redis's reasons and every key's final value must agree.
+often a hash's counter alone), some settled already (STALE), over starting values that make Redis
+refuse increments: a text, a number with a leading zero, a value near either end of 64 bits. Both
+sides start from the same values on keys of their own; every item's result, Redis's reasons and
+every key's final value must agree.
 """
 
 from __future__ import annotations

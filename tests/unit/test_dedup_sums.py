@@ -1,4 +1,4 @@
-"""dedup.effects.summable and field_groups: which increments of a batch the settle script may
+"""dedup.effects.Increments (sums and groups): which increments of a batch the settle script may
 apply as one sum, and which as one HMGET and one HSET of a hash's fields.
 
 Pure logic over checked effects; what Redis then holds is in
@@ -7,15 +7,15 @@ tests/integration/test_dedup_store.py and test_dedup_sums_props.py.
 
 from __future__ import annotations
 
-from dedup.effects import CheckedEffect, field_groups, summable
+from dedup.effects import CheckedEffect, Increments
 
 MAX = 2**63 - 1
 Summed = tuple[str, str | bytes, str | bytes | int | float, list[int], int]
 
 
 def sums(items: list[list[CheckedEffect]]) -> list[Summed]:
-    """summable's sums as (code, key, field, positions, total)."""
-    return [(c.code, c.key, c.field, c.positions, c.total) for c in summable(items)]
+    """Increments.sums as (code, key, field, positions, total)."""
+    return [(c.code, c.key, c.field, c.positions, c.total) for c in Increments(items).sums()]
 
 
 def hincr(key: str, field: str | int, n: int) -> list[CheckedEffect]:
@@ -64,8 +64,8 @@ Grouped = tuple[str | bytes, list[str | bytes | int | float], list[int], list[in
 
 
 def groups(items: list[list[CheckedEffect]]) -> list[Grouped]:
-    """field_groups' groups as (key, fields, positions, increments)."""
-    return [(g.key, g.fields, g.positions, g.increments) for g in field_groups(items)]
+    """Increments.groups as (key, fields, positions, increments)."""
+    return [(g.key, g.fields, g.positions, g.increments) for g in Increments(items).groups()]
 
 
 def test_counters_of_distinct_fields_of_one_hash_are_one_group_per_key() -> None:
