@@ -10,9 +10,10 @@ Every server is its own `redis-server` on a free loopback port, append-only file
 `appendfsync everysec`, as in production; the clusters are local `--cluster-enabled yes` masters
 without replicas. Part one measures the server's pipelined SET rate with `redis-benchmark` (the
 baseline), then times one client leasing and settling fresh ids in batches, each batch one lease
-call and one settle call (two round trips), as a bolt's task does; with one HINCRBY effect per id,
-once on 100 counters (each batch increments each by a sum) and once on a counter per id (a field
-group: one HMGET and one HSET per batch).
+call and one settle call (two round trips), as a bolt's task does; then with one effect per id:
+an HINCRBY of 100 counters (each batch increments each by a sum), an HINCRBY of a counter per id
+(a field group: one HMGET and one HSET per batch), a SET of a key per id (a merged write: one MSET
+per batch) and a SADD to one set (one SADD per batch).
 Redis CPU per id is the server process's `used_cpu_sys + used_cpu_user` (INFO cpu) over the case,
 divided by its ids: parsing, scripts, the append-only file's buffer, everything but a rewrite's
 child; the scripts' own share (INFO commandstats) is printed beside it. Part two runs `--clients`
@@ -70,7 +71,7 @@ CPU_AIMS = {  # Redis CPU per id, us (issue 24); the effect case's is the plain 
     "lease+settle DONE": 4.0,
     "lease of DONE ids (DUPLICATE, no settle)": 1.5,
 }
-EFFECT_EXTRA_AIM = 2.0  # what one HINCRBY effect may add per id, us (either effect case)
+EFFECT_EXTRA_AIM = 2.0  # what one effect may add per id, us (each effect case)
 SCALE_AIMS = {3: 2.7, 6: 5.0}  # cluster over one server, with a core per master (issue 24)
 SPREAD_AIM = 1.25  # the busiest master's shards over its fair share
 SPREAD_PARTITIONS = (12, 48, 192)
@@ -222,6 +223,12 @@ def one_client(workdir: Path, n: int) -> tuple[float, list[OneClientRow]]:
         def hincrby_own(id: str) -> list[Effect]:  # a counter per id: a field group, no sum
             return [("HINCRBY", "bench:own", id, 1)]
 
+        def set_own(id: str) -> list[Effect]:  # a result per id: the batch's SETs, one MSET
+            return [("SET", f"bench:result:{id}", "ok")]
+
+        def sadd(id: str) -> list[Effect]:  # one set of ids: the batch's SADDs, one SADD
+            return [("SADD", "bench:seen", id)]
+
         plain = [f"m-{i}" for i in range(n)]
         cases: list[tuple[str, Callable[[], float]]] = [
             ("lease+settle DONE", lambda: lease_settle(store, plain, None)),
@@ -233,6 +240,14 @@ def one_client(workdir: Path, n: int) -> tuple[float, list[OneClientRow]]:
             (
                 "lease+settle DONE + 1 HINCRBY effect, a counter per id",
                 lambda: lease_settle(store, [f"o-{i}" for i in range(n)], hincrby_own),
+            ),
+            (
+                "lease+settle DONE + 1 SET effect, a key per id",
+                lambda: lease_settle(store, [f"s-{i}" for i in range(n)], set_own),
+            ),
+            (
+                "lease+settle DONE + 1 SADD effect, one set",
+                lambda: lease_settle(store, [f"a-{i}" for i in range(n)], sadd),
             ),
         ]
         rows = []

@@ -1,5 +1,6 @@
 """The effects a settlement may apply with DONE: the allowlist, the check of one effect, and
-which increments of a batch may be applied as one sum.
+which effects of a batch the settle script may apply combined (sums, field groups, merged
+writes).
 
 Effects atomic with DONE run in the settle script, so on a cluster their keys must be in the
 record's slot: the rule is that an effect key carries its record's hash tag
@@ -20,6 +21,7 @@ MAX_EFFECT_ARGS = 1000  # arguments of one effect; settle.lua's MAX_ARGS (Lua's 
 INT64 = range(-(2**63), 2**63)  # increments Redis accepts
 _TEXT = (str, bytes)  # isinstance with a tuple: faster than with a union, once per effect
 _ARGUMENT = (str, bytes, int, float)
+_ARGUMENT_TYPES = frozenset(_ARGUMENT)  # exactly these types: no per-argument isinstance needed
 
 
 class _EffectSpec(NamedTuple):
@@ -64,22 +66,30 @@ def check_effect(
             id, effect, f"give (command, key, args...); allowed: {_ALLOWED_TEXT}"
         )
     command, key, *args = effect
-    name = command.upper() if isinstance(command, str) else ""
-    spec = ALLOWED_EFFECTS.get(name)
+    spec = ALLOWED_EFFECTS.get(command) if isinstance(command, str) else None  # as Effects spells
     if spec is None:
-        raise EffectNotAllowed(id, effect, f"allowed commands: {_ALLOWED_TEXT}")
+        spec = ALLOWED_EFFECTS.get(command.upper() if isinstance(command, str) else "")
+        if spec is None:
+            raise EffectNotAllowed(id, effect, f"allowed commands: {_ALLOWED_TEXT}")
     code, low, high, integers, pairs = spec
-    if len(args) < low or (high is not None and len(args) > high) or (pairs and len(args) % 2):
+    count = len(args)
+    if count < low or (high is not None and count > high) or (pairs and count % 2):
         raise EffectNotAllowed(id, effect, f"wrong number of arguments; allowed: {_ALLOWED_TEXT}")
-    if len(args) > MAX_EFFECT_ARGS:
+    if count > MAX_EFFECT_ARGS:
         raise EffectNotAllowed(id, effect, f"more than {MAX_EFFECT_ARGS} arguments: split it")
     if not isinstance(key, _TEXT):
         raise EffectNotAllowed(id, effect, "the key must be str or bytes")
-    for position, arg in enumerate(args):
-        if isinstance(arg, bool) or not isinstance(arg, _ARGUMENT):
-            raise EffectNotAllowed(id, effect, f"argument {arg!r} is not str, bytes, int or float")
-        if position in integers and (not isinstance(arg, int) or arg not in INT64):
-            raise EffectNotAllowed(id, effect, f"the increment {arg!r} must be a 64-bit int")
+    if not _ARGUMENT_TYPES.issuperset(map(type, args)):  # a bool, a subclass, another type
+        for arg in args:
+            if isinstance(arg, bool) or not isinstance(arg, _ARGUMENT):
+                raise EffectNotAllowed(
+                    id, effect, f"argument {arg!r} is not str, bytes, int or float"
+                )
+    for position in integers:
+        if not isinstance(args[position], int) or args[position] not in INT64:
+            raise EffectNotAllowed(
+                id, effect, f"the increment {args[position]!r} must be a 64-bit int"
+            )
     if tag is not None and hash_tag(key) != tag.encode():
         raise EffectNotAllowed(
             id,
@@ -97,7 +107,7 @@ INCREMENTS = {"I": 0, "H": 1}  # code -> position of the increment among the arg
 
 class Sum(NamedTuple):
     """The increments of one key (and field) that several items of a settle call add, applied
-    by the script as one INCRBY or HINCRBY (see `Increments.sums`)."""
+    by the script as one INCRBY or HINCRBY (see `CallEffects.sums`)."""
 
     code: str  # "I" (INCRBY key) or "H" (HINCRBY key field)
     key: str | bytes
@@ -112,7 +122,7 @@ class Sum(NamedTuple):
 
 class FieldGroup(NamedTuple):
     """Increments of distinct fields of one hash, one item each, applied by the script with one
-    HMGET and one HSET (see `Increments.groups`)."""
+    HMGET and one HSET (see `CallEffects.groups`)."""
 
     key: str | bytes
     fields: list[str | bytes | int | float]  # one per item, distinct as Redis sees them
@@ -120,45 +130,68 @@ class FieldGroup(NamedTuple):
     increments: list[int]  # theirs, in the same order
 
 
-class Increments:
-    """The single-effect increments of a settle call's items (each item's checked effects; a
-    FAILED item has none), by key and field as given, and what else the call writes: which of
-    them the script may apply as sums (`sums`) or as field groups (`groups`). Built once per
-    call."""
+class MergedWrite(NamedTuple):
+    """Items whose only effect is a SET, or a SADD or HSET of one key, written by the script with
+    one command: an MSET of their keys, or one SADD or HSET (see `CallEffects.merged`)."""
+
+    code: str  # "S" (one MSET of the items' keys), "A" (one SADD) or "T" (one HSET) of keys[0]
+    keys: list[str | bytes]  # "S": each item's key, in order; "A", "T": the one key
+    positions: list[int]  # the items, in order
+    args: list[list[str | bytes | int | float]]  # each item's arguments after its key
+
+
+MERGED = frozenset("SAT")  # the codes of the effects a MergedWrite may hold
+# an item's only effect, a SET, SADD or HSET: (position, code, key, the key as sent, arguments)
+LoneWrite = tuple[int, str, str | bytes, bytes, list[str | bytes | int | float]]
+
+
+class CallEffects:
+    """The checked effects of a settle call's items (a FAILED item has none), and which of them
+    the script may apply combined: increments as sums (`sums`) or field groups (`groups`), and
+    SETs, SADDs and HSETs as merged writes (`merged`). Built once per call."""
 
     def __init__(self, items: Sequence[Sequence[CheckedEffect]]) -> None:
-        # grouped by the values given (their types too: 7 and 7.0 are sent as "7" and "7.0")
+        # the lone increments, grouped by the values given (their types too: 7 and 7.0 are sent
+        # as "7" and "7.0")
         self.grouped: dict[tuple[object, ...], Sum] = {}
-        other_keys: set[tuple[type, str | bytes]] = set()  # keys of effects that are no increment
+        self._writes: list[LoneWrite] = []  # the lone SETs, SADDs and HSETs
+        self._codes: dict[bytes, set[str]] = {}  # key -> the codes of the lone effects on it
+        self._shared: set[bytes] = set()  # the keys of items with several effects
+        wired: dict[tuple[object, ...], tuple[str, bytes, bytes]] = {}  # name -> as Redis sees it
         for position, effects in enumerate(items):
-            if len(effects) == 1 and effects[0][0] in INCREMENTS:
-                code, key, args = effects[0]
-                field = args[0] if code == "H" else ""
-                name = (code, type(key), key, type(field), field)
-                found = self.grouped.get(name)
-                if found is None:
-                    found = self.grouped[name] = Sum(code, key, field, [], [])
-                found.positions.append(position)
-                found.increments.append(int(args[INCREMENTS[code]]))
-            else:
-                other_keys.update((type(key), key) for _, key, _ in effects)
-        self._others = {_wire(key) for _, key in other_keys}
-        self._seen: dict[tuple[str, bytes, bytes], int] = {}
-        self._kinds: dict[bytes, set[str]] = {}
-        for found in self.grouped.values():
-            wired = (found.code, _wire(found.key), _wire(found.field))
-            self._seen[wired] = self._seen.get(wired, 0) + 1
-            self._kinds.setdefault(wired[1], set()).add(found.code)
+            if len(effects) != 1:
+                self._shared.update(_wire(key) for _, key, _ in effects)
+                continue
+            code, key, args = effects[0]
+            raw = _wire(key)
+            self._codes.setdefault(raw, set()).add(code)
+            if code in MERGED:
+                self._writes.append((position, code, key, raw, args))
+                continue
+            field = args[0] if code == "H" else ""
+            name = (code, type(key), key, type(field), field)
+            found = self.grouped.get(name)
+            if found is None:
+                found = self.grouped[name] = Sum(code, key, field, [], [])
+                wired[name] = (code, raw, _wire(field))
+            found.positions.append(position)
+            found.increments.append(int(args[INCREMENTS[code]]))
+        seen: dict[tuple[str, bytes, bytes], int] = {}
+        for as_sent in wired.values():
+            seen[as_sent] = seen.get(as_sent, 0) + 1
+        # the increments of a key and field nothing else in the call writes but increments of
+        # their kind, the field given one way only as Redis sees it (7 and "7" are one field):
+        # (them, the key as sent)
+        self._alone = [
+            (found, wired[name][1])
+            for name, found in self.grouped.items()
+            if seen[wired[name]] == 1 and self._only(found.code, wired[name][1])
+        ]
 
-    def alone(self, found: Sum) -> bool:
-        """Whether nothing else in the call writes `found`'s key but increments of its kind, and
-        its field is given one way only as Redis sees it (7 and "7" are one field)."""
-        raw = _wire(found.key)
-        return (
-            raw not in self._others
-            and len(self._kinds[raw]) == 1
-            and self._seen[(found.code, raw, _wire(found.field))] == 1
-        )
+    def _only(self, code: str, raw: bytes) -> bool:
+        """Whether every effect of the call on the key `raw` (as sent) is the only effect of its
+        item, of `code`."""
+        return raw not in self._shared and self._codes[raw] == {code}
 
     def sums(self) -> list[Sum]:
         """The increments the call may apply as sums, one per key (and field), in the order of
@@ -177,9 +210,8 @@ class Increments:
         """
         return [
             one
-            for one in self.grouped.values()
+            for one, _ in self._alone
             if len(one.positions) > 1
-            and self.alone(one)
             and one.total in INT64
             and (min(one.increments) >= 0 or max(one.increments) <= 0)
         ]
@@ -194,9 +226,9 @@ class Increments:
         that field (those are sums, or one by one), and no effect of the batch but HINCRBYs touches
         the key. A group has two items at least."""
         groups: dict[bytes, FieldGroup] = {}
-        for one in self.grouped.values():
-            if one.code == "H" and len(one.positions) == 1 and self.alone(one):
-                group = groups.setdefault(_wire(one.key), FieldGroup(one.key, [], [], []))
+        for one, raw in self._alone:
+            if one.code == "H" and len(one.positions) == 1:
+                group = groups.setdefault(raw, FieldGroup(one.key, [], [], []))
                 group.fields.append(one.field)
                 group.positions.extend(one.positions)
                 group.increments.extend(one.increments)
@@ -205,9 +237,38 @@ class Increments:
             key=lambda group: group.positions[0],
         )
 
+    def merged(self) -> list[MergedWrite]:
+        """The SETs, SADDs and HSETs the call may write with one command each, in the order of each
+        one's first item: every lone `SET key value` of the call as one MSET, and the lone SADDs
+        (HSETs) of one key as one SADD (HSET). A result per id (`SET result:<id> v`) then costs
+        its key and value, not a command per item. An item's write joins when it is the item's
+        only effect and every effect of the call on its key is a lone one of the same command:
+        nothing else then sees the key between the items, so one command leaves what each item's
+        own would (the last value of a key or field set twice). Where Redis refuses it (a key
+        of another type), the script applies the items one by one instead, in item order, so
+        the same items are refused. A merged write has two items at least."""
+        sets = MergedWrite("S", [], [], [])
+        merged: dict[bytes, MergedWrite] = {}
+        for position, code, key, raw, args in self._writes:
+            if not self._only(code, raw):
+                continue
+            if code == "S":
+                merge = sets
+                merge.keys.append(key)
+            else:
+                merge = merged.setdefault(raw, MergedWrite(code, [key], [], []))
+            merge.positions.append(position)
+            merge.args.append(args)
+        return sorted(
+            (merge for merge in (sets, *merged.values()) if len(merge.positions) > 1),
+            key=lambda merge: merge.positions[0],
+        )
+
 
 def _wire(value: str | bytes | int | float) -> bytes:
     """`value` as the Redis client sends it (so equal sums compare equal)."""
+    if type(value) is str:  # the usual key: before the isinstance checks
+        return value.encode()
     if isinstance(value, bytes):
         return value
     if isinstance(value, float):

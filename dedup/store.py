@@ -91,7 +91,7 @@ from typing import Protocol
 from redis.cluster import RedisCluster
 from redis.typing import EncodableT
 
-from dedup.effects import CheckedEffect, FieldGroup, Increments, Sum, check_effect
+from dedup.effects import CallEffects, CheckedEffect, FieldGroup, MergedWrite, Sum, check_effect
 from dedup.errors import EffectNotAllowed, EpochConflict, NotDurable
 from dedup.records import (
     SETTLED,
@@ -320,7 +320,8 @@ class IdempotencyStore:
 
         Items with effects (DONE only) run them in the same script, only if the token holds;
         increments several items make to one key are applied as one sum, and counters of
-        distinct fields of one hash as one field group (`Increments`).
+        distinct fields of one hash as one field group, and SETs, or SADDs or HSETs of one key, as
+        one merged write (`CallEffects`).
         Effects are checked first: `EffectNotAllowed` before anything is sent (on a Redis
         Cluster, also for a key without its record's hash tag). With `wait_replicas`/
         `wait_aof`, `NotDurable` if the acknowledgements fell short.
@@ -360,39 +361,44 @@ class IdempotencyStore:
             for (token, attempt), run in groupby(zip(tokens, attempts, strict=True))
         )
         if all(dones) and not any(effects):
-            return Call(SETTLE, keys, [self.keep_ms, leases, "D" * len(items), "", 0, 0, *ids])
+            return Call(SETTLE, keys, [self.keep_ms, leases, "D" * len(items), "", 0, 0, 0, *ids])
         required = tag if self.sharded else None
         checked: list[list[CheckedEffect]] = []
         for id, _, done, _, item_effects, _ in items:
             if item_effects and not done:
                 raise EffectNotAllowed(id, item_effects[0], "effects apply only to DONE items")
             checked.append([check_effect(id, effect, required) for effect in item_effects])
-        increments = Increments(checked)  # once: the sums and the field groups share its pass
-        sums, groups = increments.sums(), increments.groups()
-        summed = {position for found in sums for position in found.positions}
-        summed.update(position for group in groups for position in group.positions)
+        combined = CallEffects(checked)  # once: sums, field groups and merged writes share it
+        sums, groups, merged = combined.sums(), combined.groups(), combined.merged()
+        every: list[Sum | FieldGroup | MergedWrite] = [*sums, *groups, *merged]
+        combined_items = {position for found in every for position in found.positions}
         keys += [found.key for found in sums] + [group.key for group in groups]
+        for merge in merged:
+            keys += merge.keys
+        combined_keys = len(keys)
         outcomes: list[str] = []
         shapes: list[str] = []
-        stream: list[EncodableT] = [*ids]  # the ids; sums, field groups; per item, the rest
+        stream: list[EncodableT] = [*ids]  # the ids; what is combined; per item, the rest
         for found in sums:
             stream += [found.code, found.field, found.total, *_increments(found)]
         for group in groups:
             stream += [len(group.fields), *group.fields, *_increments(group)]
+        for merge in merged:
+            stream += _merged(merge)
         for position, (item, item_checked) in enumerate(zip(items, checked, strict=True)):
             if not item.done:
                 outcomes.append("F")
                 stream.append((item.error or "")[:MAX_ERROR_CHARS])
             else:
                 outcomes.append("D")
-                if position not in summed:
+                if position not in combined_items:
                     for code, key, rest in item_checked:
                         shapes.append(f"{code}{len(rest)}")
                         keys.append(key)
                         stream += rest
             shapes.append(",")
-        # no shapes when every effect is in a sum or group: each item reads as one without any
-        effect_shapes = "".join(shapes) if len(keys) > 1 + len(sums) + len(groups) else ""
+        # no shapes when every effect is combined: each item reads as one without any
+        effect_shapes = "".join(shapes) if len(keys) > combined_keys else ""
         args = [
             self.keep_ms,
             leases,
@@ -400,6 +406,7 @@ class IdempotencyStore:
             effect_shapes,
             len(sums),
             len(groups),
+            len(merged),
             *stream,
         ]
         return Call(SETTLE, keys, args)
@@ -483,7 +490,20 @@ def _increments(found: Sum | FieldGroup) -> tuple[str, str]:
     """A sum's or field group's increments and its items' positions (from 1), as the settle
     script reads them: space-separated, in item order."""
     increments = " ".join(map(str, found.increments))
-    return increments, " ".join(str(position + 1) for position in found.positions)
+    return increments, _positions(found.positions)
+
+
+def _merged(merge: MergedWrite) -> list[EncodableT]:
+    """A merged write as the settle script reads it: its code, how many arguments, the items'
+    arguments, then how many each item has and its position (from 1), space-separated."""
+    args = [arg for item_args in merge.args for arg in item_args]
+    counts = " ".join(str(len(item_args)) for item_args in merge.args)
+    return [merge.code, len(args), *args, counts, _positions(merge.positions)]
+
+
+def _positions(positions: list[int]) -> str:
+    """Items' positions as the settle script reads them: from 1, space-separated."""
+    return " ".join(str(position + 1) for position in positions)
 
 
 def _as_bytes(raw: bytes | str) -> bytes:

@@ -2,8 +2,8 @@
 -- current token, and apply each DONE item's side effects with it.
 --
 -- KEYS[1]      the shard's fence hash `{tag}:fence` (the record buckets' width: see buckets.lua)
--- KEYS[2..]    the sums' keys (see below), the field groups' keys, then the other effects' keys
---              (the caller's own keys), in order; on a Redis Cluster they carry the shard's
+-- KEYS[2..]    the sums' keys (see below), the field groups' keys, the merged writes' keys, then
+--              the other effects' keys (the caller's own keys), in order; on a Redis Cluster they carry the shard's
 --              hash tag, so the call touches one slot
 -- ARGV[1]      how long a record is kept at least, ms (the lease plus the dedup window)
 -- ARGV[2]      the items' leases as the caller's lease answered them, in runs of items with
@@ -14,15 +14,18 @@
 --              is HINCRBY (field, n) for item 1, nothing for item 2, SADD with two members and
 --              SET for item 3. Letters: S SET, I INCRBY, H HINCRBY, A SADD, T HSET; any other
 --              character is an error reply before anything is written. An item whose effect is
---              in a sum or a field group (see below) has none here
+--              in a sum, a field group or a merged write (see below) has none here
 -- ARGV[5]      how many sums
 -- ARGV[6]      how many field groups (below)
--- ARGV[7..6+n] the items' ids
+-- ARGV[7]      how many merged writes (below)
+-- ARGV[8..7+n] the items' ids
 -- then         per sum: 'I' or 'H', the field ('' for INCRBY), the total, the increments and
 --              its items' positions (from 1), both space-separated in item order; per field
 --              group: how many fields, the fields, the increments and the positions as for a
---              sum; then per item in order: the error text of a FAILED item, the effects'
---              arguments (after the key) of a DONE item whose effect is in no sum or group
+--              sum; per merged write: 'S', 'A' or 'T', how many arguments, the items' arguments
+--              (after the key), how many each item has and the positions, both space-separated;
+--              then per item in order: the error text of a FAILED item, the effects' arguments
+--              (after the key) of a DONE item whose effect is combined in none of these
 --
 -- An item settles only if its record is IN_FLIGHT with exactly that token (a lease that ran out
 -- still settles if nobody leased the id since: the work is done and no newer token exists); an
@@ -64,6 +67,14 @@
 -- exactly (a counter per id costs its field, not a command); where HINCRBY would refuse one (a
 -- value that is no integer, an overflow, a key of another type), its items' HINCRBYs run one by
 -- one in item order instead, and the items Redis refuses are REJECTED.
+--
+-- A merged write (dedup.effects.CallEffects.merged: lone SETs, each its item's only effect, with
+-- nothing else in the call on their keys; or lone SADDs or HSETs of one key, likewise) is one
+-- MSET of the settled items' keys and values ('S', a key per item in KEYS), or one SADD or HSET
+-- of its key ('A', 'T'): what each item's own command would leave, the last value winning where
+-- two items set one key or field. Where Redis refuses it (a key of another type), nothing was
+-- written, and its items' commands run one by one in item order instead, so the items Redis
+-- refuses are REJECTED.
 --
 -- Returns {digits, reasons}: digits '' if every item settled, else one digit per item
 -- (dedup.scripts.SettleCode), 0 SETTLED, 1 STALE, 2 LOST, 3 REJECTED; reasons, an array of one
@@ -249,7 +260,7 @@ end
 
 local outcomes = ARGV[3]
 local n = #outcomes
-local FIRST = 7 -- ARGV index of the first id
+local FIRST = 8 -- ARGV index of the first id
 local out = {} -- the digit of each item not settled
 local why = {} -- the reason of each REJECTED item
 local refused = false
@@ -275,7 +286,15 @@ for g = 1, tonumber(ARGV[6]) do
     positions = ARGV[at + count + 2]}
   at = at + count + 3
 end
-local key_at = 2 + #sums + #groups -- next effect key
+local key_at = 2 + #sums + #groups -- next key: the merged writes', then the other effects'
+local merges = {}
+for m = 1, tonumber(ARGV[7]) do
+  local code, count = ARGV[at], tonumber(ARGV[at + 1])
+  merges[m] = {code = code, key = key_at, args = at + 2, count = count,
+    counts = ARGV[at + count + 2], positions = ARGV[at + count + 3]}
+  at = at + count + 4
+  key_at = key_at + (code == 'S' and count or 1) -- 'S': a key and a value per item
+end
 local leases = {} -- each settled item's lease (`<token hex>:<attempts>` of its record)
 local errors = {} -- each settled FAILED item's error text (its ARGV)
 local effects = {} -- per settled DONE item with effects: {from, to, first argument, first key}
@@ -486,11 +505,12 @@ end
 -- HINCRBY in item order, so Redis refuses the very items it would have.
 local function apply_group(group)
   local items, fields, increments = {}, {}, {}
+  local every = not refused -- every item settled: which they are matters only to a fallback
   local positions = string.gmatch(group.positions, '%d+')
   local f = group.fields
   for increment in string.gmatch(group.increments, '%S+') do
-    local item = tonumber(positions())
-    if not out[item] then
+    local item = not every and tonumber(positions())
+    if every or not out[item] then
       items[#items + 1], fields[#fields + 1], increments[#increments + 1] = item, ARGV[f], increment
     end
     f = f + 1
@@ -520,6 +540,12 @@ local function apply_group(group)
     in_chunks('HSET', group.key, writes)
     return
   end
+  if every then
+    items = {}
+    for position in string.gmatch(group.positions, '%d+') do
+      items[#items + 1] = tonumber(position)
+    end
+  end
   for j = 1, #items do
     local reason = refusal(redis.pcall('HINCRBY', group.key, fields[j], increments[j]))
     if reason then
@@ -530,6 +556,80 @@ end
 
 for _, group in ipairs(groups) do
   apply_group(group)
+end
+
+-- Each settled item of a merged write in item order: visit(item, its key, its first argument's
+-- ARGV index, how many)
+local function each_settled(merge, visit)
+  local positions = string.gmatch(merge.positions, '%d+')
+  local a, k = merge.args, merge.key
+  for count in string.gmatch(merge.counts, '%d+') do
+    local item = tonumber(positions())
+    count = tonumber(count)
+    if not out[item] then
+      visit(item, KEYS[k], a, count)
+    end
+    a = a + count
+    if merge.code == 'S' then -- a key per item
+      k = k + 1
+    end
+  end
+end
+
+-- A merged write's settled items: one MSET, SADD or HSET (in chunks: once the first is taken,
+-- so are the others, the key's type being right); where Redis refuses the first, each item's own
+-- command in item order, so Redis refuses the very items it would have.
+local function apply_merged(merge)
+  local each = merge.code == 'S'
+  local command = COMMANDS[merge.code]
+  local args = {} -- the settled items' arguments, each after its key for an MSET
+  if not refused then -- every item settled: the arguments as sent
+    for j = 0, merge.count - 1 do
+      if each then
+        args[#args + 1] = KEYS[merge.key + j]
+      end
+      args[#args + 1] = ARGV[merge.args + j]
+    end
+  else
+    each_settled(merge, function(_, key, a, count)
+      if each then
+        args[#args + 1] = key
+      end
+      for j = a, a + count - 1 do
+        args[#args + 1] = ARGV[j]
+      end
+    end)
+  end
+  if #args == 0 then
+    return
+  end
+  local first, reply = math.min(CHUNK, #args), nil
+  if each then
+    reply = redis.pcall('MSET', unpack(args, 1, first))
+  else
+    reply = redis.pcall(command, KEYS[merge.key], unpack(args, 1, first))
+  end
+  if not refusal(reply) then
+    for at = first + 1, #args, CHUNK do
+      local to = math.min(at + CHUNK - 1, #args)
+      if each then
+        redis.call('MSET', unpack(args, at, to))
+      else
+        redis.call(command, KEYS[merge.key], unpack(args, at, to))
+      end
+    end
+    return
+  end
+  each_settled(merge, function(item, key, a, count)
+    local reason = apply_alone(command, key, a, count)
+    if reason then
+      reject(item, reason)
+    end
+  end)
+end
+
+for _, merge in ipairs(merges) do
+  apply_merged(merge)
 end
 
 for _, sum in ipairs(sums) do

@@ -624,10 +624,12 @@ def test_the_effects_script_refuses_an_unknown_command_before_writing(
     script = redis_client.register_script(SETTLE.text)
     user = f"user-{uuid.uuid4().hex}"
 
+    leases = f"{a.token:x}:1/1 {b.token:x}:1/1"
+
     with pytest.raises(redis.ResponseError, match="code X is not allowed"):
         script(
             keys=[f"{{{store.namespace}}}:fence", f"{user}:1", f"{user}:2"],
-            args=[60_000, f"{a.token:x}:1/1 {b.token:x}:1/1", "DD", "S1,X0,", 0, 0, "a", "b", "v"],
+            args=[60_000, leases, "DD", "S1,X0,", 0, 0, 0, "a", "b", "v"],
         )
 
     assert [store.record("a"), store.record("b")] == before

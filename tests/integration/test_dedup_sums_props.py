@@ -1,12 +1,14 @@
-"""Sums of increments against applying each increment with its item, on the real Redis.
+"""Combined effects against applying each effect with its item, on the real Redis.
 
 A settle call applies the increments several items make to one key (and field) as one sum
-(dedup.effects.Increments.sums, settle.lua), and the increments of distinct fields of one hash as
-one HMGET and one HSET (dedup.effects.Increments.groups). The model is the store itself without
-either: the same items settled one per call, where no sum or group has two items. Hypothesis draws
-batches of items with zero to two effects (INCRBY, HINCRBY, SET over a few keys and fields, and
-often a hash's counter alone), some settled already (STALE), over starting values that make Redis
-refuse increments: a text, a number with a leading zero, a value near either end of 64 bits. Both
+(dedup.effects.CallEffects.sums, settle.lua), the increments of distinct fields of one hash as
+one HMGET and one HSET (CallEffects.groups), and lone SETs as one MSET, a key's lone SADDs or
+HSETs as one command (CallEffects.merged). The model is the store itself without any of them:
+the same items settled one per call, where nothing has two items to combine. Hypothesis draws
+batches of items with zero to two effects (INCRBY, HINCRBY, SET, SADD, HSET over a few keys and
+fields, and often one effect alone: a hash's counter, a SET, a SADD, an HSET), some settled
+already (STALE), over starting values that make Redis refuse them: a text, a number with a
+leading zero, a value near either end of 64 bits, a string where a set or hash belongs. Both
 sides start from the same values on keys of their own; every item's result, Redis's reasons and
 every key's final value must agree.
 """
@@ -28,6 +30,7 @@ MAX, MIN = 2**63 - 1, -(2**63)
 STRINGS = ("k0", "k1")  # INCRBY and SET keys
 FIELDS = ("f0", "f1", "f2", "f3")  # of the hash "h"
 STARTS = [None, 0, 5, "text", "007", MAX - 2, MIN + 2]
+WRITTEN = ("s", "h2")  # the set of the SADDs and the hash of the HSETs: absent, or a string
 
 increments = st.one_of(st.integers(-3, 3), st.sampled_from([MAX, MIN, MAX // 2, MIN // 2]))
 effects = st.one_of(
@@ -36,20 +39,34 @@ effects = st.one_of(
     st.tuples(
         st.just("HINCRBY"), st.sampled_from(("h", "h", "k0")), st.sampled_from(FIELDS), increments
     ),
-    st.tuples(st.just("SET"), st.sampled_from(STRINGS), st.just("v")),
+    st.tuples(st.just("SET"), st.sampled_from(STRINGS), st.sampled_from(("v", "w"))),
+    # mostly their own key; on k1, a SADD or HSET meets SETs and INCRBYs
+    st.tuples(st.just("SADD"), st.sampled_from(("s", "s", "k1")), st.sampled_from(("m0", "m1"))),
+    st.tuples(
+        st.just("HSET"), st.sampled_from(("h2", "h2", "k1")), st.sampled_from(FIELDS), st.just("v")
+    ),
 )
-# an item whose only effect is a counter of the hash: a sum, or a field group with the others
-counter = st.tuples(st.just("HINCRBY"), st.just("h"), st.sampled_from(FIELDS), increments)
+# an item with one effect: a counter of the hash (a sum, or a field group with the others), a
+# SET, a SADD or an HSET (merged with the others of its kind)
+lone = st.one_of(
+    st.tuples(st.just("HINCRBY"), st.just("h"), st.sampled_from(FIELDS), increments),
+    st.tuples(st.just("SET"), st.sampled_from(STRINGS), st.sampled_from(("v", "w"))),
+    st.tuples(st.just("SADD"), st.just("s"), st.sampled_from(("m0", "m1", "m2"))),
+    st.tuples(st.just("HSET"), st.just("h2"), st.sampled_from(FIELDS), st.sampled_from("vw")),
+)
 items = st.lists(
     st.tuples(
-        st.one_of(st.lists(effects, max_size=2), counter.map(lambda effect: [effect])),
+        st.one_of(st.lists(effects, max_size=2), lone.map(lambda effect: [effect])),
         st.integers(0, 5).map(lambda n: n == 0),  # already settled: STALE
     ),
     min_size=2,
     max_size=12,
 )
 starts = st.fixed_dictionaries(
-    {name: st.sampled_from(STARTS) for name in (*STRINGS, *(f"h.{f}" for f in FIELDS))}
+    {
+        **{name: st.sampled_from(STARTS) for name in (*STRINGS, *(f"h.{f}" for f in FIELDS))},
+        **{name: st.sampled_from([None, None, "text"]) for name in WRITTEN},
+    }
 )
 
 
@@ -80,11 +97,11 @@ def on(prefix: str, effect: tuple[Any, ...]) -> tuple[Any, ...]:
 
 def state(client: redis.Redis, prefix: str) -> dict[str, Any]:
     """Every key's type and value."""
+    read = {b"hash": client.hgetall, b"set": client.smembers, b"string": client.get}
     found: dict[str, Any] = {}
-    for key in (*STRINGS, "h"):
+    for key in (*STRINGS, "h", *WRITTEN):
         kind = client.type(f"{prefix}:{key}")
-        value = client.hgetall if kind == b"hash" else client.get
-        found[key] = (kind, value(f"{prefix}:{key}") if kind != b"none" else None)
+        found[key] = (kind, read[kind](f"{prefix}:{key}") if kind != b"none" else None)
     return found
 
 
@@ -119,17 +136,25 @@ def settle(
     drawn=[([("INCRBY", "k0", 3)], False), ([("INCRBY", "k0", -3)], False)],
     start={"k0": MAX - 2, "k1": None, "h.f0": None, "h.f1": None},
 )
-def test_a_batch_with_summed_sums_leaves_what_settling_each_item_alone_does(
+@example(  # merged: the SADDs of a key holding a string are refused, each item's as its own
+    drawn=[([("SADD", "s", "m0")], False), ([("SADD", "s", "m1")], False)],
+    start={"s": "text"},
+)
+@example(  # merged: an MSET of one key twice leaves the later item's value
+    drawn=[([("SET", "k0", "v")], False), ([("SET", "k0", "w")], False)],
+    start={},
+)
+def test_a_batch_with_effects_combined_leaves_what_settling_each_item_alone_does(
     store: IdempotencyStore, redis_client: redis.Redis, drawn: Any, start: dict[str, Any]
 ) -> None:
     run = uuid.uuid4().hex[:8]
-    summed, alone = f"sum-{run}", f"one-{run}"
-    for prefix in (summed, alone):
+    combined, alone = f"all-{run}", f"one-{run}"
+    for prefix in (combined, alone):
         place(redis_client, prefix, start)
 
-    got = settle(store, summed, drawn, one_per_call=False)
+    got = settle(store, combined, drawn, one_per_call=False)
     want = settle(store, alone, drawn, one_per_call=True)
 
     assert [r.status for r in got] == [r.status for r in want]
-    assert [r.error and r.error.replace(summed, alone) for r in got] == [r.error for r in want]
-    assert state(redis_client, summed) == state(redis_client, alone)
+    assert [r.error and r.error.replace(combined, alone) for r in got] == [r.error for r in want]
+    assert state(redis_client, combined) == state(redis_client, alone)

@@ -1,5 +1,6 @@
-"""dedup.effects.Increments (sums and groups): which increments of a batch the settle script may
-apply as one sum, and which as one HMGET and one HSET of a hash's fields.
+"""dedup.effects.CallEffects (sums, field groups, merged writes): which increments of a batch the
+settle script may apply as one sum, which as one HMGET and one HSET of a hash's fields, and which
+SETs, SADDs and HSETs as one command.
 
 Pure logic over checked effects; what Redis then holds is in
 tests/integration/test_dedup_store.py and test_dedup_sums_props.py.
@@ -7,15 +8,15 @@ tests/integration/test_dedup_store.py and test_dedup_sums_props.py.
 
 from __future__ import annotations
 
-from dedup.effects import CheckedEffect, Increments
+from dedup.effects import CallEffects, CheckedEffect
 
 MAX = 2**63 - 1
 Summed = tuple[str, str | bytes, str | bytes | int | float, list[int], int]
 
 
 def sums(items: list[list[CheckedEffect]]) -> list[Summed]:
-    """Increments.sums as (code, key, field, positions, total)."""
-    return [(c.code, c.key, c.field, c.positions, c.total) for c in Increments(items).sums()]
+    """CallEffects.sums as (code, key, field, positions, total)."""
+    return [(c.code, c.key, c.field, c.positions, c.total) for c in CallEffects(items).sums()]
 
 
 def hincr(key: str, field: str | int, n: int) -> list[CheckedEffect]:
@@ -64,8 +65,8 @@ Grouped = tuple[str | bytes, list[str | bytes | int | float], list[int], list[in
 
 
 def groups(items: list[list[CheckedEffect]]) -> list[Grouped]:
-    """Increments.groups as (key, fields, positions, increments)."""
-    return [(g.key, g.fields, g.positions, g.increments) for g in Increments(items).groups()]
+    """CallEffects.groups as (key, fields, positions, increments)."""
+    return [(g.key, g.fields, g.positions, g.increments) for g in CallEffects(items).groups()]
 
 
 def test_counters_of_distinct_fields_of_one_hash_are_one_group_per_key() -> None:
@@ -84,3 +85,51 @@ def test_a_hash_another_effect_writes_or_a_field_given_two_ways_is_not_grouped()
     assert groups([hincr("a", "y", 1), both, hincr("a", "z", 1)]) == []
     assert groups([hincr("a", 7, 1), hincr("a", "7", 1)]) == []  # one field as Redis sees it
     assert groups([hincr("a", "y", 1), [("T", "a", ["w", "v"])], hincr("a", "z", 1)]) == []
+
+
+Merged = tuple[str, list[str | bytes], list[int], list[list[str | bytes | int | float]]]
+
+
+def merged(items: list[list[CheckedEffect]]) -> list[Merged]:
+    """CallEffects.merged as (code, keys, positions, args)."""
+    return [(m.code, m.keys, m.positions, m.args) for m in CallEffects(items).merged()]
+
+
+def set_(key: str, value: str) -> list[CheckedEffect]:
+    return [("S", key, [value])]
+
+
+def sadd(key: str, *members: str) -> list[CheckedEffect]:
+    return [("A", key, list(members))]
+
+
+def test_lone_sets_of_any_keys_are_one_mset_and_a_keys_sadds_one_sadd() -> None:
+    items = [set_("r1", "a"), sadd("s", "x", "y"), incr("n", 1), set_("r2", "b"), sadd("s", "z")]
+    assert merged(items) == [
+        ("S", ["r1", "r2"], [0, 3], [["a"], ["b"]]),
+        ("A", ["s"], [1, 4], [["x", "y"], ["z"]]),
+    ]
+
+
+def test_a_key_set_twice_is_merged_and_the_last_value_wins_in_item_order() -> None:
+    items = [set_("r", "a"), [("T", "h", ["f", "1"])], set_("r", "b"), [("T", "h", ["f", "2"])]]
+    assert merged(items) == [
+        ("S", ["r", "r"], [0, 2], [["a"], ["b"]]),
+        ("T", ["h"], [1, 3], [["f", "1"], ["f", "2"]]),
+    ]
+
+
+def test_a_write_whose_key_another_effect_touches_is_left_to_its_item() -> None:
+    # an INCRBY of r2, an item with two effects on s, a SADD and a SET of one key
+    items = [set_("r1", "a"), set_("r2", "b"), incr("r2", 1), set_("r3", "c")]
+    assert merged(items) == [("S", ["r1", "r3"], [0, 3], [["a"], ["c"]])]
+    both: list[CheckedEffect] = [("A", "s", ["x"]), ("I", "n", [1])]
+    assert merged([sadd("s", "y"), both, sadd("s", "z")]) == []
+    assert merged([sadd("k", "y"), set_("k", "v"), sadd("k", "z")]) == []
+    assert merged([set_("k", "v"), set_(b"k", "w")]) == [  # one key as Redis sees it
+        ("S", ["k", b"k"], [0, 1], [["v"], ["w"]])
+    ]
+
+
+def test_a_lone_write_is_left_to_its_item() -> None:
+    assert merged([set_("r1", "a"), sadd("s", "x"), incr("n", 1)]) == []
