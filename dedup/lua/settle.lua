@@ -3,8 +3,8 @@
 --
 -- KEYS[1]      the shard's fence hash `{tag}:fence` (the record buckets' width: see buckets.lua)
 -- KEYS[2..]    the sums' keys (see below), the field groups' keys, the merged writes' keys, then
---              the other effects' keys (the caller's own keys), in order; on a Redis Cluster they carry the shard's
---              hash tag, so the call touches one slot
+--              the other effects' keys (the caller's own keys), in order; on a Redis Cluster
+--              they carry the shard's hash tag, so the call touches one slot
 -- ARGV[1]      how long a record is kept at least, ms (the lease plus the dedup window)
 -- ARGV[2]      the items' leases as the caller's lease answered them, in runs of items with
 --              one lease: `<token hex>:<attempts>/<items>`, space-separated (attempts 0: unknown)
@@ -52,7 +52,7 @@
 -- half applied, and the items after a rejected one settle. Effects run in item order, after
 -- the records are written; a REJECTED item's record is then rewritten FAILED.
 --
--- A sum (dedup.effects.Increments.sums: the increments of one key and field by two or more items,
+-- A sum (dedup.effects.CallEffects.sums: the increments of one key and field by two or more items,
 -- each its item's only effect, all of one sign, and no other effect of the call on that key) is
 -- applied after every item's effects: one INCRBY or HINCRBY of the total when all its items
 -- settled and Redis takes it, else its settled items' increments one by one in item order (so
@@ -61,9 +61,9 @@
 -- applying each increment with its item would; a batch of counts sends each key and field once,
 -- not once per item.
 --
--- A field group (dedup.effects.Increments.groups: HINCRBYs of distinct fields of one hash, one item
--- each, each its item's only effect, and nothing but HINCRBYs on that key) is applied with one
--- HMGET of its settled items' fields and one HSET of the values HINCRBY would leave, computed
+-- A field group (dedup.effects.CallEffects.groups: HINCRBYs of distinct fields of one hash, one
+-- item each, each its item's only effect, and nothing but HINCRBYs on that key) is applied with
+-- one HMGET of its settled items' fields and one HSET of the values HINCRBY would leave, computed
 -- exactly (a counter per id costs its field, not a command); where HINCRBY would refuse one (a
 -- value that is no integer, an overflow, a key of another type), its items' HINCRBYs run one by
 -- one in item order instead, and the items Redis refuses are REJECTED.

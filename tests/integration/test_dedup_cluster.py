@@ -31,6 +31,7 @@ from dedup import (
     SettleStatus,
     ZkEpoch,
 )
+from dedup.records import Effect
 from dedup.shards import shard_map_key
 from dedup.store import COUNTER_BITS
 from kspout.config import TopicConfig
@@ -272,6 +273,46 @@ def test_effects_with_the_records_tag_apply_atomically_with_done(
     for p, id_ in enumerate(ids):
         assert client.hgetall(store.effect_key("h", p)) == {id_.encode(): b"1"}
     assert [c.status for c in store.lease(ids, "w2", [0, 1, 2, 3])] == [DUPLICATE] * 4
+
+
+def test_each_shards_lone_sets_are_one_mset_and_its_sadds_of_a_key_one_sadd(
+    store: IdempotencyStore, client: RedisCluster
+) -> None:
+    partitions = [p for p in range(3) for _ in range(4)]  # per partition: two SETs, two SADDs
+    ids = [f"m{i}" for i in range(len(partitions))]
+    leases = store.lease(ids, "w1", partitions)
+
+    def effect(i: int, p: int) -> Effect:
+        if i % 4 < 2:
+            return ("SET", store.effect_key(f"r:{ids[i]}", p), f"v{i}")
+        return ("SADD", store.effect_key("seen", p), ids[i])
+
+    items = [
+        Settlement(ids[i], c.token, True, None, [effect(i, p)], 1)
+        for i, (p, c) in enumerate(zip(partitions, leases, strict=True))
+    ]
+    before = calls(client, "mset", "sadd")
+
+    assert [r.status for r in store.settle(items, partitions)] == [SETTLED] * len(ids)
+    for i, p in enumerate(partitions):
+        if i % 4 < 2:
+            assert client.get(store.effect_key(f"r:{ids[i]}", p)) == f"v{i}".encode()
+    for p in range(3):
+        assert client.smembers(store.effect_key("seen", p)) == {
+            b"m%d" % (4 * p + k) for k in (2, 3)
+        }
+    # in the shard's slot, so Redis took them merged: one MSET and one SADD per shard
+    assert calls(client, "mset", "sadd") == {name: n + 3 for name, n in before.items()}
+
+
+def calls(client: RedisCluster, *commands: str) -> dict[str, int]:
+    """How many times the cluster's masters ran each of `commands` (INFO commandstats)."""
+    found = dict.fromkeys(commands, 0)
+    for node in client.get_primaries():  # type: ignore[no-untyped-call]
+        stats = node.redis_connection.info("commandstats")
+        for name in commands:
+            found[name] += stats.get(f"cmdstat_{name}", {}).get("calls", 0)
+    return found
 
 
 @pytest.mark.parametrize("key", ["h", "{other}:h", "{%s:p1}:h"])
