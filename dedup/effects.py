@@ -86,10 +86,11 @@ def check_effect(
                     id, effect, f"argument {arg!r} is not str, bytes, int or float"
                 )
     for position in integers:
-        if not isinstance(args[position], int) or args[position] not in INT64:
-            raise EffectNotAllowed(
-                id, effect, f"the increment {args[position]!r} must be a 64-bit int"
-            )
+        number = args[position]
+        # compared, not `in INT64`: a range walks itself for an int subclass (an IntEnum)
+        if not isinstance(number, int) or not INT64.start <= number < INT64.stop:
+            raise EffectNotAllowed(id, effect, f"the increment {number!r} must be a 64-bit int")
+        args[position] = int(number)  # an IntEnum is sent as its number, not its repr
     if tag is not None and hash_tag(key) != tag.encode():
         raise EffectNotAllowed(
             id,

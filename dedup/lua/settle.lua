@@ -2,14 +2,15 @@
 -- current token, and apply each DONE item's side effects with it.
 --
 -- KEYS[1]      the shard's fence hash `{tag}:fence` (the record buckets' width: see buckets.lua)
--- KEYS[2..]    the sums' keys (see below), the field groups' keys, the merged writes' keys, then
---              the other effects' keys (the caller's own keys), in order; on a Redis Cluster
---              they carry the shard's hash tag, so the call touches one slot
+-- KEYS[2..]    the sums' keys (see below), the field groups' keys, the merged writes' keys (an
+--              MSET's: one per item), then the other effects' keys (the caller's own keys), in
+--              order; on a Redis Cluster they carry the shard's hash tag, so the call touches one
+--              slot
 -- ARGV[1]      how long a record is kept at least, ms (the lease plus the dedup window)
 -- ARGV[2]      the items' leases as the caller's lease answered them, in runs of items with
 --              one lease: `<token hex>:<attempts>/<items>`, space-separated (attempts 0: unknown)
 -- ARGV[3]      n characters, one per item: 'D' for DONE, 'F' for FAILED
--- ARGV[4]      the effects' shapes, '' if no item has any (a sum's increment aside): per
+-- ARGV[4]      the effects' shapes, '' if every effect is combined (below) or none is given: per
 --              item, one letter and an argument count per effect, then ','; e.g. 'H2,,A2S1,'
 --              is HINCRBY (field, n) for item 1, nothing for item 2, SADD with two members and
 --              SET for item 3. Letters: S SET, I INCRBY, H HINCRBY, A SADD, T HSET; any other
@@ -505,7 +506,9 @@ end
 -- HINCRBY in item order, so Redis refuses the very items it would have.
 local function apply_group(group)
   local items, fields, increments = {}, {}, {}
-  local every = not refused -- every item settled: which they are matters only to a fallback
+  -- every item settled: which they are matters only to a fallback, which reads the positions
+  -- then (till then `items` holds false per item)
+  local every = not refused
   local positions = string.gmatch(group.positions, '%d+')
   local f = group.fields
   for increment in string.gmatch(group.increments, '%S+') do
@@ -610,12 +613,12 @@ local function apply_merged(merge)
     reply = redis.pcall(command, KEYS[merge.key], unpack(args, 1, first))
   end
   if not refusal(reply) then
-    for at = first + 1, #args, CHUNK do
-      local to = math.min(at + CHUNK - 1, #args)
+    for from = first + 1, #args, CHUNK do
+      local to = math.min(from + CHUNK - 1, #args)
       if each then
-        redis.call('MSET', unpack(args, at, to))
+        redis.call('MSET', unpack(args, from, to))
       else
-        redis.call(command, KEYS[merge.key], unpack(args, at, to))
+        redis.call(command, KEYS[merge.key], unpack(args, from, to))
       end
     end
     return

@@ -3,6 +3,8 @@ constructor checks (no server: a redis.Redis client connects only on its first c
 
 from __future__ import annotations
 
+import enum
+
 import pytest
 import redis
 
@@ -27,6 +29,17 @@ def test_allowed_effects_are_normalised() -> None:
         "k",
         ["f1", "v1", "f2", 2],
     )
+
+
+def test_an_int_subclass_increment_is_checked_at_once_and_sent_as_its_number() -> None:
+    class Step(enum.IntEnum):
+        ONE = 1
+
+    # `Step.ONE in range(...)` walks the range; the check compares instead
+    [increment] = check_effect("m", ("INCRBY", "k", Step.ONE))[2]
+    assert type(increment) is int and increment == 1
+    with pytest.raises(EffectNotAllowed, match="not str, bytes, int or float"):
+        check_effect("m", ("INCRBY", "k", True))  # a bool is an int too, and refused
 
 
 def test_a_refused_effect_names_the_message_and_what_is_allowed() -> None:
