@@ -6,11 +6,11 @@ one HMGET and one HSET (CallEffects.groups), and lone SETs as one MSET, a key's 
 HSETs as one command (CallEffects.merged). The model is the store itself without any of them:
 the same items settled one per call, where nothing has two items to combine. Hypothesis draws
 batches of items with zero to two effects (INCRBY, HINCRBY, SET, SADD, HSET over a few keys and
-fields, and often one effect alone: a hash's counter, a SET, a SADD, an HSET), some settled
-already (STALE), over starting values that make Redis refuse them: a text, a number with a
-leading zero, a value near either end of 64 bits, a string where a set or hash belongs. Both
-sides start from the same values on keys of their own; every item's result, Redis's reasons and
-every key's final value must agree.
+fields, and often one effect alone: a hash's counter, a SET, a SADD, an HSET; keys given as str
+or as bytes), some settled already (STALE), FAILED or never leased (LOST), over starting values
+that make Redis refuse them: a text, a number with a leading zero, a value near either end of
+64 bits, a string where a set or hash belongs. Both sides start from the same values on keys of
+their own; every item's result, Redis's reasons and every key's final value must agree.
 """
 
 from __future__ import annotations
@@ -57,7 +57,9 @@ lone = st.one_of(
 items = st.lists(
     st.tuples(
         st.one_of(st.lists(effects, max_size=2), lone.map(lambda effect: [effect])),
-        st.integers(0, 5).map(lambda n: n == 0),  # already settled: STALE
+        # mostly leased and settled here; else settled already (STALE), FAILED (its effects
+        # dropped) or never leased (LOST)
+        st.sampled_from(("ok", "ok", "ok", "ok", "ok", "stale", "failed", "lost")),
     ),
     min_size=2,
     max_size=12,
@@ -90,9 +92,11 @@ def place(client: redis.Redis, prefix: str, start: dict[str, Any]) -> None:
             client.set(f"{prefix}:{name}", value)
 
 
-def on(prefix: str, effect: tuple[Any, ...]) -> tuple[Any, ...]:
+def on(prefix: str, effect: tuple[Any, ...], as_bytes: bool) -> tuple[Any, ...]:
+    """The effect on the example's own key, given as str or as bytes (one key to Redis)."""
     command, key, *args = effect
-    return (command, f"{prefix}:{key}", *args)
+    name = f"{prefix}:{key}"
+    return (command, name.encode() if as_bytes else name, *args)
 
 
 def state(client: redis.Redis, prefix: str) -> dict[str, Any]:
@@ -108,20 +112,23 @@ def state(client: redis.Redis, prefix: str) -> dict[str, Any]:
 def settle(
     store: IdempotencyStore,
     prefix: str,
-    drawn: list[tuple[list[tuple[Any, ...]], bool]],
+    drawn: list[tuple[list[tuple[Any, ...]], str]],
     one_per_call: bool,
 ) -> list[SettleResult]:
     ids = [f"{prefix}-{i}" for i in range(len(drawn))]
     leases = store.lease(ids, "w1")
     batch = []
-    for id, lease, (item_effects, stale) in zip(ids, leases, drawn, strict=True):
-        if stale:
+    for i, (id, lease, (item_effects, how)) in enumerate(zip(ids, leases, drawn, strict=True)):
+        if how == "stale":
             assert store.settle([Settlement(id, lease.token, True)]) == [
                 SettleResult(SettleStatus.SETTLED)
             ]
-        batch.append(
-            Settlement(id, lease.token, True, effects=[on(prefix, e) for e in item_effects])
-        )
+        if how == "failed":
+            batch.append(Settlement(id, lease.token, False, "boom"))
+            continue
+        effects = [on(prefix, e, as_bytes=i % 2 == 1) for e in item_effects]
+        lost = f"{id}-never-leased"
+        batch.append(Settlement(lost if how == "lost" else id, lease.token, True, None, effects))
     if one_per_call:
         return [store.settle([item])[0] for item in batch]
     return store.settle(batch)
@@ -133,15 +140,15 @@ def settle(
 )
 @given(drawn=items, start=starts)
 @example(  # summed, +3 and -3 would pass where Redis refuses the +3 alone: one sign per sum
-    drawn=[([("INCRBY", "k0", 3)], False), ([("INCRBY", "k0", -3)], False)],
+    drawn=[([("INCRBY", "k0", 3)], "ok"), ([("INCRBY", "k0", -3)], "ok")],
     start={"k0": MAX - 2, "k1": None, "h.f0": None, "h.f1": None},
 )
 @example(  # merged: the SADDs of a key holding a string are refused, each item's as its own
-    drawn=[([("SADD", "s", "m0")], False), ([("SADD", "s", "m1")], False)],
+    drawn=[([("SADD", "s", "m0")], "ok"), ([("SADD", "s", "m1")], "ok")],
     start={"s": "text"},
 )
 @example(  # merged: an MSET of one key twice leaves the later item's value
-    drawn=[([("SET", "k0", "v")], False), ([("SET", "k0", "w")], False)],
+    drawn=[([("SET", "k0", "v")], "ok"), ([("SET", "k0", "w")], "ok")],
     start={},
 )
 def test_a_batch_with_effects_combined_leaves_what_settling_each_item_alone_does(
