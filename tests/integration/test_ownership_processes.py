@@ -104,6 +104,8 @@ def test_three_instances_divide_the_topic_and_a_killed_ones_partitions_move(
         eventually(lambda: set(claims(config).values()) == set(ids), what="all three own some")
         victim = max(range(3), key=lambda i: list(claims(config).values()).count(ids[i]))
         held = sorted(p for p, owner in claims(config).items() if owner == ids[victim])
+        # killed at work: once it has finished some (an instance slow to start may not have)
+        eventually(lambda: entries(runs[victim][1]), timeout=60, what="the victim finished some")
         runs[victim][0].kill()  # SIGKILL: no final commit, no release
         runs[victim][0].wait()
         killed_at = time.monotonic()
