@@ -66,11 +66,10 @@ def check_effect(
             id, effect, f"give (command, key, args...); allowed: {_ALLOWED_TEXT}"
         )
     command, key, *args = effect
-    spec = ALLOWED_EFFECTS.get(command) if isinstance(command, str) else None  # as Effects spells
+    name = command if isinstance(command, str) else ""
+    spec = ALLOWED_EFFECTS.get(name) or ALLOWED_EFFECTS.get(name.upper())  # as Effects spells it
     if spec is None:
-        spec = ALLOWED_EFFECTS.get(command.upper() if isinstance(command, str) else "")
-        if spec is None:
-            raise EffectNotAllowed(id, effect, f"allowed commands: {_ALLOWED_TEXT}")
+        raise EffectNotAllowed(id, effect, f"allowed commands: {_ALLOWED_TEXT}")
     code, low, high, integers, pairs = spec
     count = len(args)
     if count < low or (high is not None and count > high) or (pairs and count % 2):

@@ -606,20 +606,17 @@ local function apply_merged(merge)
   if #args == 0 then
     return
   end
-  local first, reply = math.min(CHUNK, #args), nil
-  if each then
-    reply = redis.pcall('MSET', unpack(args, 1, first))
-  else
-    reply = redis.pcall(command, KEYS[merge.key], unpack(args, 1, first))
+  -- args[from..] in one command, at most CHUNK of them, run with `run` (redis.call or pcall)
+  local function write(run, from)
+    local to = math.min(from + CHUNK - 1, #args)
+    if each then
+      return run('MSET', unpack(args, from, to))
+    end
+    return run(command, KEYS[merge.key], unpack(args, from, to))
   end
-  if not refusal(reply) then
-    for from = first + 1, #args, CHUNK do
-      local to = math.min(from + CHUNK - 1, #args)
-      if each then
-        redis.call('MSET', unpack(args, from, to))
-      else
-        redis.call(command, KEYS[merge.key], unpack(args, from, to))
-      end
+  if not refusal(write(redis.pcall, 1)) then
+    for from = CHUNK + 1, #args, CHUNK do
+      write(redis.call, from)
     end
     return
   end
