@@ -84,9 +84,10 @@ timed out is not undone.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from itertools import groupby
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from redis.cluster import RedisCluster
 from redis.typing import EncodableT
@@ -109,11 +110,30 @@ from dedup.records import (
 )
 from dedup.scripts import ADVANCE_EPOCH, LEASE, SETTLE, LeaseScriptStatus
 from dedup.shards import ShardTags
-from dedup.wire import Call, Client, ScriptRunner
+from dedup.wire import Answer, Call, Client, ScriptRunner, SentCalls
 
 COUNTER_BITS = 40  # the counter part of a token; the lease script asks for a new epoch at 2**40
 MAX_ERROR_CHARS = 1000  # error text kept in a FAILED record: enough to diagnose, bounded memory
 EPOCH_ROUNDS = 5  # epoch changes one lease may go through before it gives up (each moves forward)
+
+T = TypeVar("T")
+
+
+class Sent(Generic[T]):
+    """A store call written to Redis: `result()` reads its answer (once; Redis runs the call
+    meanwhile), and whoever drops it unread calls `discard()`, which frees its connections."""
+
+    __slots__ = ("_calls", "_finish")
+
+    def __init__(self, calls: SentCalls, finish: Callable[[list[Answer]], T]) -> None:
+        self._calls = calls
+        self._finish = finish
+
+    def result(self) -> T:
+        return self._finish(self._calls.answers())
+
+    def discard(self) -> None:
+        self._calls.discard()
 
 
 class EpochSource(Protocol):
@@ -231,13 +251,32 @@ class IdempotencyStore:
         trips, once. With `wait_replicas`/`wait_aof`, DUPLICATE answers become DEFERRED when
         the acknowledgements fell short.
         """
-        if not ids:
-            return []
-        pending = self._shards(partitions, len(ids))
+        return self.send_lease(ids, owner, partitions).result()
+
+    def send_lease(
+        self, ids: Sequence[str], owner: str, partitions: int | Sequence[int] = 0
+    ) -> Sent[list[LeaseRun]]:
+        """`lease_runs`, written to Redis now: `result()` reads its runs, so Redis leases while
+        the caller works (an epoch change's extra round trips happen in `result()`)."""
+        pending = self._shards(partitions, len(ids)) if ids else []
+        calls = [self._lease_call(tag, ids, positions, owner) for tag, positions in pending]
+        return Sent(self._runner.send(calls), partial(self._leased, ids, owner, pending, calls))
+
+    def _leased(
+        self,
+        ids: Sequence[str],
+        owner: str,
+        pending: Shards,
+        calls: list[Call],
+        answers: list[Answer],
+    ) -> list[LeaseRun]:
+        """The runs of a lease from its calls' answers; shards whose fence's epoch changed are
+        leased again, at most `EPOCH_ROUNDS` rounds in all."""
         runs: list[LeaseRun] = []
-        for _ in range(EPOCH_ROUNDS):
-            calls = [self._lease_call(tag, ids, positions, owner) for tag, positions in pending]
-            answers = self._runner.run(calls)
+        for rounds in range(EPOCH_ROUNDS):
+            if rounds:  # the first round's answers came with the call
+                calls = [self._lease_call(tag, ids, positions, owner) for tag, positions in pending]
+                answers = self._runner.run(calls)
             retry: Shards = []
             for (tag, positions), call, (reply, short) in zip(pending, calls, answers, strict=True):
                 status, base, codes, reasons, *read_only = reply
@@ -326,18 +365,26 @@ class IdempotencyStore:
         Cluster, also for a key without its record's hash tag). With `wait_replicas`/
         `wait_aof`, `NotDurable` if the acknowledgements fell short.
         """
-        if not items:
-            return []
-        shards = self._shards(partitions, len(items))
+        return self.send_settle(items, partitions).result()
+
+    def send_settle(
+        self, items: Sequence[Settlement], partitions: int | Sequence[int] = 0
+    ) -> Sent[list[SettleResult]]:
+        """`settle`, written to Redis now (`EffectNotAllowed` before that): `result()` reads its
+        results, or raises `NotDurable`, so Redis settles while the caller works."""
+        shards = self._shards(partitions, len(items)) if items else []
         calls = [
             self._settle_call(tag, items if positions is None else [items[p] for p in positions])
             for tag, positions in shards
         ]
-        answers = self._runner.run(calls)
+        return Sent(self._runner.send(calls), partial(self._settled, len(items), shards))
+
+    def _settled(self, count: int, shards: Shards, answers: list[Answer]) -> list[SettleResult]:
+        """The results of a settlement of `count` items from its calls' answers."""
         if len(shards) == 1:
-            results = decode_settle_results(answers[0].reply, len(items))
+            results = decode_settle_results(answers[0].reply, count)
         else:
-            results = [SETTLED] * len(items)
+            results = [SETTLED] * count
             for (_, positions), answer in zip(shards, answers, strict=True):
                 assert positions is not None
                 for position, result in zip(
