@@ -1,8 +1,9 @@
 """`IdempotencyBolt`: exactly-once effects for a handler, across replays, crashes and timeouts.
 
 It wraps the handler that applies a message's side effects and runs first in its stage. Per
-task it makes two Redis round trips: one lease for every message id of the batch, one
-settlement for all of them.
+part of a task's batch (`dedup.overlap.IDS_PER_CALL` ids) it makes one lease call and one
+settlement call, written to Redis so that Redis leases the next part and settles the last one
+while the handler runs this one.
 
 * DONE before: the message is acked as a DUPLICATE; the handler does not run.
 * In flight in another task with a live lease (a timeout replay while the original still
@@ -41,6 +42,8 @@ import socket
 import ssl
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
 
 import redis
 from kazoo.client import KazooClient
@@ -51,9 +54,10 @@ from dedup.effects import check_effect
 from dedup.epoch import ZkEpoch
 from dedup.errors import FencedOut, NotDurable
 from dedup.ids import IdReader, id_reader
-from dedup.records import Effect, LeaseStatus, Settlement, SettleStatus
+from dedup.overlap import overlapped
+from dedup.records import Effect, LeaseRun, LeaseStatus, Settlement, SettleResult, SettleStatus
 from dedup.server_checks import require_wait_aof, server_durability_warnings
-from dedup.store import IdempotencyStore
+from dedup.store import IdempotencyStore, Sent
 from dedup.wire import Client
 from kspout.bolts import Bolt, Collector, TaskContext, Tuple
 from kspout.channel.beacon import thread_beacon
@@ -199,6 +203,15 @@ def worker_store(config: TopicConfig, namespace: str) -> IdempotencyStore:
     return _stores.get(config, namespace)
 
 
+@dataclass(slots=True)
+class _Ran:
+    """A part's tuples that ran, their settlements, and what their handlers raised (by index)."""
+
+    tuples: list[Tuple]
+    settlements: list[Settlement]
+    raised: dict[int, Exception]
+
+
 class IdempotencyBolt(Bolt):
     """Runs `handler(record, effects)` at most once to completion per message id.
 
@@ -253,8 +266,9 @@ class IdempotencyBolt(Bolt):
         self.execute_batch([tuple_], collector)
 
     def execute_batch(self, tuples: Sequence[Tuple], collector: Collector) -> None:
-        """Lease the batch's ids, run the handler on the leased ones, settle them together."""
-        store = self._store
+        """Lease the batch's ids, run the handler on the leased ones, settle them; in parts, the
+        next part's lease and the last one's settlement in Redis while the handler runs
+        (`dedup.overlap`)."""
         ids: list[str] = []
         known: list[Tuple] = []
         for tuple_ in tuples:
@@ -265,12 +279,34 @@ class IdempotencyBolt(Bolt):
                 ids.append(id_)
                 known.append(tuple_)
         partitions = [tuple_.record.partition for tuple_ in known]
-        settlements: list[Settlement] = []
-        ran: list[Tuple] = []
-        raised: dict[int, Exception] = {}  # by index into `ran`: what its handler raised
-        for run in store.lease_runs(ids, self._owner, partitions):
-            end = run.start + run.length
-            answered = zip(known[run.start : end], ids[run.start : end], strict=True)
+        refusals: list[KafkaRefused] = []
+        overlapped(
+            self._store,
+            ids,
+            partitions,
+            self._owner,
+            partial(self._run_part, known, ids, collector),
+            partial(self._answer, collector, refusals),
+        )
+        if refusals:
+            raise refusals[0]  # a right the principal lost: the task is released, the run stops
+
+    def _run_part(
+        self,
+        known: list[Tuple],
+        ids: list[str],
+        collector: Collector,
+        start: int,
+        runs: list[LeaseRun],
+    ) -> tuple[list[Settlement], list[int], _Ran]:
+        """Answer a part's ids that did not lease, run the handler on those that did: their
+        settlements, partitions, and the tuples that ran with what their handlers raised."""
+        ran = _Ran([], [], {})
+        for run in runs:
+            first = start + run.start
+            answered = zip(
+                known[first : first + run.length], ids[first : first + run.length], strict=True
+            )
             if run.status is LeaseStatus.DUPLICATE:
                 for tuple_, _ in answered:
                     collector.duplicate(tuple_)
@@ -284,18 +320,29 @@ class IdempotencyBolt(Bolt):
                 for tuple_, id_ in answered:
                     settlement, exc = self._run(tuple_.record, id_, run.token, run.attempts)
                     if exc is not None:
-                        raised[len(ran)] = exc
-                    settlements.append(settlement)
-                    ran.append(tuple_)
-        thread_beacon().current = None  # the settle below is Redis's time, not the last message's
+                        ran.raised[len(ran.tuples)] = exc
+                    ran.settlements.append(settlement)
+                    ran.tuples.append(tuple_)
+        thread_beacon().current = None  # what follows is Redis's time, not the last message's
+        return ran.settlements, [t.record.partition for t in ran.tuples], ran
+
+    def _answer(
+        self,
+        collector: Collector,
+        refusals: list[KafkaRefused],
+        sent: Sent[list[SettleResult]],
+        ran: _Ran,
+    ) -> None:
+        """Answer each tuple of a part that ran, by how its settlement ended."""
         try:
-            results = store.settle(settlements, [t.record.partition for t in ran])
+            results = sent.result()
         except NotDurable as exc:
-            for tuple_ in ran:
+            for tuple_ in ran.tuples:
                 collector.release(tuple_, str(exc))
             return
+        raised = ran.raised
         for i, (tuple_, item, (status, error)) in enumerate(
-            zip(ran, settlements, results, strict=True)
+            zip(ran.tuples, ran.settlements, results, strict=True)
         ):
             if status is SettleStatus.SETTLED:
                 if item.done:
@@ -316,9 +363,7 @@ class IdempotencyBolt(Bolt):
                 collector.fail(tuple_, f"idempotency record of {item.id!r} vanished from Redis")
             else:
                 collector.fail(tuple_, f"Redis rejected the settlement of {item.id!r}: {error}")
-        for what in raised.values():
-            if isinstance(what, KafkaRefused):
-                raise what  # a right the principal lost: the task is released, the run stops
+        refusals += (what for what in raised.values() if isinstance(what, KafkaRefused))
 
     def _run(
         self, record: Record, id_: str, token: int, attempt: int

@@ -21,6 +21,7 @@ from kazoo.exceptions import NoAuthError
 
 from dedup import Effects, IdempotencyBolt, LeaseStatus, Settlement, SettleStatus
 from dedup.bolt import worker_store
+from dedup.overlap import IDS_PER_CALL
 from kspout.config import TopicConfig
 from kspout.devstack import DevStack, RedisServer
 from kspout.driver import Driver, Progress
@@ -223,7 +224,7 @@ def test_what_redis_would_refuse_fails_that_message_alone_with_redis_reason(
     assert stored(config)[2] == 6
 
 
-def test_one_lease_and_one_settle_per_batch_in_process(
+def test_a_batch_is_leased_and_settled_in_parts_of_ids_per_call(
     dedup_config: Callable[..., TopicConfig],
     producer: Producer,
     redis_client: redis.Redis,
@@ -241,8 +242,63 @@ def test_one_lease_and_one_settle_per_batch_in_process(
         after = evalsha_calls(redis_client)
         assert driver.progress().total("acked") == 2 * 300 * len(PARTITIONS)
 
-    # In process a batch is one task over every partition: one lease and one settle in all.
-    assert after - before == 2
+    # In process a batch is one task over every partition: a lease and a settle per part.
+    parts = -(-300 * len(PARTITIONS) // IDS_PER_CALL)
+    assert parts > 1
+    assert after - before == 2 * parts
+
+
+class RunsAndWaitsForNextLease(Apply):
+    """Apply, counting every run of the handler outside the effects (`<key>:runs`), and at the
+    first run wait until `ahead`, an id of the batch's next part, has a record."""
+
+    def __init__(self, key: str, config: TopicConfig, ahead: str) -> None:
+        super().__init__(key)
+        self.config = config
+        self.ahead = ahead
+        self.saw_ahead: bool | None = None
+
+    def __call__(self, record: Record, effects: Effects) -> None:
+        client = redis.Redis.from_url(self.config.redis.url)
+        client.hincrby(f"{self.key}:runs", effects.id, 1)
+        if self.saw_ahead is None:
+            store = worker_store(self.config, self.config.spout_id)
+            deadline = time.monotonic() + 5
+            while store.record(self.ahead) is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            self.saw_ahead = store.record(self.ahead) is not None
+        client.close()
+        super().__call__(record, effects)
+
+
+def test_the_next_part_is_leased_while_the_handler_runs_and_a_repeat_in_it_waits(
+    dedup_config: Callable[..., TopicConfig],
+    producer: Producer,
+    redis_client: redis.Redis,
+) -> None:
+    # One partition, one batch of 700 messages in two parts (500 and 200); the second part
+    # repeats the first 100 ids of the first (offsets 600 to 699 are ids 0 to 99 again).
+    config = dedup_config(batch_size=700, defer_delay=0.05)
+    produce(producer, config.topic, {0: range(700)}, key=lambda p, o: keyed(p, o % 600))
+    key = f"{config.topic}:applied"
+    handler = RunsAndWaitsForNextLease(key, config, ahead=keyed(0, 550).decode())
+    assert IDS_PER_CALL == 500
+
+    with Driver(config, LocalExecutor(config, IdempotencyBolt(handler, config))) as driver:
+        assert driver.step()
+        driver.drain()
+        first = driver.progress()
+        final = driver.run(until_caught_up=True)
+
+    # The second part's lease was in Redis while the first part's handlers ran...
+    assert handler.saw_ahead is True
+    # ...and its repeats found the first part's live leases: deferred, then duplicates.
+    assert first.total("deferred") == 100 and first.total("acked") == 600
+    assert final.total("duplicates") == 100 and final.total("dead_lettered") == 0
+    ids = {keyed(0, o).decode() for o in range(600)}
+    assert applied(redis_client, key) == dict.fromkeys(ids, 1)
+    assert applied(redis_client, f"{key}:runs") == dict.fromkeys(ids, 1)  # no handler ran twice
+    assert stored(config)[0] == 700
 
 
 def test_start_warns_when_redis_could_lose_records(
