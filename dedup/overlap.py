@@ -7,9 +7,10 @@ k+1's has been written, so with a core each the two work at once and a client's 
 by the slower of them rather than by their sum (`bench.bench_dedup`: lease + settle, serial
 and overlapped).
 
-Every part leases under its own owner, `<owner>/<k>`: a message that is twice in a batch, in
-two parts, finds the earlier part's live lease and is DEFERRED, as a repeat within one call is,
-instead of renewing that lease from under it.
+Every part leases under its own owner, `<owner>/<k>`, so a message that is twice in a batch is
+never renewed from under its earlier copy's lease: its later copy finds that lease live and is
+DEFERRED, as a repeat within one call is (the next part is leased before this one settles), or
+finds it settled: DONE, a DUPLICATE; FAILED, run again as its next attempt.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ def overlapped(
     """Lease `ids` (of `partitions`, one per id) in parts; for each, `work(start, runs)` runs the
     leased ids (`runs` start from the part's first id, at `start` in `ids`) and returns their
     settlements, their partitions (one for all, or one each) and what `answer` needs;
-    `answer(sent, ran)` reads the part's settlement with `sent.result()`. Calls to `work` and
-    `answer` alternate, in part order.
+    `answer(sent, ran)` reads the part's settlement with `sent.result()`. Each comes in part
+    order, a part's `answer` after the next part's `work`.
 
     If anything raises, the calls not read are dropped: the leases written for parts that did not
     run expire, and their messages, not acked, are leased again by a replay.

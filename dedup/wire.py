@@ -80,9 +80,7 @@ class ScriptRunner:
             for node, indexes in by_node.values():
                 wanted = (self.wanted or self._check_wait(node)) if waiting else None
                 mine = [calls[i] for i in indexes]
-                sent.append(
-                    _NodeCalls(node, indexes, mine, wanted, _InFlight(node, self._commands(mine)))
-                )
+                sent.append(_NodeCalls(node, indexes, mine, wanted, self._write(node, mine)))
         except BaseException:
             for written in sent:
                 written.in_flight.discard()
@@ -119,7 +117,9 @@ class ScriptRunner:
         node, calls, in_flight = sent.node, sent.calls, sent.in_flight
         replies: list[Any] = [None] * len(calls)
         pending = list(range(len(calls)))
-        for _ in range(2):  # the second time after loading scripts
+        for again in range(2):  # again: after loading scripts
+            if again:
+                in_flight = self._write(node, [calls[index] for index in pending])
             try:
                 answers = in_flight.replies()
             except (redis.ConnectionError, redis.TimeoutError) as error:
@@ -140,8 +140,16 @@ class ScriptRunner:
             for script in {calls[index].script for index in unknown}:
                 node.script_load(script.text)
             pending = unknown
-            in_flight = _InFlight(node, self._commands([calls[index] for index in unknown]))
         raise redis.exceptions.NoScriptError("the dedup scripts did not load")
+
+    def _write(self, node: redis.Redis, calls: Sequence[Call]) -> _InFlight:
+        """Write `calls` (and the wait, if any) to `node` in one write. A node that cannot be
+        reached (on a cluster: a failover may follow) refreshes the map as a failed read does."""
+        try:
+            return _InFlight(node, self._commands(calls))
+        except (redis.ConnectionError, redis.TimeoutError) as error:
+            self._refresh(error)
+            raise
 
     def _refresh(self, error: Exception) -> None:
         """After an error that may mean the cluster changed (MOVED or ASK: a resharding; a node
@@ -220,10 +228,10 @@ class _InFlight:
     a failed write or read counts as the first attempt, and each retry writes and reads again."""
 
     def __init__(self, node: redis.Redis, commands: Sequence[tuple[EncodableT, ...]]) -> None:
-        self._pool: redis.ConnectionPool = node.connection_pool
-        self._connection: Any = self._pool.get_connection()
         self._count = len(commands)
         self._packed = [b"".join(map(_pack, commands))]
+        self._pool: redis.ConnectionPool = node.connection_pool
+        self._connection: Any = self._pool.get_connection()
         self._failed: Exception | None = None
         try:
             self._connection.send_packed_command(self._packed)  # type: ignore[no-untyped-call]

@@ -393,7 +393,8 @@ class Bolt:
         The default runs `execute` per tuple, failing the tuple whose `execute` raised, unless
         what it raised is `KafkaRefused` (a right the principal lost, a changed password: not
         the message's fault, and no retry cures it): that fails the task, which stops the run.
-        Bolts that pay a round trip per call (the dedup bolt) override it to make one per batch.
+        Bolts that pay a round trip per call (the dedup bolt) override it to make one per
+        batch, or per part of one.
         """
         beacon = thread_beacon()
         for tuple_ in tuples:

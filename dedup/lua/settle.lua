@@ -33,7 +33,7 @@
 -- item whose record holds the token at another attempt count settles at the record's count.
 -- DONE and FAILED keep the attempt count. When the call settles every id of one lease call
 -- (the record says how many it leased) before that lease's deadline, the lease's token is marked
--- DONE (buckets.lua) and its DONE items write nothing more: a bolt's batch costs one SET. The
+-- DONE (buckets.lua) and its DONE items write nothing more: a bolt's part costs one SET. The
 -- other settled records are written with one HSET to the bucket of now (records moved from an
 -- older bucket are deleted there), so each is kept ARGV[1] ms at least from its settlement.
 -- Nothing is written for an item that does not settle: STALE (another lease's record, one

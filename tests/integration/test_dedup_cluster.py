@@ -381,7 +381,9 @@ def test_the_bolt_applies_each_message_once_on_a_cluster(
 
 
 def test_a_killed_master_refuses_its_partitions_until_back_and_loses_nothing(
-    tmp_path_factory: pytest.TempPathFactory, store_factory: StoreFactory
+    tmp_path_factory: pytest.TempPathFactory,
+    store_factory: StoreFactory,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     servers = start_cluster(tmp_path_factory, 3)
     client = RedisCluster.from_url(servers.url)
@@ -403,9 +405,17 @@ def test_a_killed_master_refuses_its_partitions_until_back_and_loses_nothing(
             n for n in servers.nodes if n.port == node_of(client, store.effect_key("x", 0))
         )
 
+        reloads: list[bool] = []
+        reload = client.nodes_manager.initialize
+        monkeypatch.setattr(
+            client.nodes_manager, "initialize", lambda: reloads.append(True) or reload()
+        )
+
         victim.kill()
         with pytest.raises(redis.RedisError):
             store.lease(["late"], "w2", 0)  # an error, never a guess
+        assert reloads  # and the slot map was read again: a failover may have moved the slots
+        monkeypatch.undo()
         servers.start()  # back from its append-only file
 
         assert [c.status for c in store.lease(done, "w2", partitions)] == [DUPLICATE] * 6
