@@ -9,11 +9,13 @@ on one server, and several clients on one server and on Redis Clusters, in one r
 Every server is its own `redis-server` on a free loopback port, append-only file on with
 `appendfsync everysec`, as in production; the clusters are local `--cluster-enabled yes` masters
 without replicas. Part one measures the server's pipelined SET rate with `redis-benchmark` (the
-baseline), then times one client leasing and settling fresh ids in batches, each batch one lease
-call and one settle call (two round trips), as a bolt's task does; then with one effect per id:
-an HINCRBY of 100 counters (each batch increments each by a sum), an HINCRBY of a counter per id
-(a field group: one HMGET and one HSET per batch), a SET of a key per id (a merged write: one MSET
-per batch) and a SADD to one set (one SADD per batch).
+baseline), then times one client leasing and settling fresh ids as the dedup bolt does: tasks of
+10,000 ids, each in parts of 500, the next part's lease and the last part's settlement in Redis
+while this part's settlements are built (`dedup.overlap`); beside it, for comparison, the same
+ids one call at a time (1,000 a call, each waited for); then with one effect per id:
+an HINCRBY of 100 counters (each call increments each by a sum), an HINCRBY of a counter per id
+(a field group: one HMGET and one HSET per call), a SET of a key per id (a merged write: one MSET
+per call) and a SADD to one set (one SADD per call).
 Redis CPU per id is the server process's `used_cpu_sys + used_cpu_user` (INFO cpu) over the case,
 divided by its ids: parsing, scripts, the append-only file's buffer, everything but a rewrite's
 child; the scripts' own share (INFO commandstats) is printed beside it. Part two runs `--clients`
@@ -62,7 +64,7 @@ from redis.cluster import RedisCluster
 
 from bench.report import table
 from dedup import IdempotencyStore, LeaseStatus, Settlement
-from dedup.overlap import overlapped
+from dedup.overlap import IDS_PER_CALL, overlapped
 from dedup.records import SETTLED, Effect, LeaseRun, SettleResult
 from dedup.store import Sent
 from dedup.wire import Client
@@ -444,8 +446,8 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     print(
-        f"dedup lease+settle, batches of {BATCH}: {n:,} ids per case; redis-server with "
-        "appendonly yes, appendfsync everysec"
+        f"dedup lease+settle, tasks of {TASK:,} ids in overlapped parts of {IDS_PER_CALL}: "
+        f"{n:,} ids per case; redis-server with appendonly yes, appendfsync everysec"
     )
     print(
         f"Python {platform.python_version()} ({sys.implementation.name}), {platform.machine()}, "
