@@ -15,22 +15,26 @@ while this part's settlements are built (`dedup.overlap`); beside it, for compar
 ids one call at a time (1,000 a call, each waited for); then with one effect per id:
 an HINCRBY of 100 counters (each call increments each by a sum), an HINCRBY of a counter per id
 (a field group: one HMGET and one HSET per call), a SET of a key per id (a merged write: one MSET
-per call) and a SADD to one set (one SADD per call).
+per call) and a SADD to one set (one SADD per call); beside each, the same effects sent alone as
+plain commands, pipelined, without the store (what they cost a client that applies them
+without dedup).
 Redis CPU per id is the server process's `used_cpu_sys + used_cpu_user` (INFO cpu) over the case,
 divided by its ids: parsing, scripts, the append-only file's buffer, everything but a rewrite's
-child; the scripts' own share (INFO commandstats) is printed beside it. Part two runs `--clients`
-processes at once, each leasing and settling batches of one Kafka partition at a time (its share of
-`--partitions`), against one server, then each cluster of `--masters` (all of them started at first
-and measured in turn, `--rounds` times over: a figure is the median of its rounds, a ratio the
-median of each round's ratio to the one server in that round, since a server's CPU per id moves
-from run to run), and prints each one's rate over the one server's and the Redis CPU per id of all
-its servers together. Part three prints how the partitions' shards spread over each cluster's
-masters (exact: where the store's hash tags land) for the run's partition count and for 12, 48 and
-192, in a fresh namespace each. The fences are set to epoch 1 before a case starts, so the epoch
-source is never consulted while one runs, and the record buckets before the current one are given
-records as in a store that has run longer than its window, so a new id is looked up in each of
-them. Rewrites of the append-only file happen during a case, as in production, but each
-single-client case starts with none running.
+child; the scripts' own share (INFO commandstats) is printed beside it. With `--rounds`, every
+case runs once per round, in turn, the baseline too: a figure is the median of its rounds, and
+what an effect adds the median of each round's effect case less that round's plain case.
+Part two runs `--clients` processes at once, each leasing and settling batches of one Kafka
+partition at a time (its share of `--partitions`), against one server, then each cluster of
+`--masters` (all of them started at first and measured in turn, `--rounds` times over: a figure is
+the median of its rounds, a ratio the median of each round's ratio to the one server in that round,
+since a server's CPU per id moves from run to run), and prints each one's rate over the one
+server's and the Redis CPU per id of all its servers together. Part three prints how the
+partitions' shards spread over each cluster's masters (exact: where the store's hash tags land) for
+the run's partition count and for 12, 48 and 192, in a fresh namespace each. The fences are set to
+epoch 1 before a case starts, so the epoch source is never consulted while one runs, and the record
+buckets before the current one are given records as in a store that has run longer than its window,
+so a new id is looked up in each of them. Rewrites of the append-only file happen during a case, as
+in production, but each single-client case starts with none running.
 
 Targets (issue 24): lease+settle <= 4 us of Redis CPU per id and >= 25% of the SET rate per
 client, DUPLICATE <= 1.5 us, an effect adding <= 2 us; a cluster spends no more per id than one
@@ -72,8 +76,9 @@ from kspout.devstack import RedisServer
 from kspout.devstack.components import RedisClusterServers
 
 AIM = 0.25  # lease+settle, of redis-benchmark's pipelined SET rate, one client (issue 24)
+PLAIN = "lease+settle DONE"
 CPU_AIMS = {  # Redis CPU per id, us (issue 24); the effect case's is the plain case's + 2
-    "lease+settle DONE": 4.0,
+    PLAIN: 4.0,
     "lease of DONE ids (DUPLICATE, no settle)": 1.5,
 }
 EFFECT_EXTRA_AIM = 2.0  # what one effect may add per id, us (each effect case)
@@ -238,72 +243,110 @@ def cpu_us_per_id(before: list[float], after: list[float], n: int) -> list[float
 # -- part one: one client, one server ------------------------------------------------------------
 
 
-OneClientRow = tuple[str, float, float, float]  # case, seconds, Redis CPU, scripts' share (us/id)
+class Measured(NamedTuple):
+    """One case of part one in one round."""
+
+    seconds: float
+    cpu_us: float  # Redis CPU per id
+    script_us: float  # the scripts' share of it
+    alone_us: float | None  # an effect case's effects sent alone (`effects_alone`), per id
 
 
-def one_client(workdir: Path, n: int) -> tuple[float, list[OneClientRow]]:
-    """The SET baseline and (case, seconds, Redis CPU and the scripts' share per id, us) of the
-    one-client cases."""
+def hincrby(id: str) -> list[Effect]:  # 100 counters: each batch sums each one's
+    return [("HINCRBY", "bench:counts", id[-2:], 1)]
+
+
+def hincrby_own(id: str) -> list[Effect]:  # a counter per id: a field group, no sum
+    return [("HINCRBY", "bench:own", id, 1)]
+
+
+def set_own(id: str) -> list[Effect]:  # a result per id: the batch's SETs, one MSET
+    return [("SET", f"bench:result:{id}", "ok")]
+
+
+def sadd(id: str) -> list[Effect]:  # one set of ids: the batch's SADDs, one SADD
+    return [("SADD", "bench:seen", id)]
+
+
+EFFECT_CASES: dict[str, Effects] = {
+    "lease+settle DONE + 1 HINCRBY effect, 100 counters": hincrby,
+    "lease+settle DONE + 1 HINCRBY effect, a counter per id": hincrby_own,
+    "lease+settle DONE + 1 SET effect, a key per id": set_own,
+    "lease+settle DONE + 1 SADD effect, one set": sadd,
+}
+
+
+def one_client(workdir: Path, n: int, rounds: int) -> tuple[list[float], dict[str, list[Measured]]]:
+    """The SET baseline of each round, and each one-client case's figures in each round (every
+    case once per round, in the same order, fresh ids each time)."""
     server = RedisServer(workdir / "one-client", appendonly=True, appendfsync="everysec")
     server.start()
     try:
         client = redis.Redis(host="127.0.0.1", port=server.port)
-        baseline = set_rate(server.port, max(n, 10**6))
-        client.flushall()
-        store = new_store(client, "bench")
-        preset_fences(client, store, 1)
-        lease_settle(store, [f"warm-{i}" for i in range(BATCH * 5)], None)
-
-        def hincrby(id: str) -> list[Effect]:  # 100 counters: each batch sums each one's
-            return [("HINCRBY", "bench:counts", id[-2:], 1)]
-
-        def hincrby_own(id: str) -> list[Effect]:  # a counter per id: a field group, no sum
-            return [("HINCRBY", "bench:own", id, 1)]
-
-        def set_own(id: str) -> list[Effect]:  # a result per id: the batch's SETs, one MSET
-            return [("SET", f"bench:result:{id}", "ok")]
-
-        def sadd(id: str) -> list[Effect]:  # one set of ids: the batch's SADDs, one SADD
-            return [("SADD", "bench:seen", id)]
-
-        plain = [f"m-{i}" for i in range(n)]
-        cases: list[tuple[str, Callable[[], float]]] = [
-            ("lease+settle DONE", lambda: lease_settle(store, plain, None)),
-            (SERIAL, lambda: lease_settle_serially(store, [f"c-{i}" for i in range(n)])),
-            ("lease of DONE ids (DUPLICATE, no settle)", lambda: replay(store, plain)),
-            (
-                "lease+settle DONE + 1 HINCRBY effect, 100 counters",
-                lambda: lease_settle(store, [f"e-{i}" for i in range(n)], hincrby),
-            ),
-            (
-                "lease+settle DONE + 1 HINCRBY effect, a counter per id",
-                lambda: lease_settle(store, [f"o-{i}" for i in range(n)], hincrby_own),
-            ),
-            (
-                "lease+settle DONE + 1 SET effect, a key per id",
-                lambda: lease_settle(store, [f"s-{i}" for i in range(n)], set_own),
-            ),
-            (
-                "lease+settle DONE + 1 SADD effect, one set",
-                lambda: lease_settle(store, [f"a-{i}" for i in range(n)], sadd),
-            ),
-        ]
-        rows = []
-        for name, run in cases:
-            if "effect" in name:
-                client.flushall()  # start from an empty server, as the first case did
-                preset_fences(client, store, 1)
-            wait_for_rewrite(client)
-            client.config_resetstat()
-            before = server_cpu([server.port])
-            seconds = run()
-            [cpu_us] = cpu_us_per_id(before, server_cpu([server.port]), n)
-            script_us = client.info("commandstats")["cmdstat_evalsha"]["usec"]
-            rows.append((name, seconds, cpu_us, script_us / n))
+        baselines: list[float] = []
+        cases: dict[str, list[Measured]] = {}
+        for round_ in range(rounds):
+            print(f"part one, round {round_ + 1} of {rounds}", file=sys.stderr)
+            baselines.append(set_rate(server.port, max(n, 10**6)))
+            for name, measured in one_round(client, server.port, n, f"r{round_}-").items():
+                cases.setdefault(name, []).append(measured)
         client.close()
     finally:
         server.stop()
-    return baseline, rows
+    return baselines, cases
+
+
+def one_round(client: redis.Redis, port: int, n: int, prefix: str) -> dict[str, Measured]:
+    """Each one-client case once, its ids `prefix`ed; each effect case on an empty server (as
+    the first case is), then its effects alone on an empty server."""
+    client.flushall()
+    store = new_store(client, "bench")
+    preset_fences(client, store, 1)
+    lease_settle(store, [f"{prefix}warm-{i}" for i in range(BATCH * 5)], None)
+    plain = [f"{prefix}m-{i}" for i in range(n)]
+    cases: list[tuple[str, Callable[[], float]]] = [
+        (PLAIN, lambda: lease_settle(store, plain, None)),
+        (SERIAL, lambda: lease_settle_serially(store, [f"{prefix}c-{i}" for i in range(n)])),
+        ("lease of DONE ids (DUPLICATE, no settle)", lambda: replay(store, plain)),
+    ]
+    effect_ids = {
+        name: [f"{prefix}{k}-{i}" for i in range(n)] for k, name in enumerate(EFFECT_CASES)
+    }
+    for name, ids in effect_ids.items():
+        cases.append((name, partial(lease_settle, store, ids, EFFECT_CASES[name])))
+    figures: dict[str, Measured] = {}
+    for name, run in cases:
+        effects = EFFECT_CASES.get(name)
+        if effects is not None:
+            client.flushall()  # start from an empty server, as the first case did
+            preset_fences(client, store, 1)
+        wait_for_rewrite(client)
+        client.config_resetstat()
+        before = server_cpu([port])
+        seconds = run()
+        [cpu_us] = cpu_us_per_id(before, server_cpu([port]), n)
+        script_us = client.info("commandstats")["cmdstat_evalsha"]["usec"] / n
+        alone = (
+            effects_alone(client, port, effect_ids[name], effects) if effects is not None else None
+        )
+        figures[name] = Measured(seconds, cpu_us, script_us, alone)
+    return figures
+
+
+def effects_alone(client: redis.Redis, port: int, ids: list[str], effects: Effects) -> float:
+    """Redis CPU per id of `effects` of `ids` sent as plain commands, IDS_PER_CALL ids to a
+    pipeline, on an empty server: what the effects cost a client with no store."""
+    client.flushall()
+    wait_for_rewrite(client)
+    before = server_cpu([port])
+    with client.pipeline(transaction=False) as pipe:
+        for lo in range(0, len(ids), IDS_PER_CALL):
+            for id in ids[lo : lo + IDS_PER_CALL]:
+                for effect in effects(id):
+                    pipe.execute_command(*effect)  # type: ignore[no-untyped-call]
+            pipe.execute()
+    [cpu_us] = cpu_us_per_id(before, server_cpu([port]), len(ids))
+    return cpu_us
 
 
 # -- part two: several clients, one server vs a cluster -----------------------------------------
@@ -434,14 +477,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=12, help="Kafka partitions, part two")
     parser.add_argument("--masters", default="1,3", help="cluster sizes of part two, e.g. 1,3,6")
     parser.add_argument(
-        "--rounds", type=int, default=1, help="part two's rounds (medians; the servers in turn)"
+        "--rounds", type=int, default=1, help="rounds of each part (medians; cases in turn)"
     )
     args = parser.parse_args(argv)
     n = args.n or (10**5 if args.quick else 10**6)
     masters = [int(m) for m in args.masters.split(",")]
 
     with tempfile.TemporaryDirectory(prefix="bench-dedup-") as workdir:
-        baseline, rows = one_client(Path(workdir), n)
+        baselines, cases = one_client(Path(workdir), n, args.rounds)
         scale, spreads = scaling(
             Path(workdir), args.clients, args.partitions, n, masters, args.rounds
         )
@@ -454,9 +497,10 @@ def main(argv: list[str] | None = None) -> int:
         f"Python {platform.python_version()} ({sys.implementation.name}), {platform.machine()}, "
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end"
     )
-    print(f"baseline: redis-benchmark -t set -P 64: {baseline:,.0f} SET/s")
+    each = ", ".join(f"{rate:,.0f}" for rate in baselines)
+    print(f"baseline: redis-benchmark -t set -P 64: {median(baselines):,.0f} SET/s ({each})")
     print()
-    print(one_client_table(rows, n, baseline))
+    print(one_client_table(cases, n, baselines))
     print()
     print(scale_table(scale, args.clients, args.partitions))
     print()
@@ -464,39 +508,52 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def one_client_table(rows: list[OneClientRow], n: int, baseline: float) -> str:
-    """Part one's table, with each case's aims met or missed."""
-    plain_cpu = rows[0][2]
+def one_client_table(cases: dict[str, list[Measured]], n: int, baselines: list[float]) -> str:
+    """Part one's table, each figure the median of the rounds, with each case's aims met or
+    missed; `each round` lists the figure an aim judges (CPU per id, or what an effect adds)."""
+    plain = [m.cpu_us for m in cases[PLAIN]]
     cells = []
-    for name, seconds, cpu_us, script_us in rows:
-        ratio = n / seconds / baseline
+    for name, rounds in cases.items():
+        cpu = [m.cpu_us for m in rounds]
+        ratios = [n / m.seconds / base for m, base in zip(rounds, baselines, strict=True)]
+        judged = cpu
         if name == SERIAL:
             said = "without the overlap, for comparison"
         elif name in CPU_AIMS:
             aim = CPU_AIMS[name]
-            said = f"<= {aim} us: {verdict(cpu_us <= aim)}"
-            if name == rows[0][0]:
-                said += f"; >= {AIM:.0%}: {verdict(ratio >= AIM)}"
+            said = f"<= {aim} us: {verdict(median(cpu) <= aim)}"
+            if name == PLAIN:
+                said += f"; >= {AIM:.0%}: {verdict(median(ratios) >= AIM)}"
         else:
-            extra = cpu_us - plain_cpu
+            judged = [c - p for c, p in zip(cpu, plain, strict=True)]
+            extra = median(judged)
             said = (
                 f"adds {extra:.2f} us, <= {EFFECT_EXTRA_AIM}: {verdict(extra <= EFFECT_EXTRA_AIM)}"
             )
+        alone = [m.alone_us for m in rounds if m.alone_us is not None]
         cells.append(
             [
                 name,
-                f"{n / seconds:,.0f}",
-                f"{ratio:.1%}",
-                f"{cpu_us:.2f} us",
-                f"{script_us:.2f} us",
+                f"{median(n / m.seconds for m in rounds):,.0f}",
+                f"{median(ratios):.1%}",
+                f"{median(cpu):.2f} us",
+                f"{median(m.script_us for m in rounds):.2f} us",
+                f"{median(alone):.2f} us" if alone else "",
                 said,
+                " ".join(f"{x:.2f}" for x in judged),
             ]
         )
     return "\n".join(
         [
-            "One client; ratio = ids/s / baseline SET/s; Redis CPU = the server process's CPU per "
-            "id (INFO cpu); scripts = their share of it (INFO commandstats)",
-            table(["case", "ids/s", "ratio", "Redis CPU", "scripts", "aims"], cells, "<>>>><"),
+            f"One client, median of {len(baselines)} round(s); ratio = ids/s / that round's "
+            "baseline SET/s; Redis CPU = the server process's CPU per id (INFO cpu); scripts = "
+            "their share of it (INFO commandstats); alone = the case's effects sent as plain "
+            f"commands, {IDS_PER_CALL} ids to a pipeline, without the store",
+            table(
+                ["case", "ids/s", "ratio", "Redis CPU", "scripts", "alone", "aims", "each round"],
+                cells,
+                "<>>>>><<",
+            ),
         ]
     )
 
