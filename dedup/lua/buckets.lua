@@ -117,6 +117,44 @@ local function marked(token)
   return seen
 end
 
+-- A lease call that leases every id it is given, all at one attempt, also writes its proof: the
+-- string `{tag}:lease:<token hex>`, `<ids>:<attempts>:<bucket>:<digest>` (how many ids, their
+-- attempt, the bucket its records went to, the SHA1 of its ids joined by newlines), expiring at
+-- the lease's deadline. None is written if an id holds a newline: the joined
+-- text then names the ids exactly. A later call that writes a record of that lease (a renewal, a
+-- takeover, a settlement) deletes the proof in the same script, so while it exists every id of
+-- the lease still holds its IN_FLIGHT record, unsettled: a settle call of exactly those ids, in
+-- that order (the same digest), all DONE, settles the lease whole without reading the records
+-- back (settle.lua).
+local LEASES = string.sub(KEYS[1], 1, -6) .. 'lease:' -- `{tag}:fence` -> `{tag}:lease:`
+
+-- The digest of the ids ARGV[first .. first + n - 1]; if `checked`, nil where one holds a
+-- newline. A settle call need not check: its joined ids equal to a proof's (which has n - 1
+-- newlines, the n - 1 it joins with) are the same n ids.
+local function digest(first, n, checked)
+  local joined = table.concat(ARGV, '\n', first, first + n - 1)
+  if checked then
+    local at = 0
+    for _ = 1, n do -- the n - 1 joins, then one more would be in an id
+      at = string.find(joined, '\n', at + 1, true)
+      if not at then
+        break
+      end
+    end
+    if at then
+      return nil
+    end
+  end
+  return redis.sha1hex(joined)
+end
+
+-- Delete the proofs of the lease calls `tokens` (token -> true) after a write to their records
+local function forget_leases(tokens)
+  for token in pairs(tokens) do
+    redis.call('DEL', LEASES .. token)
+  end
+end
+
 -- Where a call on the shard of fence KEYS[1] keeps its records: the bucket width and `keep` (the
 -- fence's, or `asked` if longer), the buckets' prefix `{tag}:ids:`, the call's ids ARGV[first ..
 -- first + n - 1] as a table, Redis's clock (ms) and the bucket of now (or the next one, if it

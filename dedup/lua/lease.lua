@@ -61,7 +61,7 @@ if base + 1 >= 1099511627776 then -- 2^40: the counter part of a token is 40 bit
   return {3, 0, '', {}}
 end
 
--- the record's fields if `record` is one, else nil
+-- the record's fields if `record` is one, else nil; an IN_FLIGHT one's token last
 local function parse(record)
   local state = string.byte(record, 1)
   if state == 68 then -- 'D'
@@ -79,7 +79,7 @@ local function parse(record)
       if marked(token) then
         return 'D'
       end
-      return 'I', attempts, tonumber(deadline), holder
+      return 'I', attempts, tonumber(deadline), holder, token
     end
   end
   return nil
@@ -111,8 +111,9 @@ local reasons = {}
 local writes = {} -- field, value, ... for the current bucket
 local moved = {} -- per older bucket, the fields written anew in the current one
 local leased = {} -- ids leased by this call: the same id again is DEFERRED
+local overwritten = {} -- the tokens of IN_FLIGHT records leased again: their proofs go
 local DEFER = 'd' -- a DEFERRED id's code while its run is counted (the run then answers -wait)
-local parsed, state, held, deadline, holder -- the last record parsed, and its fields
+local parsed, state, held, deadline, holder, token -- the last record parsed, and its fields
 
 for i = 1, n do
   local id = ids[i]
@@ -127,7 +128,7 @@ for i = 1, n do
   else
     if record ~= parsed then -- a batch's records share one value: parsed once
       parsed = record
-      state, held, deadline, holder = parse(record)
+      state, held, deadline, holder, token = parse(record)
     end
     if state == 'D' then
       code = '0'
@@ -150,6 +151,9 @@ for i = 1, n do
   end
   if attempts then
     code = attempts == 1 and '1' or tostring(attempts)
+    if state == 'I' and record then
+      overwritten[token] = true
+    end
     writes[#writes + 1] = id
     writes[#writes + 1] = code -- the record, once the number of ids leased is known
     leased[id] = true
@@ -171,8 +175,10 @@ runs[#runs + 1] = (run_code == DEFER and '-' .. run_wait or run_code) .. ':' .. 
 
 if #writes > 0 then
   -- every record of this call: I:<token>:<attempts>:<deadline>:<ids leased>:<owner>
-  local head = 'I:' .. string.format('%x%010x', tonumber(ARGV[1]), base + 1) .. ':'
-  local tail = ':' .. string.format('%d', now + lease) .. ':' .. #writes / 2 .. ':' .. owner
+  local mine = string.format('%x%010x', tonumber(ARGV[1]), base + 1) -- this call's token
+  local until_text = string.format('%d', now + lease) -- the lease's deadline
+  local head = 'I:' .. mine .. ':'
+  local tail = ':' .. until_text .. ':' .. #writes / 2 .. ':' .. owner
   local fresh = head .. '1' .. tail -- a new id's, at attempt 1
   for j = 2, #writes, 2 do
     local code = writes[j]
@@ -180,6 +186,15 @@ if #writes > 0 then
   end
   in_chunks('HSET', prefix .. current, writes)
   kept(prefix, current, width, keep, moved)
+  forget_leases(overwritten)
+  if run_count == n and run_code ~= DEFER and run_code ~= 'r' and run_code ~= '0' then
+    -- one run: every id leased, at one attempt; its proof (buckets.lua)
+    local sum = digest(FIRST, n, true)
+    if sum then
+      redis.call('SET', LEASES .. mine, n .. ':' .. run_code .. ':' .. current .. ':' .. sum,
+        'PXAT', until_text)
+    end
+  end
 end
 
 return {0, base, table.concat(runs, ','), reasons}

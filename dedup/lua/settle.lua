@@ -33,9 +33,13 @@
 -- item whose record holds the token at another attempt count settles at the record's count.
 -- DONE and FAILED keep the attempt count. When the call settles every id of one lease call
 -- (the record says how many it leased) before that lease's deadline, the lease's token is marked
--- DONE (buckets.lua) and its DONE items write nothing more: a bolt's part costs one SET. The
--- other settled records are written with one HSET to the bucket of now (records moved from an
--- older bucket are deleted there), so each is kept ARGV[1] ms at least from its settlement.
+-- DONE (buckets.lua) and its DONE items write nothing more: a bolt's part costs one SET. A call
+-- that is exactly one lease call's ids, in its order, all DONE, without effects, is proven whole
+-- by that lease's proof (buckets.lua) and marked without reading its records (the proof answers
+-- for the scripts' writes: a record overwritten by anything else is seen only where records are
+-- read). Settling any record of a lease call deletes its proof. The other settled records are written with one
+-- HSET to the bucket of now (records moved from an older bucket are deleted there), so each is
+-- kept ARGV[1] ms at least from its settlement.
 -- Nothing is written for an item that does not settle: STALE (another lease's record, one
 -- already settled, a value that is no record, or the same id earlier in this call) or LOST (no
 -- record).
@@ -271,6 +275,48 @@ if not fence[1] then -- Redis lost data: no record can be there
   return {string.rep('2', n), {}}
 end
 local width, keep, prefix, ids, now, current = placed(fence[1], fence[2], ARGV[1], FIRST, n)
+
+-- When the mark of a lease call whose records are in `bucket` expires: with that bucket, as
+-- `kept` leaves it (later if `keep` grew)
+local function mark_expiry(bucket)
+  return string.format('%d', math.max(redis.call('PEXPIRETIME', prefix .. bucket),
+    (bucket + 1) * width + keep))
+end
+
+-- One whole lease call settled DONE, without effects, within the lease (its proof expires at
+-- its deadline), by its proof (buckets.lua): marked with no record read. Returns the reply, or nil
+-- where the call is no such settlement.
+local function settled_by_proof()
+  if ARGV[4] ~= '' or ARGV[5] ~= '0' or ARGV[6] ~= '0' or ARGV[7] ~= '0'
+      or string.find(outcomes, '[^D]') then
+    return nil
+  end
+  local token, attempts, items = string.match(ARGV[2], '^(%x+):(%d+)/(%d+)$')
+  if not token or tonumber(items) ~= n or marked(token) then
+    return nil
+  end
+  local proof = redis.call('GET', LEASES .. token)
+  if not proof then
+    return nil
+  end
+  local count, proven, bucket, sum = string.match(proof, '^(%d+):(%d+):(%d+):(%x+)$')
+  if tonumber(count) ~= n or (proven ~= attempts and attempts ~= '0') or sum ~= digest(FIRST, n) then
+    return nil
+  end
+  -- the first write, under pcall: refused, nothing was written (see the header)
+  local first = redis.pcall('SET', MARKS .. token, 'D', 'PXAT', mark_expiry(tonumber(bucket)))
+  if type(first) == 'table' and first.err then
+    return first
+  end
+  redis.call('DEL', LEASES .. token)
+  return {'', {}}
+end
+
+local whole = settled_by_proof()
+if whole then
+  return whole
+end
+
 local found, where = look_up(prefix, ids, current, width, keep)
 
 local sums = {}
@@ -387,10 +433,7 @@ for item = 1, i do
     if batch.whole and done then
       if not batch.marked then
         batch.marked = true
-        -- with its records' bucket, as `kept` leaves it (later if `keep` grew)
-        local expires = math.max(redis.call('PEXPIRETIME', prefix .. batch.bucket),
-          (batch.bucket + 1) * width + keep)
-        marks[#marks + 1] = {MARKS .. batch.token, string.format('%d', expires)}
+        marks[#marks + 1] = {MARKS .. batch.token, mark_expiry(batch.bucket)}
       end
     else
       local id = ids[item]
@@ -423,6 +466,9 @@ end
 in_chunks('HSET', prefix .. current, writes, CHUNK + 1)
 for m = #writes > 0 and 1 or 2, #marks do
   redis.call('SET', marks[m][1], 'D', 'PXAT', marks[m][2])
+end
+if #writes > 0 or #marks > 0 then
+  forget_leases(batches) -- their records were written or marked
 end
 
 local fixes = {} -- field, value, ... of the items whose effects Redis refused

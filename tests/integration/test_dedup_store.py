@@ -679,7 +679,9 @@ def test_a_record_overwritten_with_something_else_is_stale_and_left_alone(
 ) -> None:
     counter = f"user-{uuid.uuid4().hex}:n"
     effects = [("INCRBY", counter, 1)] if with_effects else []
-    a, b, c = store.lease(["a", "b", "c"], "w1")
+    # not the lease call whole ("d" stays out): a whole one settled by its proof reads no record
+    # back, and a write into the store's hashes by anything but its scripts is not one it answers
+    a, b, c, _ = store.lease(["a", "b", "c", "d"], "w1")
     bucket = store.record_bucket("b")
     assert bucket is not None
     redis_client.hset(bucket, "b", "someone else's")
@@ -901,12 +903,13 @@ def test_leasing_new_ids_and_settling_them_costs_a_few_redis_commands_per_batch(
     ]
     settled = redis_commands(own_client, lambda: store.settle(items))
 
-    # one HMGET per bucket that exists reads the batch's records; the lease writes them with one
-    # HSET, and the settle, since it settles every id of the lease, marks them DONE with one SET
-    for commands in (leased, settled):
-        assert commands["hmget"] <= 3 and commands.get("pexpireat", 0) <= 1
-    assert leased["hset"] <= 2 and "set" not in leased
-    assert settled["set"] == 1 and "hset" not in settled
+    # the lease reads the batch's records with one HMGET per bucket that exists, writes them with
+    # one HSET and its proof with one SET; the settle, of every id of that lease in its order,
+    # reads the fence and the proof, not the records, and marks them DONE with one SET
+    assert leased["hmget"] <= 3 and leased.get("pexpireat", 0) <= 1
+    assert leased["hset"] <= 2 and leased["set"] == 1
+    assert settled["hmget"] == 1 and settled["get"] == 1 and settled["set"] == 1
+    assert "hset" not in settled
     assert {store.record(i) for i in ids} == {
         IdRecord(IdRecordState.DONE, c.token, 1) for c in leases
     }
@@ -924,16 +927,67 @@ def test_a_lease_call_settled_whole_is_marked_done_with_one_write(
     ids = ["a", "b", "c"]
     leases = store.lease(ids, "w1")
     bucket = store.record_bucket("a")
+    proof = proof_key(store, leases[0].token)
+    assert 0 < own_client.pttl(proof) <= store.lease_ms  # it lives as long as the lease
     items = [Settlement(i, c.token, True, None, (), 1) for i, c in zip(ids, leases, strict=True)]
 
     settled = redis_commands(own_client, lambda: store.settle(items))
 
     assert settled["set"] == 1 and "hset" not in settled  # the mark, no record rewritten
+    assert settled["hmget"] == 1  # the fence's: the proof stands for the records, none is read
+    assert own_client.exists(proof) == 0
     mark = store.mark_key(leases[0].token)
     assert own_client.pexpiretime(mark) == own_client.pexpiretime(bucket)  # expires with them
     assert {store.record(i) for i in ids} == {IdRecord(IdRecordState.DONE, leases[0].token, 1)}
     assert [c.status for c in store.lease(ids, "w2")] == [DUPLICATE] * 3
     assert store.settle(items) == [STALE] * 3  # settled already
+
+
+def proof_key(store: IdempotencyStore, token: int) -> str:
+    """The key of the proof of the lease call of `token` (`dedup/lua/buckets.lua`)."""
+    return f"{{{store.tag()}}}:lease:{token:x}"
+
+
+def test_settling_part_of_a_lease_call_revokes_its_proof(store: IdempotencyStore) -> None:
+    ids = ["a", "b", "c"]
+    token = store.lease(ids, "w1")[0].token
+    assert store._client.exists(proof_key(store, token)) == 1
+
+    assert store.settle([Settlement("a", token, False, "boom")]) == [SETTLED]
+
+    assert store._client.exists(proof_key(store, token)) == 0
+    # all three again: "a" is settled, so the records are read and it alone is refused
+    again = [Settlement(i, token, True, None, (), 1) for i in ids]
+    assert store.settle(again) == [STALE, SETTLED, SETTLED]
+    assert [store.record(i) for i in ids] == [
+        IdRecord(IdRecordState.FAILED, token, 1, error="boom"),
+        IdRecord(IdRecordState.DONE, token, 1),
+        IdRecord(IdRecordState.DONE, token, 1),
+    ]
+
+
+def test_other_ids_under_a_lease_calls_token_are_checked_record_by_record(
+    store: IdempotencyStore,
+) -> None:
+    token = store.lease(["a", "b"], "w1")[0].token
+
+    settled = store.settle([Settlement(i, token, True, None, (), 1) for i in ["a", "c"]])
+
+    assert settled == [SETTLED, LOST]  # "c" was never leased: its digest is not the proof's
+    assert store.still_holds("b", token)  # untouched
+
+
+def test_ids_holding_newlines_get_no_proof_so_no_other_split_of_them_settles(
+    store: IdempotencyStore,
+) -> None:
+    token = store.lease(["x\ny", "z"], "w1")[0].token
+    assert store._client.exists(proof_key(store, token)) == 0
+
+    # joined by newlines, these two are the leased two: only their records can tell them apart
+    other = [Settlement(i, token, True, None, (), 1) for i in ["x", "y\nz"]]
+    assert store.settle(other) == [LOST, LOST]
+    leased = [Settlement(i, token, True, None, (), 1) for i in ["x\ny", "z"]]
+    assert store.settle(leased) == [SETTLED, SETTLED]
 
 
 def test_a_lease_call_settled_in_parts_writes_each_record(store: IdempotencyStore) -> None:
