@@ -46,8 +46,8 @@ records' bucket) instead of writing each record, and an IN_FLIGHT record of a ma
 as DONE. Other settlements are written with one `HSET`. A lease call that leases all its ids at
 one attempt also writes a proof (`{<tag>}:lease:<token hex>`: how many, the attempt, the bucket,
 the SHA1 of the ids; it expires with the lease, and any later write to one of its records deletes
-it), so a settle of exactly those ids, in order, all DONE, without effects, marks the token
-without reading the records back: a bolt's part. The answers are compact (a batch of new
+it), so a settle of exactly those ids, in order, all DONE, marks the token (and applies their
+effects) without reading the records back: a bolt's part. The answers are compact (a batch of new
 ids answers `1:<n>`, and DUPLICATE and DEFERRED ids come back as counted runs, `LeaseRun`).
 
 The scripts are all or nothing, as Redis does not roll a script back: they check everything a

@@ -34,12 +34,12 @@
 -- DONE and FAILED keep the attempt count. When the call settles every id of one lease call
 -- (the record says how many it leased) before that lease's deadline, the lease's token is marked
 -- DONE (buckets.lua) and its DONE items write nothing more: a bolt's part costs one SET. A call
--- that is exactly one lease call's ids, in its order, all DONE, without effects, is proven whole
--- by that lease's proof (buckets.lua) and marked without reading its records (the proof answers
--- for the scripts' writes: a record overwritten by anything else is seen only where records are
--- read). Settling any record of a lease call deletes its proof. The other settled records are written with one
--- HSET to the bucket of now (records moved from an older bucket are deleted there), so each is
--- kept ARGV[1] ms at least from its settlement.
+-- that is exactly one lease call's ids, in its order, all DONE, is proven whole by that lease's
+-- proof (buckets.lua) and marked without reading its records (the proof answers for these
+-- scripts' writes: a record overwritten by anything else is seen only where records are read).
+-- Settling any record of a lease call deletes its proof. The other settled records are written
+-- with one HSET to the bucket of now (records moved from an older bucket are deleted there), so
+-- each is kept ARGV[1] ms at least from its settlement.
 -- Nothing is written for an item that does not settle: STALE (another lease's record, one
 -- already settled, a value that is no record, or the same id earlier in this call) or LOST (no
 -- record).
@@ -283,15 +283,15 @@ local function mark_expiry(bucket)
     (bucket + 1) * width + keep))
 end
 
--- One whole lease call settled DONE, without effects, within the lease (its proof expires at
--- its deadline), by its proof (buckets.lua): marked with no record read. Returns the reply, or nil
--- where the call is no such settlement.
-local function settled_by_proof()
-  if ARGV[4] ~= '' or ARGV[5] ~= '0' or ARGV[6] ~= '0' or ARGV[7] ~= '0'
-      or string.find(outcomes, '[^D]') then
+-- The lease call this call settles whole by its proof (buckets.lua): exactly its ids, in its
+-- order, all DONE, within the lease (the proof expires at its deadline). Its token, attempt and
+-- records' bucket, or nil where the call is no such settlement.
+local function proven_lease()
+  if string.find(outcomes, '[^D]') then
     return nil
   end
-  local token, attempts, items = string.match(ARGV[2], '^(%x+):(%d+)/(%d+)$')
+  -- (the caller's attempt count may differ: an item settles at its record's, here the proof's)
+  local token, items = string.match(ARGV[2], '^(%x+):%d+/(%d+)$')
   if not token or tonumber(items) ~= n or marked(token) then
     return nil
   end
@@ -300,24 +300,34 @@ local function settled_by_proof()
     return nil
   end
   local count, proven, bucket, sum = string.match(proof, '^(%d+):(%d+):(%d+):(%x+)$')
-  if tonumber(count) ~= n or (proven ~= attempts and attempts ~= '0') or sum ~= digest(FIRST, n) then
+  if tonumber(count) ~= n or sum ~= digest(FIRST, n) then
     return nil
   end
-  -- the first write, under pcall: refused, nothing was written (see the header)
-  local first = redis.pcall('SET', MARKS .. token, 'D', 'PXAT', mark_expiry(tonumber(bucket)))
+  return token, proven, tonumber(bucket)
+end
+
+local found, where -- each item's record (false: none) and the bucket it is in
+local proven_token, proven_attempts, proven_bucket = proven_lease()
+if proven_token and ARGV[4] == '' and ARGV[5] == '0' and ARGV[6] == '0' and ARGV[7] == '0' then
+  -- no effects: the mark is all there is to write; first, under pcall (see the header)
+  local first = redis.pcall('SET', MARKS .. proven_token, 'D', 'PXAT', mark_expiry(proven_bucket))
   if type(first) == 'table' and first.err then
     return first
   end
-  redis.call('DEL', LEASES .. token)
+  redis.call('DEL', LEASES .. proven_token)
   return {'', {}}
+elseif proven_token then
+  -- the records as the proof stands for them: read back, they would hold this lease, live (its
+  -- deadline is not past while the proof exists: `now` stands for it)
+  local live = string.format('%d', now)
+  local record = table.concat({'I', proven_token, proven_attempts, live, n, ''}, ':')
+  found, where = {}, {}
+  for i = 1, n do
+    found[i], where[i] = record, proven_bucket
+  end
+else
+  found, where = look_up(prefix, ids, current, width, keep)
 end
-
-local whole = settled_by_proof()
-if whole then
-  return whole
-end
-
-local found, where = look_up(prefix, ids, current, width, keep)
 
 local sums = {}
 for c = 1, tonumber(ARGV[5]) do

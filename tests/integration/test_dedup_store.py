@@ -943,6 +943,28 @@ def test_a_lease_call_settled_whole_is_marked_done_with_one_write(
     assert store.settle(items) == [STALE] * 3  # settled already
 
 
+def test_a_lease_call_settled_whole_with_effects_applies_them_without_reading_its_records(
+    own_client: redis.Redis, store_factory: StoreFactory
+) -> None:
+    store = store_factory(client=own_client)
+    ids = ["a", "b", "c"]
+    leases = store.lease(ids, "w1")
+    counter = f"user-{uuid.uuid4().hex}:n"
+    items = [
+        Settlement(i, c.token, True, None, [("INCRBY", counter, 1)], 1)
+        for i, c in zip(ids, leases, strict=True)
+    ]
+    results: list[SettleResult] = []
+
+    settled = redis_commands(own_client, lambda: results.extend(store.settle(items)))
+
+    assert results == [SETTLED] * 3 and own_client.get(counter) == b"3"
+    assert settled["hmget"] == 1  # the fence's: no record read back
+    assert own_client.exists(proof_key(store, leases[0].token)) == 0
+    assert [c.status for c in store.lease(ids, "w2")] == [DUPLICATE] * 3
+    assert store.settle(items) == [STALE] * 3 and own_client.get(counter) == b"3"
+
+
 def proof_key(store: IdempotencyStore, token: int) -> str:
     """The key of the proof of the lease call of `token` (`dedup/lua/buckets.lua`)."""
     return f"{{{store.tag()}}}:lease:{token:x}"
