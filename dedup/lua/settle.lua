@@ -321,10 +321,8 @@ elseif proven_token then
   -- deadline is not past while the proof exists: `now` stands for it)
   local live = string.format('%d', now)
   local record = table.concat({'I', proven_token, proven_attempts, live, n, ''}, ':')
-  found, where = {}, {}
-  for i = 1, n do
-    found[i], where[i] = record, proven_bucket
-  end
+  found = setmetatable({}, {__index = function() return record end})
+  where = setmetatable({}, {__index = function() return proven_bucket end})
 else
   found, where = look_up(prefix, ids, current, width, keep)
 end
@@ -360,103 +358,118 @@ local batches = {} -- token -> its lease call, as above; `here` counts its items
 local settled_here = {} -- ids settled by this call: the same id again is STALE
 local held_record, held_lease, held_batch = nil, nil, nil -- the last record that held its lease
 
-local pos = 1 -- next character of shapes
-local i = 0
-for run_lease, run_items in string.gmatch(ARGV[2], '(%x+:%d+)/(%d+)') do
-  for _ = 1, tonumber(run_items) do
-    local lease = run_lease
-    i = i + 1
-    local id = ids[i]
-    local record = found[i]
-    local done = string.byte(outcomes, i) == 68 -- 'D'
-    local from, to = pos, pos -- this item's effects are shapes[from, to)
-    if shapes ~= '' then
-      to = string.find(shapes, ',', pos, true)
-      pos = to + 1
-    end
-    local first_arg, first_key = at, key_at
-    if done then
-      local p, count = from, 0
-      while p < to do
-        p, count = effect_at(p)
-        at, key_at = at + count, key_at + 1
-      end
-    else
-      at = at + 1
-    end
-
-    local batch = nil -- set if the record holds the item's lease
-    if record and not settled_here[id] then
-      if record == held_record and lease == held_lease then
-        batch = held_batch -- the batch's records share one value: the last item's check holds
-      else
-        local token = string.match(lease, '^%x+')
-        local held, attempts, deadline, count = string.match(record, '^I:(%x+):(%d+):(%d+):(%d+):')
-        if held == token and not marked(token) then -- else: another lease's, or settled already
-          batch = batches[token]
-          if not batch then
-            batch = {token = token, ids = tonumber(count), deadline = tonumber(deadline),
-              bucket = where[i], here = 0}
-            batches[token] = batch
-          end
-          if string.find(record, 'I:' .. lease .. ':', 1, true) ~= 1 then
-            lease = token .. ':' .. attempts -- this lease's record, not the caller's attempt count
-          else -- the three together: the next item with this record and lease is in this batch
-            held_record, held_lease, held_batch = record, lease, batch
-          end
-        end
-      end
-    end
-    if not record then
-      out[i] = '2'
-      refused = true
-    elseif not batch then
-      out[i] = '1' -- another lease's record, or one already settled
-      refused = true
-    else
-      batch.here = batch.here + 1
-      batch_of[i] = batch
-      leases[i] = lease
-      settled_here[id] = true
-      if not done then
-        errors[i] = ARGV[first_arg]
-      elseif from < to then
-        effects[i] = {from, to, first_arg, first_key}
-      end
-    end
-  end
-end
-
+local i = 0 -- the items walked
 -- A lease call whose ids all settle here, within the lease, is marked DONE whole (buckets.lua):
 -- its DONE items need no write of their own. Every other settled item's record is written.
 local writes = {} -- field, value, ... of the settled records, for the current bucket
 local moved = {} -- per older bucket, the fields written anew in the current one
 local marks = {} -- {key, expiry} per lease call marked DONE
-local done_lease, done_value = nil, nil -- the last DONE record written, and its lease
-for _, batch in pairs(batches) do
-  batch.whole = batch.here == batch.ids and now <= batch.deadline
-end
-for item = 1, i do
-  local batch = batch_of[item]
-  if batch then
-    local done = not errors[item]
-    if batch.whole and done then
-      if not batch.marked then
-        batch.marked = true
-        marks[#marks + 1] = {MARKS .. batch.token, mark_expiry(batch.bucket)}
+if proven_token and shapes == '' then
+  -- proven whole, every effect combined (sums, field groups, merged writes): each item settles,
+  -- DONE, in the one lease call, which is marked; no item has anything of its own to walk
+  local batch = {token = proven_token, ids = n, deadline = now, bucket = proven_bucket, here = n,
+    whole = true}
+  local lease = proven_token .. ':' .. proven_attempts
+  batches[proven_token] = batch
+  setmetatable(batch_of, {__index = function() return batch end})
+  setmetatable(leases, {__index = function() return lease end})
+  marks[1] = {MARKS .. proven_token, mark_expiry(proven_bucket)}
+  i = n
+else
+  local pos = 1 -- next character of shapes
+  for run_lease, run_items in string.gmatch(ARGV[2], '(%x+:%d+)/(%d+)') do
+    for _ = 1, tonumber(run_items) do
+      local lease = run_lease
+      i = i + 1
+      local id = ids[i]
+      local record = found[i]
+      local done = string.byte(outcomes, i) == 68 -- 'D'
+      local from, to = pos, pos -- this item's effects are shapes[from, to)
+      if shapes ~= '' then
+        to = string.find(shapes, ',', pos, true)
+        pos = to + 1
       end
-    else
-      local id = ids[item]
-      writes[#writes + 1] = id
-      if not done then
-        writes[#writes + 1] = 'F:' .. leases[item] .. ':' .. errors[item]
-      else
-        if leases[item] ~= done_lease then
-          done_lease, done_value = leases[item], 'D:' .. leases[item]
+      local first_arg, first_key = at, key_at
+      if done then
+        local p, count = from, 0
+        while p < to do
+          p, count = effect_at(p)
+          at, key_at = at + count, key_at + 1
         end
-        writes[#writes + 1] = done_value
+      else
+        at = at + 1
       end
-      moving(moved, where[item], current, id)
+
+      local batch = nil -- set if the record holds the item's lease
+      if record and not settled_here[id] then
+        if record == held_record and lease == held_lease then
+          batch = held_batch -- the batch's records share one value: the last item's check holds
+        else
+          local token = string.match(lease, '^%x+')
+          local held, attempts, deadline, count =
+            string.match(record, '^I:(%x+):(%d+):(%d+):(%d+):')
+          if held == token and not marked(token) then -- else: another lease's, or settled already
+            batch = batches[token]
+            if not batch then
+              batch = {token = token, ids = tonumber(count), deadline = tonumber(deadline),
+                bucket = where[i], here = 0}
+              batches[token] = batch
+            end
+            if string.find(record, 'I:' .. lease .. ':', 1, true) ~= 1 then
+              -- this lease's record, not the caller's attempt count
+              lease = token .. ':' .. attempts
+            else -- the three together: the next item with this record and lease is in this batch
+              held_record, held_lease, held_batch = record, lease, batch
+            end
+          end
+        end
+      end
+      if not record then
+        out[i] = '2'
+        refused = true
+      elseif not batch then
+        out[i] = '1' -- another lease's record, or one already settled
+        refused = true
+      else
+        batch.here = batch.here + 1
+        batch_of[i] = batch
+        leases[i] = lease
+        settled_here[id] = true
+        if not done then
+          errors[i] = ARGV[first_arg]
+        elseif from < to then
+          effects[i] = {from, to, first_arg, first_key}
+        end
+      end
+    end
+  end
+
+  local done_lease, done_value = nil, nil -- the last DONE record written, and its lease
+  for _, batch in pairs(batches) do
+    batch.whole = batch.here == batch.ids and now <= batch.deadline
+  end
+  for item = 1, i do
+    local batch = batch_of[item]
+    if batch then
+      local done = not errors[item]
+      if batch.whole and done then
+        if not batch.marked then
+          batch.marked = true
+          marks[#marks + 1] = {MARKS .. batch.token, mark_expiry(batch.bucket)}
+        end
+      else
+        local id = ids[item]
+        writes[#writes + 1] = id
+        if not done then
+          writes[#writes + 1] = 'F:' .. leases[item] .. ':' .. errors[item]
+        else
+          if leases[item] ~= done_lease then
+            done_lease, done_value = leases[item], 'D:' .. leases[item]
+          end
+          writes[#writes + 1] = done_value
+        end
+        moving(moved, where[item], current, id)
+      end
     end
   end
 end
