@@ -12,7 +12,8 @@ without replicas. Part one measures the server's pipelined SET rate with `redis-
 baseline), then times one client leasing and settling fresh ids as the dedup bolt does: tasks of
 10,000 ids, each in parts of 500, the next part's lease and the last part's settlement in Redis
 while this part's settlements are built (`dedup.overlap`); beside it, for comparison, the same
-ids one call at a time (1,000 a call, each waited for); then with one effect per id:
+ids one call at a time (1,000 a call, each waited for), and the two halves apart (fresh ids
+leased 500 a call, then those settled, each call waited for); then with one effect per id:
 an HINCRBY of 100 counters (each call increments each by a sum), an HINCRBY of a counter per id
 (a field group: one HMGET and one HSET per call), a SET of a key per id (a merged write: one MSET
 per call) and a SADD to one set (one SADD per call); beside each, the same effects sent alone as
@@ -88,6 +89,8 @@ SPREAD_PARTITIONS = (12, 48, 192)
 BATCH = 1000  # ids a call carries where the bench waits for each call
 TASK = 10_000  # ids of a task's batch, as the dedup bolt gets them (`batch_size`'s default)
 SERIAL = "lease+settle DONE, one call at a time"  # for comparison: no aim
+LEASE_ALONE = "lease alone (new ids, 500 a call)"  # the two halves, apart: no aim
+SETTLE_ALONE = "settle alone (those ids DONE, 500 a call)"
 LEASE_MS = 60_000
 DONE_TTL_MS = 3_600_000
 OLDER_RECORDS = 20_000  # records in each older bucket a case starts with (`fill_older_buckets`)
@@ -216,6 +219,27 @@ def lease_settle_serially(store: IdempotencyStore, ids: Sequence[str]) -> float:
     return time.perf_counter() - t0
 
 
+Leased = list[tuple[Sequence[str], list[LeaseRun]]]  # each call's ids and its answer
+
+
+def lease_alone(store: IdempotencyStore, ids: Sequence[str], leased: Leased) -> float:
+    """Seconds to lease fresh `ids`, IDS_PER_CALL a call, each waited for; the answers are
+    kept in `leased` for `settle_alone`."""
+    t0 = time.perf_counter()
+    for lo in range(0, len(ids), IDS_PER_CALL):
+        part = ids[lo : lo + IDS_PER_CALL]
+        leased.append((part, store.lease_runs(part, "bench")))
+    return time.perf_counter() - t0
+
+
+def settle_alone(store: IdempotencyStore, leased: Leased) -> float:
+    """Seconds to settle DONE what `lease_alone` leased, a call per lease call, each waited for."""
+    t0 = time.perf_counter()
+    for part, runs in leased:
+        assert store.settle(settlements(part, 0, runs, None)).count(SETTLED) == len(part)
+    return time.perf_counter() - t0
+
+
 def replay(store: IdempotencyStore, ids: list[str]) -> float:
     """Seconds to lease already-DONE `ids` again (all DUPLICATE), in batches of BATCH."""
     t0 = time.perf_counter()
@@ -304,9 +328,12 @@ def one_round(client: redis.Redis, port: int, n: int, prefix: str) -> dict[str, 
     preset_fences(client, store, 1)
     lease_settle(store, [f"{prefix}warm-{i}" for i in range(BATCH * 5)], None)
     plain = [f"{prefix}m-{i}" for i in range(n)]
+    leased: Leased = []
     cases: list[tuple[str, Callable[[], float]]] = [
         (PLAIN, lambda: lease_settle(store, plain, None)),
         (SERIAL, lambda: lease_settle_serially(store, [f"{prefix}c-{i}" for i in range(n)])),
+        (LEASE_ALONE, lambda: lease_alone(store, [f"{prefix}l-{i}" for i in range(n)], leased)),
+        (SETTLE_ALONE, lambda: settle_alone(store, leased)),
         ("lease of DONE ids (DUPLICATE, no settle)", lambda: replay(store, plain)),
     ]
     effect_ids = {
@@ -519,6 +546,8 @@ def one_client_table(cases: dict[str, list[Measured]], n: int, baselines: list[f
         judged = cpu
         if name == SERIAL:
             said = "without the overlap, for comparison"
+        elif name in (LEASE_ALONE, SETTLE_ALONE):
+            said = "the two halves apart, for comparison"
         elif name in CPU_AIMS:
             aim = CPU_AIMS[name]
             said = f"<= {aim} us: {verdict(median(cpu) <= aim)}"
