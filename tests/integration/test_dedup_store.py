@@ -920,8 +920,9 @@ def test_leasing_new_ids_and_settling_them_costs_a_few_redis_commands_per_batch(
     assert store.record("y") == IdRecord(IdRecordState.DONE, more[1].token, 1)
 
 
-def test_a_lease_call_settled_whole_is_marked_done_with_one_write(
-    own_client: redis.Redis, store_factory: StoreFactory
+@pytest.mark.parametrize("with_effects", [False, True])
+def test_a_lease_call_settled_whole_is_marked_done_with_one_write_and_no_record_read(
+    own_client: redis.Redis, store_factory: StoreFactory, with_effects: bool
 ) -> None:
     store = store_factory(client=own_client)
     ids = ["a", "b", "c"]
@@ -929,10 +930,17 @@ def test_a_lease_call_settled_whole_is_marked_done_with_one_write(
     bucket = store.record_bucket("a")
     proof = proof_key(store, leases[0].token)
     assert 0 < own_client.pttl(proof) <= store.lease_ms  # it lives as long as the lease
-    items = [Settlement(i, c.token, True, None, (), 1) for i, c in zip(ids, leases, strict=True)]
+    counter = f"user-{uuid.uuid4().hex}:n"
+    effects = [("INCRBY", counter, 1)] if with_effects else []
+    items = [
+        Settlement(i, c.token, True, None, effects, 1) for i, c in zip(ids, leases, strict=True)
+    ]
+    results: list[SettleResult] = []
 
-    settled = redis_commands(own_client, lambda: store.settle(items))
+    settled = redis_commands(own_client, lambda: results.extend(store.settle(items)))
 
+    assert results == [SETTLED] * 3
+    assert own_client.get(counter) == (b"3" if with_effects else None)
     assert settled["set"] == 1 and "hset" not in settled  # the mark, no record rewritten
     assert settled["hmget"] == 1  # the fence's: the proof stands for the records, none is read
     assert own_client.exists(proof) == 0
@@ -941,28 +949,7 @@ def test_a_lease_call_settled_whole_is_marked_done_with_one_write(
     assert {store.record(i) for i in ids} == {IdRecord(IdRecordState.DONE, leases[0].token, 1)}
     assert [c.status for c in store.lease(ids, "w2")] == [DUPLICATE] * 3
     assert store.settle(items) == [STALE] * 3  # settled already
-
-
-def test_a_lease_call_settled_whole_with_effects_applies_them_without_reading_its_records(
-    own_client: redis.Redis, store_factory: StoreFactory
-) -> None:
-    store = store_factory(client=own_client)
-    ids = ["a", "b", "c"]
-    leases = store.lease(ids, "w1")
-    counter = f"user-{uuid.uuid4().hex}:n"
-    items = [
-        Settlement(i, c.token, True, None, [("INCRBY", counter, 1)], 1)
-        for i, c in zip(ids, leases, strict=True)
-    ]
-    results: list[SettleResult] = []
-
-    settled = redis_commands(own_client, lambda: results.extend(store.settle(items)))
-
-    assert results == [SETTLED] * 3 and own_client.get(counter) == b"3"
-    assert settled["hmget"] == 1  # the fence's: no record read back
-    assert own_client.exists(proof_key(store, leases[0].token)) == 0
-    assert [c.status for c in store.lease(ids, "w2")] == [DUPLICATE] * 3
-    assert store.settle(items) == [STALE] * 3 and own_client.get(counter) == b"3"
+    assert own_client.get(counter) == (b"3" if with_effects else None)
 
 
 def proof_key(store: IdempotencyStore, token: int) -> str:
