@@ -113,7 +113,8 @@ class Effects:
 
     def add(self, *command: str | bytes | int | float) -> None:
         """Any allowed write, e.g. `add("HINCRBY", key, field, 1)`; checked at once."""
-        check_effect(self.id, command, self._store.effect_tag(self.partition))
+        store, partition = self._store, self.partition
+        check_effect(self.id, command, store.effect_tag(partition), store.tag(partition))
         self.commands.append(command)
 
     def hincrby(self, key: str, field: str, amount: int = 1) -> None:

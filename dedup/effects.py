@@ -22,6 +22,7 @@ INT64 = range(-(2**63), 2**63)  # increments Redis accepts
 _TEXT = (str, bytes)  # isinstance with a tuple: faster than with a union, once per effect
 _ARGUMENT = (str, bytes, int, float)
 _ARGUMENT_TYPES = frozenset(_ARGUMENT)  # exactly these types: no per-argument isinstance needed
+_BRACE = ("{", b"{")  # how a key with a hash tag starts, as str or bytes
 
 
 class _EffectSpec(NamedTuple):
@@ -55,12 +56,28 @@ def hash_tag(key: str | bytes) -> bytes | None:
     return raw[start + 1 : end]
 
 
+_OWN_KEYS = ("ids:", "done:", "lease:")  # under a shard's tag: record buckets, marks, proofs
+
+
+def _is_own(key: str | bytes, own: str) -> bool:
+    """Whether `key` is one of the store's keys under shard tag `own`: a record bucket, a mark,
+    a lease's proof or the fence (dedup/lua/buckets.lua)."""
+    name = key if isinstance(key, str) else key.decode("utf-8", "replace")
+    prefix = "{" + own + "}:"
+    if not name.startswith(prefix):
+        return False
+    rest = name[len(prefix) :]
+    return rest == "fence" or rest.startswith(_OWN_KEYS)
+
+
 def check_effect(
-    id: str, effect: Effect, tag: str | None = None
+    id: str, effect: Effect, tag: str | None = None, own: str | None = None
 ) -> tuple[str, str | bytes, list[str | bytes | int | float]]:
     """`(code, key, args)` of an allowed effect (code: its letter in settle.lua), or
     `EffectNotAllowed` saying what is wrong. With `tag` (a Redis Cluster), the effect key must
-    carry that hash tag, its record's, to be in the record's slot."""
+    carry that hash tag, its record's, to be in the record's slot. With `own` (the record's
+    shard tag), the key may not be one of the store's own keys there: an effect would rewrite
+    what dedup relies on."""
     if isinstance(effect, _TEXT) or len(effect) < 2:
         raise EffectNotAllowed(
             id, effect, f"give (command, key, args...); allowed: {_ALLOWED_TEXT}"
@@ -90,6 +107,13 @@ def check_effect(
         if not isinstance(number, int) or not INT64.start <= number < INT64.stop:
             raise EffectNotAllowed(id, effect, f"the increment {number!r} must be a 64-bit int")
         args[position] = int(number)  # an IntEnum is sent as its number, not its repr
+    if own is not None and key[:1] in _BRACE and _is_own(key, own):
+        raise EffectNotAllowed(
+            id,
+            effect,
+            f"{text(key)} is one of the dedup store's own keys (record buckets, marks, lease "
+            f"proofs, the fence): give the effect a key of its own, e.g. {{{own}}}:counts",
+        )
     if tag is not None and hash_tag(key) != tag.encode():
         raise EffectNotAllowed(
             id,

@@ -418,7 +418,7 @@ class IdempotencyStore:
         for id, _, done, _, item_effects, _ in items:
             if item_effects and not done:
                 raise EffectNotAllowed(id, item_effects[0], "effects apply only to DONE items")
-            checked.append([check_effect(id, effect, required) for effect in item_effects])
+            checked.append([check_effect(id, effect, required, tag) for effect in item_effects])
         combined = CallEffects(checked)  # once: sums, field groups and merged writes share it
         sums, groups, merged = combined.sums(), combined.groups(), combined.merged()
         every: list[Sum | FieldGroup | MergedWrite] = [*sums, *groups, *merged]

@@ -151,6 +151,14 @@ def test_hash_tags_are_read_as_redis_cluster_reads_them(
     assert hash_tag(key) == tag
 
 
+def test_an_effect_on_one_of_the_stores_own_keys_is_refused() -> None:
+    for key in ("{ns}:ids:3", "{ns}:done:1a", b"{ns}:lease:1a", "{ns}:fence"):
+        with pytest.raises(EffectNotAllowed, match="one of the dedup store's own keys"):
+            check_effect("m", ("SET", key, "x"), None, "ns")
+    for key in ("{ns}:leases", "{other}:ids:3", "ns:ids:3", "{ns}:counts"):  # not the store's
+        assert check_effect("m", ("SET", key, "x"), None, "ns") == ("S", key, ["x"])
+
+
 def test_on_a_cluster_an_effect_key_without_its_records_hash_tag_is_refused() -> None:
     assert check_effect("m", ("INCRBY", "{ns:p3}:n", 1), "ns:p3") == ("I", "{ns:p3}:n", [1])
     assert check_effect("m", ("INCRBY", "n", 1)) == ("I", "n", [1])  # one server: any key
