@@ -317,8 +317,10 @@ if proven_token and ARGV[4] == '' and ARGV[5] == '0' and ARGV[6] == '0' and ARGV
   redis.call('DEL', LEASES .. proven_token)
   return {'', {}}
 elseif proven_token then
-  -- the records as the proof stands for them: read back, they would hold this lease, live (its
-  -- deadline is not past while the proof exists: `now` stands for it)
+  -- the records as the proof stands for them: read back, they would hold this lease, live.
+  -- Redis judges the proof's expiry at the script's start, so the lease was live then; `now`
+  -- stands for its deadline (where TIME has passed it by a millisecond, the walk would write
+  -- DONE records instead of the mark: DONE either way)
   local live = string.format('%d', now)
   local record = table.concat({'I', proven_token, proven_attempts, live, n, ''}, ':')
   found = setmetatable({}, {__index = function() return record end})
