@@ -71,6 +71,7 @@ from bench.report import table
 from dedup import IdempotencyStore, LeaseStatus, Settlement
 from dedup.overlap import IDS_PER_CALL, overlapped
 from dedup.records import SETTLED, Effect, LeaseRun, SettleResult
+from dedup.scripts import fence_key
 from dedup.store import Sent
 from dedup.wire import Client
 from kspout.devstack import RedisServer
@@ -124,7 +125,7 @@ def preset_fences(client: Client, store: IdempotencyStore, partitions: int) -> N
     shards = {store.tag(p): p for p in reversed(range(partitions))}  # a partition per shard
     for tag, partition in shards.items():
         fence = {"epoch": EPOCH, "seq": 0, "bucket": store.bucket_ms, "keep": store.keep_ms}
-        client.hset(f"{{{tag}}}:fence", mapping=fence)
+        client.hset(fence_key(tag), mapping=fence)
         fill_older_buckets(client, store, partition)
 
 

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 from dedup.errors import EffectNotAllowed
 from dedup.records import Effect, text
+from dedup.scripts import is_own_key
 
 MAX_EFFECT_ARGS = 1000  # arguments of one effect; settle.lua's MAX_ARGS (Lua's unpack)
 INT64 = range(-(2**63), 2**63)  # increments Redis accepts
@@ -56,20 +57,6 @@ def hash_tag(key: str | bytes) -> bytes | None:
     return raw[start + 1 : end]
 
 
-_OWN_KEYS = ("ids:", "done:", "lease:")  # under a shard's tag: record buckets, marks, proofs
-
-
-def _is_own(key: str | bytes, own: str) -> bool:
-    """Whether `key` is one of the store's keys under shard tag `own`: a record bucket, a mark,
-    a lease's proof or the fence (dedup/lua/buckets.lua)."""
-    name = key if isinstance(key, str) else key.decode("utf-8", "replace")
-    prefix = "{" + own + "}:"
-    if not name.startswith(prefix):
-        return False
-    rest = name[len(prefix) :]
-    return rest == "fence" or rest.startswith(_OWN_KEYS)
-
-
 def check_effect(
     id: str, effect: Effect, tag: str | None = None, own: str | None = None
 ) -> tuple[str, str | bytes, list[str | bytes | int | float]]:
@@ -107,7 +94,7 @@ def check_effect(
         if not isinstance(number, int) or not INT64.start <= number < INT64.stop:
             raise EffectNotAllowed(id, effect, f"the increment {number!r} must be a 64-bit int")
         args[position] = int(number)  # an IntEnum is sent as its number, not its repr
-    if own is not None and key[:1] in _BRACE and _is_own(key, own):
+    if own is not None and key[:1] in _BRACE and is_own_key(key, own):
         raise EffectNotAllowed(
             id,
             effect,

@@ -35,6 +35,28 @@ SETTLE = _script("settle.lua", after="buckets.lua")  # settle a batch of one sha
 SHARD_TAGS = _script("shard_tags.lua")  # fix partitions' hash tags on a cluster: their tags
 
 
+# The keys the scripts keep under a shard's hash tag, `{<tag>}:<name>` (dedup/lua/buckets.lua)
+FENCE = "fence"  # the fence hash: epoch, counter, bucket width, keep
+BUCKETS = "ids:"  # + k: bucket k of the shard's records
+MARKS = "done:"  # + token hex: a lease call settled DONE whole
+PROOFS = "lease:"  # + token hex: a lease call's proof that its records are untouched
+
+
+def fence_key(tag: str) -> str:
+    """The fence hash of the shard with hash tag `tag`."""
+    return f"{{{tag}}}:{FENCE}"
+
+
+def is_own_key(key: str | bytes, tag: str) -> bool:
+    """Whether `key` is one of the scripts' keys under shard tag `tag`."""
+    name = key if isinstance(key, str) else key.decode("utf-8", "replace")
+    prefix = "{" + tag + "}:"
+    if not name.startswith(prefix):
+        return False
+    rest = name[len(prefix) :]
+    return rest == FENCE or rest.startswith((BUCKETS, MARKS, PROOFS))
+
+
 class LeaseScriptStatus(enum.IntEnum):
     """The first element of `LEASE`'s reply: whether it leased, or why it changed nothing."""
 

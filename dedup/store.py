@@ -112,7 +112,15 @@ from dedup.records import (
     expand,
     remap_runs,
 )
-from dedup.scripts import ADVANCE_EPOCH, LEASE, SETTLE, LeaseScriptStatus
+from dedup.scripts import (
+    ADVANCE_EPOCH,
+    BUCKETS,
+    LEASE,
+    MARKS,
+    SETTLE,
+    LeaseScriptStatus,
+    fence_key,
+)
 from dedup.shards import ShardTags
 from dedup.wire import Answer, Call, Client, ScriptRunner, SentCalls
 
@@ -317,7 +325,7 @@ class IdempotencyStore:
             epoch = self._epochs[tag] = self._source.current()
         chosen = ids if positions is None else [ids[p] for p in positions]
         args: list[EncodableT] = [epoch, owner, self.lease_ms, self.keep_ms, *chosen]
-        return Call(LEASE, [f"{{{tag}}}:fence"], args)
+        return Call(LEASE, [fence_key(tag)], args)
 
     def _not_yet_duplicates(self, runs: list[LeaseRun]) -> list[LeaseRun]:
         """`runs` with DUPLICATE made DEFERRED: DONE on the primary alone (or not shown to be
@@ -334,7 +342,7 @@ class IdempotencyStore:
         """Take a fresh epoch from the source and move the shard's fence to it; if another
         client moved it higher meanwhile, use that one."""
         fresh = self._source.bump(seen)
-        move = Call(ADVANCE_EPOCH, [f"{{{tag}}}:fence"], [fresh, self.bucket_ms])
+        move = Call(ADVANCE_EPOCH, [fence_key(tag)], [fresh, self.bucket_ms])
         [(fence, _)] = self._runner.run([move])
         if fence > fresh:
             self._adopt(tag, fence)
@@ -405,7 +413,7 @@ class IdempotencyStore:
     def _settle_call(self, tag: str, items: Sequence[Settlement]) -> Call:
         """The settle script's call for `items`, all in shard `tag`; checks their effects."""
         ids, tokens, dones, _, effects, attempts = zip(*items, strict=True)
-        keys: list[str | bytes] = [f"{{{tag}}}:fence"]
+        keys: list[str | bytes] = [fence_key(tag)]
         # `<token hex>:<attempts>/<items>` per run of items with one lease (a batch is one run)
         leases = " ".join(
             f"{token:x}:{attempt}/{sum(1 for _ in run)}"
@@ -485,17 +493,17 @@ class IdempotencyStore:
     def bucket_key(self, k: int, partition: int = 0) -> str:
         """The key of bucket `k` of `partition`'s shard: the records written from k to k + 1
         bucket widths of Redis time."""
-        return f"{{{self.tag(partition)}}}:ids:{k}"
+        return f"{{{self.tag(partition)}}}:{BUCKETS}{k}"
 
     def mark_key(self, token: int, partition: int = 0) -> str:
         """The key that marks the lease call of `token` settled DONE whole."""
-        return f"{{{self.tag(partition)}}}:done:{token:x}"
+        return f"{{{self.tag(partition)}}}:{MARKS}{token:x}"
 
     def _find(self, id: str, partition: int) -> tuple[str, bytes | str] | None:
         """The bucket holding `id`'s record and the record's value. Buckets are named by Redis's
         clock; this looks from one bucket past this machine's clock back to one before the oldest
         that can exist, so clocks that differ by less than a bucket's width find the same one."""
-        width, keep = self._client.hmget(f"{{{self.tag(partition)}}}:fence", ["bucket", "keep"])
+        width, keep = self._client.hmget(fence_key(self.tag(partition)), ["bucket", "keep"])
         if width is None:
             return None
         newest = int(time.time() * 1000) // int(width) + 1

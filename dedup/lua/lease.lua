@@ -187,8 +187,8 @@ if #writes > 0 then
   in_chunks('HSET', prefix .. current, writes)
   kept(prefix, current, width, keep, moved)
   forget_leases(overwritten)
-  if run_count == n and run_code ~= DEFER and run_code ~= 'r' and run_code ~= '0' then
-    -- one run: every id leased, at one attempt; its proof (buckets.lua)
+  if run_count == n then
+    -- one run, and ids were leased: every id, at one attempt; its proof (buckets.lua)
     local sum = digest(FIRST, n, true)
     if sum then
       redis.call('SET', LEASES .. mine, n .. ':' .. run_code .. ':' .. current .. ':' .. sum,

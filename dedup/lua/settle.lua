@@ -308,15 +308,7 @@ end
 
 local found, where -- each item's record (false: none) and the bucket it is in
 local proven_token, proven_attempts, proven_bucket = proven_lease()
-if proven_token and ARGV[4] == '' and ARGV[5] == '0' and ARGV[6] == '0' and ARGV[7] == '0' then
-  -- no effects: the mark is all there is to write; first, under pcall (see the header)
-  local first = redis.pcall('SET', MARKS .. proven_token, 'D', 'PXAT', mark_expiry(proven_bucket))
-  if type(first) == 'table' and first.err then
-    return first
-  end
-  redis.call('DEL', LEASES .. proven_token)
-  return {'', {}}
-elseif proven_token then
+if proven_token then
   -- the records as the proof stands for them: read back, they would hold this lease, live.
   -- Redis judges the proof's expiry at the script's start, so the lease was live then; `now`
   -- stands for its deadline (where TIME has passed it by a millisecond, the walk would write
@@ -367,8 +359,9 @@ local writes = {} -- field, value, ... of the settled records, for the current b
 local moved = {} -- per older bucket, the fields written anew in the current one
 local marks = {} -- {key, expiry} per lease call marked DONE
 if proven_token and shapes == '' then
-  -- proven whole, every effect combined (sums, field groups, merged writes): each item settles,
-  -- DONE, in the one lease call, which is marked; no item has anything of its own to walk
+  -- proven whole, every effect combined (sums, field groups, merged writes) or none: each item
+  -- settles, DONE, in the one lease call, which is marked; no item has anything of its own to
+  -- walk
   local batch = {token = proven_token, ids = n, deadline = now, bucket = proven_bucket, here = n,
     whole = true}
   local lease = proven_token .. ':' .. proven_attempts
